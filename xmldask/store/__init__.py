@@ -1,0 +1,25 @@
+"""Zarr stores of row-blocked matrices and datasets; see :mod:`xmldask.store.layout` for the layout."""
+
+from ._fs import exists, remove, storage_root, store_url
+from .csr import CSRWriter, open_csr, to_scipy, write_csr
+from .dataset import Dataset, DatasetWriter, open_dataset
+from .dense import open_dense, write_dense
+from .layout import LAYOUT_VERSION, StoreError
+
+__all__ = [
+    "LAYOUT_VERSION",
+    "CSRWriter",
+    "Dataset",
+    "DatasetWriter",
+    "StoreError",
+    "exists",
+    "open_csr",
+    "open_dataset",
+    "open_dense",
+    "remove",
+    "storage_root",
+    "store_url",
+    "to_scipy",
+    "write_csr",
+    "write_dense",
+]

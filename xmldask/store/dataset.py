@@ -1,0 +1,257 @@
+"""Datasets: features X and labels Y as CSR row blocks, with metadata (layout: :mod:`.layout`)."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import uuid
+from dataclasses import dataclass, field
+
+import dask.array as da
+import numpy as np
+import scipy.sparse as sp
+import zarr
+
+from . import _fs
+from .csr import CSRWriter, csr_from_group
+from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, LAYOUT_VERSION, StoreError, check_kind
+
+__all__ = ["Dataset", "DatasetWriter", "open_dataset"]
+
+_COUNT_SLOTS = ("label_counts", "label_counts_next")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+@dataclass
+class Dataset:
+    """An opened dataset store.
+
+    Attributes
+    ----------
+    url : str
+    X : dask.array.Array, shape (n_samples, n_features)
+        Features; chunks are ``scipy.sparse.csr_matrix`` row blocks.
+    Y : dask.array.Array, shape (n_samples, n_labels)
+        Binary labels, with the same row blocks as ``X``.
+    meta : dict
+        The dataset metadata (see :mod:`xmldask.store.layout`).
+    """
+
+    url: str
+    X: da.Array
+    Y: da.Array
+    meta: dict = field(repr=False)
+
+    @property
+    def n_samples(self) -> int:
+        return int(self.meta["n_samples"])
+
+    @property
+    def n_features(self) -> int:
+        return int(self.meta["n_features"])
+
+    @property
+    def n_labels(self) -> int:
+        return int(self.meta["n_labels"])
+
+    @property
+    def label_counts(self) -> np.ndarray:
+        """Number of rows carrying each label, shape (n_labels,)."""
+        group = zarr.open_group(_fs.zarr_store(self.url, read_only=True), mode="r")
+        return np.asarray(group[self.meta["label_counts_array"]][:], dtype=np.int64)
+
+    def info(self) -> dict:
+        """Summary figures: sizes, densities and the label-frequency profile."""
+        counts = self.label_counts
+        n = max(self.n_samples, 1)
+        ordered = np.sort(counts)[::-1]
+        return {
+            "url": self.url,
+            "n_samples": self.n_samples,
+            "n_features": self.n_features,
+            "n_labels": self.n_labels,
+            "nnz": int(self.meta["nnz"]),
+            "nnz_labels": int(self.meta["nnz_labels"]),
+            "avg_features_per_row": self.meta["nnz"] / n,
+            "avg_labels_per_row": self.meta["nnz_labels"] / n,
+            "rows_without_labels": int(self.meta["rows_without_labels"]),
+            "labels_used": int(np.count_nonzero(counts)),
+            "label_frequency_max": int(ordered[0]) if len(ordered) else 0,
+            "label_frequency_median": float(np.median(counts)) if len(counts) else 0.0,
+            "labels_seen_at_most_5_times": int(np.count_nonzero(counts <= 5)),
+            "top_10_label_share": float(ordered[:10].sum() / max(counts.sum(), 1)),
+            "row_blocks": len(self.meta["row_blocks"]) - 1,
+            "sources": [{k: s[k] for k in ("path", "format", "rows", "sha256")} for s in self.meta["sources"]],
+            "transforms": self.meta.get("transforms", {}),
+            "layout_version": self.meta["layout_version"],
+        }
+
+    def __repr__(self) -> str:
+        return (f"Dataset({self.url!r}, n_samples={self.n_samples}, n_features={self.n_features}, "
+                f"n_labels={self.n_labels}, nnz={self.meta['nnz']}, row_blocks={len(self.meta['row_blocks']) - 1})")
+
+
+def _read_root(url: str):
+    try:
+        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
+    except FileNotFoundError as exc:
+        raise StoreError(f"no dataset store at {url}") from exc
+    return group, check_kind(dict(group.attrs), "dataset", url)
+
+
+def open_dataset(url: str, *, dtype=DATA_DTYPE) -> Dataset:
+    """Open a dataset store.
+
+    Parameters
+    ----------
+    url : str
+        Path or fsspec URL of the store.
+    dtype : numpy dtype, default float32
+        dtype of the blocks of ``X`` and ``Y`` (the store holds float32).
+
+    Returns
+    -------
+    Dataset
+        With ``.X`` and ``.Y`` as Dask arrays of CSR row blocks and ``.meta``.
+    """
+    _, meta = _read_root(url)
+    common = {"n_rows": meta["n_samples"], "row_blocks": meta["row_blocks"],
+              "generation": meta["generation"], "dtype": dtype}
+    X = csr_from_group(url, "X", n_cols=meta["n_features"], **common)
+    Y = csr_from_group(url, "Y", n_cols=meta["n_labels"], **common)
+    return Dataset(url=str(url), X=X, Y=Y, meta=meta)
+
+
+class DatasetWriter:
+    """Write a new dataset, or append rows to one, block by block, safely.
+
+    Use :meth:`create` or :meth:`append` as a context manager, :meth:`write` row pieces, then
+    :meth:`commit`. Leaving the block without committing (an exception) discards everything: a new
+    store never appears at its URL, an append leaves the dataset as it was.
+
+    A new store is written under a hidden temporary name beside ``url`` and moved into place by
+    :meth:`commit`. An append writes past the committed end of the arrays and makes the new rows
+    visible by rewriting the root attributes last; an append that died is discarded by the next.
+    Only one writer may append to a dataset at a time.
+    """
+
+    def __init__(self, url: str, *, target: str, group: zarr.Group, meta: dict, block_rows: int,
+                 append: bool, overwrite: bool = False):
+        self.url, self._target, self._group = str(url), target, group
+        self.meta, self._append, self._overwrite = meta, append, overwrite
+        self._done = False
+        if append:
+            self._X = CSRWriter(group["X"], block_rows=block_rows, append=True,
+                                committed=(meta["row_blocks"], meta["nnz"]))
+            self._Y = CSRWriter(group["Y"], block_rows=block_rows, append=True,
+                                committed=(meta["row_blocks"], meta["nnz_labels"]))
+            self._counts = np.asarray(group[meta["label_counts_array"]][:], dtype=np.int64)
+        else:
+            self._X = CSRWriter(group.create_group("X"), n_cols=meta.get("n_features"), block_rows=block_rows)
+            self._Y = CSRWriter(group.create_group("Y"), n_cols=meta.get("n_labels"), block_rows=block_rows)
+            self._counts = np.zeros(meta.get("n_labels") or 0, dtype=np.int64)
+        self.rows_without_labels = int(meta.get("rows_without_labels", 0))
+        self.sources: list[dict] = list(meta.get("sources", []))
+
+    @classmethod
+    def create(cls, url: str, *, n_features: int | None = None, n_labels: int | None = None,
+               block_rows: int = BLOCK_ROWS, overwrite: bool = False) -> DatasetWriter:
+        """Start a new dataset at ``url``; ``n_features``/``n_labels`` may be given at commit instead."""
+        if _fs.exists(url) and not overwrite:
+            raise FileExistsError(f"{url} already exists; pass overwrite=True (--overwrite) to replace it, "
+                                  "or append=True (--append) to add rows to it")
+        tmp = _fs.temporary_sibling(url)
+        group = zarr.open_group(_fs.zarr_store(tmp), mode="w")
+        meta = {"kind": "dataset", "layout_version": LAYOUT_VERSION, "complete": False,
+                "n_features": n_features, "n_labels": n_labels, "created": _now()}
+        group.attrs.update({ATTR: meta})
+        return cls(url, target=tmp, group=group, meta=meta, block_rows=block_rows, append=False,
+                   overwrite=overwrite)
+
+    @classmethod
+    def append(cls, url: str, *, block_rows: int = BLOCK_ROWS) -> DatasetWriter:
+        """Start appending rows to the complete dataset at ``url``."""
+        _, meta = _read_root(url)
+        group = zarr.open_group(_fs.zarr_store(url), mode="r+")
+        return cls(url, target=url, group=group, meta=dict(meta), block_rows=block_rows, append=True)
+
+    @property
+    def n_samples(self) -> int:
+        return self._X.n_rows
+
+    @property
+    def n_labels(self) -> int | None:
+        return self.meta.get("n_labels")
+
+    @property
+    def n_features(self) -> int | None:
+        return self.meta.get("n_features")
+
+    def write(self, X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
+        """Append rows: features ``X`` and labels ``Y`` (same number of rows; Y's values are set to 1)."""
+        if X.shape[0] != Y.shape[0]:
+            raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}")
+        Y = sp.csr_matrix((np.ones(Y.nnz, DATA_DTYPE), Y.indices, Y.indptr), shape=Y.shape)
+        self._X.write(X)
+        self._Y.write(Y)
+        if Y.nnz:
+            top = int(Y.indices.max()) + 1
+            if top > len(self._counts):
+                self._counts = np.concatenate([self._counts, np.zeros(top - len(self._counts), np.int64)])
+            self._counts += np.bincount(Y.indices, minlength=len(self._counts))
+        self.rows_without_labels += int(np.count_nonzero(np.diff(Y.indptr) == 0))
+
+    def commit(self, *, n_features: int | None = None, n_labels: int | None = None, **extra) -> Dataset:
+        """Make the written rows visible (and, for a new store, move it into place); returns the dataset."""
+        n_features = int(n_features if n_features is not None else self.meta.get("n_features") or 0)
+        n_labels = int(n_labels if n_labels is not None else self.meta.get("n_labels") or len(self._counts))
+        if len(self._counts) > n_labels:
+            raise ValueError(f"label id {len(self._counts) - 1} is out of range for {n_labels} labels")
+        counts = np.zeros(n_labels, np.int64)
+        counts[: len(self._counts)] = self._counts
+        row_blocks = self._X.new_row_blocks()
+        x_meta = self._X.commit(n_cols=n_features, row_blocks=row_blocks)
+        y_meta = self._Y.commit(n_cols=n_labels, row_blocks=row_blocks)
+        slot = _COUNT_SLOTS[1] if self.meta.get("label_counts_array") == _COUNT_SLOTS[0] else _COUNT_SLOTS[0]
+        self._group.create_array(slot, shape=counts.shape, dtype=counts.dtype, chunks=(max(1, min(len(counts), 1 << 20)),),
+                                 fill_value=0, overwrite=True)[:] = counts
+        meta = {
+            **self.meta,
+            **extra,
+            "complete": True,
+            "n_samples": self.n_samples,
+            "n_features": n_features,
+            "n_labels": n_labels,
+            "nnz": x_meta["nnz"],
+            "nnz_labels": y_meta["nnz"],
+            "rows_without_labels": self.rows_without_labels,
+            "row_blocks": row_blocks,
+            "label_counts_array": slot,
+            "sources": self.sources,
+            "generation": uuid.uuid4().hex,
+            "updated": _now(),
+        }
+        self._group.attrs.update({ATTR: meta})
+        self.meta = meta
+        if not self._append:
+            _fs.publish(self._target, self.url, overwrite=self._overwrite)
+        self._done = True
+        return open_dataset(self.url)
+
+    def abort(self) -> None:
+        """Discard what was written since the last commit."""
+        if self._done:
+            return
+        self._done = True
+        if not self._append:
+            _fs.remove(self._target)
+        # an append's uncommitted tail is invisible to readers and truncated by the next append
+
+    def __enter__(self) -> DatasetWriter:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if not self._done:
+            self.abort()

@@ -1,0 +1,84 @@
+"""The on-disk layout of xmldask stores, version 1.
+
+All stores are Zarr v3 groups. xmldask keeps its own facts in the group attribute ``xmldask``.
+
+CSR matrix (``kind = "csr"``), anndata-compatible::
+
+    <group>/zarr.json   attributes:
+        encoding-type    "csr_matrix"
+        encoding-version "0.1.0"
+        shape            [n_rows, n_cols]
+        xmldask          {kind, layout_version, complete, nnz, row_blocks, generation}
+    <group>/data        float32 (nnz,)        the values, row after row
+    <group>/indices     int32   (nnz,)        column ids, sorted within each row
+    <group>/indptr      int64   (n_rows + 1,) row i is data[indptr[i]:indptr[i + 1]]
+
+``row_blocks`` lists the boundaries ``[0, r1, r2, ..., n_rows]`` of the row blocks: one Dask
+task reads one block. The 1-D arrays are chunked (about a million elements) inside shards (eight
+chunks) and compressed with lz4 + byte shuffle, a layout measured fast on this stack. The arrays may
+be longer than ``indptr[n_rows]`` / ``n_rows + 1``: what lies beyond is an append that was never
+committed, and readers ignore it.
+
+Dense matrix (``kind = "dense"``): one 2-D array ``values`` chunked by rows, ``shape`` in the
+attributes like above.
+
+Dataset (``kind = "dataset"``): the features ``X`` and labels ``Y`` (binary; stored values 1.0)
+as CSR groups with the same ``row_blocks``, the array ``label_counts`` (int64, n_labels: how many
+rows carry each label), and in the root attributes the dataset metadata (n_samples, n_features,
+n_labels, nnz, nnz_labels, rows_without_labels, sources with their sha256, transforms, times).
+The root attributes are the commit point: an append writes X, Y and ``label_counts`` first and
+the root attributes last, and readers take the row count from the root.
+
+``complete`` is false while a store is being written and set true in the last write. Readers refuse
+stores that are not complete. New stores are written under a hidden temporary name and moved into
+place when complete.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from zarr.codecs import BloscCodec
+
+LAYOUT_VERSION = 1
+ATTR = "xmldask"
+
+CSR_ENCODING = {"encoding-type": "csr_matrix", "encoding-version": "0.1.0"}
+DENSE_ENCODING = {"encoding-type": "array", "encoding-version": "0.2.0"}
+
+DATA_DTYPE = np.dtype("float32")
+INDEX_DTYPE = np.dtype("int32")
+INDPTR_DTYPE = np.dtype("int64")
+
+#: elements per chunk and per shard of the flat CSR arrays
+CHUNK_ELEMENTS = 1 << 20
+SHARD_CHUNKS = 8
+#: default number of rows in one row block
+BLOCK_ROWS = 65_536
+
+
+def compressors():
+    return [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]
+
+
+class StoreError(ValueError):
+    """A store is missing, incomplete, of another kind, or of an unknown layout version."""
+
+
+def check_kind(attrs: dict, kind: str, url: str) -> dict:
+    """Return the ``xmldask`` attributes of a store after checking its kind, version and completeness."""
+    meta = attrs.get(ATTR)
+    if meta is None:
+        raise StoreError(f"{url} is not an xmldask store (no '{ATTR}' attribute)")
+    if meta.get("kind") != kind:
+        raise StoreError(f"{url} holds a {meta.get('kind')!r} store, expected {kind!r}")
+    version = meta.get("layout_version")
+    if version != LAYOUT_VERSION:
+        raise StoreError(
+            f"{url} has layout version {version}; this xmldask reads version {LAYOUT_VERSION}"
+        )
+    if not meta.get("complete"):
+        raise StoreError(
+            f"{url} is incomplete: its write was interrupted or is still running. "
+            "Write it again (with overwrite) once no writer is running."
+        )
+    return meta
