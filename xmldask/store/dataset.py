@@ -21,7 +21,7 @@ _COUNT_SLOTS = ("label_counts", "label_counts_next")
 
 
 def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+    return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
 @dataclass

@@ -1,0 +1,287 @@
+"""Streaming ingest of text files into a dataset store, with memory bounded by the batch size."""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import io
+import logging
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import fsspec
+from tqdm.auto import tqdm
+
+from ..store import _fs
+from ..store.dataset import Dataset, DatasetWriter, open_dataset
+from ..store.layout import BLOCK_ROWS
+from .parse import FORMATS, ParseError, parse_batch, parse_header, sniff_format
+from .transforms import NORMALIZATIONS, transform_rows
+
+__all__ = ["ingest", "IngestError"]
+
+logger = logging.getLogger(__name__)
+
+IngestError = ParseError
+BATCH_BYTES = 4 << 20
+
+
+class _Tap(io.RawIOBase):
+    """A raw reader that hashes and counts the bytes it passes on."""
+
+    def __init__(self, raw):
+        self.raw, self.sha256, self.bytes = raw, hashlib.sha256(), 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        data = self.raw.read(len(buffer))
+        n = len(data)
+        buffer[:n] = data
+        self.sha256.update(data)
+        self.bytes += n
+        return n
+
+
+@dataclass
+class _Source:
+    path: str
+    fmt: str
+    header: tuple[int, int, int] | None
+    size: int
+
+
+def _open_text(path: str):
+    """Open ``path`` (local or fsspec URL, gzip or plain) as text; returns (text, tap, raw file)."""
+    raw = fsspec.open(path, "rb").open()
+    tap = _Tap(raw)
+    buffered = io.BufferedReader(tap, buffer_size=1 << 20)
+    stream = gzip.GzipFile(fileobj=buffered, mode="rb") if buffered.peek(2)[:2] == b"\x1f\x8b" else buffered
+    return io.TextIOWrapper(stream, encoding="utf-8", newline=None), tap, raw
+
+
+def _inspect(path: str, fmt: str) -> _Source:
+    fs, fpath = fsspec.core.url_to_fs(path)
+    if not fs.exists(fpath):
+        raise FileNotFoundError(f"no such source file: {path}")
+    text, _, raw = _open_text(path)
+    try:
+        first = text.readline().rstrip("\n")
+    except (EOFError, OSError, zlib.error, UnicodeDecodeError) as exc:
+        raise ParseError(f"cannot read the file ({exc})", path=path, line=1) from None
+    finally:
+        raw.close()
+    fmt = sniff_format(path, first) if fmt == "auto" else fmt
+    header = parse_header(first) if fmt == "xc" else None
+    if fmt == "xc" and header is None:
+        raise ParseError("expected the XC header 'n_samples n_features n_labels'", path=path, line=1, text=first)
+    return _Source(path, fmt, header, fs.size(fpath) or 0)
+
+
+def _read(source: _Source, batch_bytes: int):
+    """Yield (lines, first_line) batches; returns the tap (for sha256 and bytes) via StopIteration."""
+    text, tap, raw = _open_text(source.path)
+    line = 1
+    try:
+        if source.header is not None:
+            text.readline()
+            line = 2
+        while True:
+            try:
+                lines = text.readlines(batch_bytes)
+            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
+                raise ParseError(f"the gzip stream is truncated or corrupt ({exc})", path=source.path,
+                                 line=line) from None
+            except UnicodeDecodeError as exc:
+                raise ParseError(f"the file is not UTF-8 text ({exc.reason})", path=source.path, line=line) from None
+            if not lines:
+                break
+            yield [ln.rstrip("\n") for ln in lines], line, tap.bytes
+            line += len(lines)
+    finally:
+        raw.close()
+    return tap, line
+
+
+def ingest(
+    sources: str | Sequence[str],
+    out: str,
+    *,
+    format: str = "auto",
+    one_based: bool = False,
+    block_rows: int = BLOCK_ROWS,
+    normalize: str = "none",
+    bias: float | None = None,
+    n_features: int | None = None,
+    n_labels: int | None = None,
+    duplicates: str = "error",
+    overwrite: bool = False,
+    append: bool = False,
+    skip_ingested: bool = False,
+    batch_bytes: int = BATCH_BYTES,
+    progress: bool = False,
+) -> Dataset:
+    """Read text files into a dataset store, streaming: memory is bounded by ``batch_bytes``.
+
+    Several sources are concatenated row-wise into one dataset.
+
+    Parameters
+    ----------
+    sources : str or list of str
+        Paths or fsspec URLs of text files, gzip-compressed or plain.
+    out : str
+        Path or fsspec URL of the dataset store to write.
+    format : {"auto", "xc", "libsvm", "vw"}
+        ``auto`` guesses from each file's name and first line (see :mod:`xmldask.io.parse`).
+    one_based : bool
+        Feature and label ids in the files start at 1 (they are stored 0-based).
+    block_rows : int
+        Rows per row block of the store (one Dask task reads one block).
+    normalize : {"none", "l2", "l1", "sqrt"}
+        Row transform applied per block (``sqrt``: the Hellinger map).
+    bias : float, optional
+        Append a constant feature with this value as the last column.
+    n_features, n_labels : int, optional
+        The dimensions; default: from the XC header, else the largest id seen plus one.
+    duplicates : {"error", "sum"}
+        What to do with a feature id repeated within a row.
+    overwrite : bool
+        Replace an existing store at ``out``.
+    append : bool
+        Add the rows to the existing dataset at ``out`` (for data refresh). Its dimensions and
+        transforms are kept; a source already ingested (same sha256) is an error unless
+        ``skip_ingested``.
+    skip_ingested : bool
+        With ``append``: skip sources whose checksum the dataset already lists.
+    progress : bool
+        Show a progress bar (bytes read).
+
+    Returns
+    -------
+    Dataset
+        The opened dataset.
+
+    Raises
+    ------
+    ParseError
+        Bad input: the message names the file, the line and its text. No store is left behind
+        (an append leaves the dataset as it was).
+    FileExistsError
+        ``out`` exists and neither ``overwrite`` nor ``append`` was given.
+    """
+    sources = [sources] if isinstance(sources, str) else [str(s) for s in sources]
+    if not sources:
+        raise ValueError("no source files given")
+    if format not in ("auto", *FORMATS):
+        raise ValueError(f"format must be one of auto, {', '.join(FORMATS)}; got {format!r}")
+    if normalize not in NORMALIZATIONS:
+        raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}; got {normalize!r}")
+    if append and overwrite:
+        raise ValueError("append and overwrite exclude each other")
+    if not append and _fs.exists(out) and not overwrite:
+        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it, "
+                              "or append=True (--append) to add rows to it")
+    transforms = {"normalize": normalize, "bias": bias, "one_based": one_based, "duplicates": duplicates}
+    if append:
+        existing = open_dataset(out)
+        old = existing.meta.get("transforms", {})
+        if (old.get("normalize"), old.get("bias")) != (normalize, bias):
+            raise ValueError(f"{out} was ingested with normalize={old.get('normalize')!r}, bias={old.get('bias')!r}; "
+                             f"appending with normalize={normalize!r}, bias={bias!r} would mix two encodings")
+        known = {s["sha256"]: s for s in existing.meta["sources"]}
+        bias_cols = 1 if bias is not None else 0
+        n_features, n_labels = existing.n_features - bias_cols, existing.n_labels
+        transforms = old
+
+    inspected = [_inspect(path, format) for path in sources]
+    n_features, n_labels = _dimensions(inspected, n_features, n_labels)
+    if bias is not None and n_features is None:
+        raise ValueError("bias needs the number of features up front: pass n_features (--n-features) "
+                         "or use the XC format, whose header gives it")
+
+    if append:
+        todo = []
+        for source in inspected:
+            digest = _sha256(source.path)
+            if digest in known:
+                if not skip_ingested:
+                    raise ValueError(f"{source.path} was already ingested into {out} "
+                                     f"(as {known[digest]['path']}, same sha256); pass skip_ingested=True "
+                                     "(--skip-ingested) to skip such files")
+                logger.info("skipping %s: already ingested", source.path)
+                continue
+            todo.append(source)
+        if not todo:
+            return existing
+        inspected = todo
+        writer = DatasetWriter.append(out, block_rows=block_rows)
+    else:
+        writer = DatasetWriter.create(out, block_rows=block_rows, overwrite=overwrite,
+                                      n_features=None if n_features is None else n_features + (bias is not None),
+                                      n_labels=n_labels)
+    bar = tqdm(total=sum(s.size for s in inspected), unit="B", unit_scale=True, desc="ingest",
+               disable=not progress)
+    with writer, bar:
+        seen_features = 0
+        for source in inspected:
+            rows_before = writer.n_samples
+            reader = _read(source, batch_bytes)
+            done = 0
+            while True:
+                try:
+                    lines, first, done_now = next(reader)
+                except StopIteration as stop:
+                    tap, next_line = stop.value
+                    break
+                batch = parse_batch(lines, first, fmt=source.fmt, one_based=one_based, n_features=n_features,
+                                    n_labels=n_labels, duplicates=duplicates, path=source.path)
+                X = batch.X
+                seen_features = max(seen_features, X.shape[1])
+                if bias is not None:
+                    X.resize((X.shape[0], n_features + 1))
+                if normalize == "sqrt" and X.nnz and X.data.min() < 0:
+                    row = int(X.indptr.searchsorted(int((X.data < 0).argmax()), side="right")) - 1
+                    line = int(batch.line_numbers[row])
+                    raise ParseError("negative feature value: the sqrt (Hellinger) map needs values >= 0",
+                                     path=source.path, line=line, text=lines[line - first])
+                X = transform_rows(X, normalize=normalize, bias=bias)
+                writer.write(X, batch.Y)
+                bar.update(done_now - done)
+                done = done_now
+            rows = writer.n_samples - rows_before
+            if source.header is not None and rows != source.header[0]:
+                raise ParseError(f"the header says {source.header[0]} rows but the file has {rows}",
+                                 path=source.path, line=1, text=" ".join(map(str, source.header)))
+            writer.sources.append({"path": source.path, "format": source.fmt, "sha256": tap.sha256.hexdigest(),
+                                   "bytes": tap.bytes, "rows": rows, "first_row": rows_before,
+                                   "lines": next_line - 1})
+        d = n_features if n_features is not None else seen_features
+        if append:
+            return writer.commit()
+        return writer.commit(n_features=d + (bias is not None), n_labels=n_labels,
+                             transforms={**transforms, "bias_column": d if bias is not None else None})
+
+
+def _dimensions(sources: list[_Source], n_features: int | None, n_labels: int | None):
+    """The (n_features, n_labels) bounds: explicit values, else agreed XC headers, else None."""
+    for source in sources:
+        if source.header is None:
+            continue
+        _, d, L = source.header
+        for name, given, found in (("n_features", n_features, d), ("n_labels", n_labels, L)):
+            if given is not None and given != found:
+                raise ParseError(f"the header gives {name} = {found}, but {given} was expected "
+                                 "(from an earlier file, the target dataset or the n_features/n_labels options)",
+                                 path=source.path, line=1, text=" ".join(map(str, source.header)))
+        n_features, n_labels = d, L
+    return n_features, n_labels
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with fsspec.open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 22), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
