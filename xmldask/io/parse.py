@@ -202,7 +202,7 @@ def parse_batch(lines: list[str], first_line: int, *, fmt: str, one_based: bool 
     n_lab_cols = int(max(n_labels or 0, lid.max() + 1 if lid.size else 0))
     X = _csr(n_feat, fid, val.astype(np.float32), len(lines), n_cols)
     Y = _csr(n_lab, lid, np.ones(lid.size, np.float32), len(lines), n_lab_cols)
-    for M, rows, what in ((X, rows_f, "feature"), (Y, rows_l, "label")):
+    for M, what in ((X, "feature"), (Y, "label")):
         dup = _duplicate_mask(M)
         if dup.any():
             if duplicates == "error":

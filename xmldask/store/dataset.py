@@ -215,7 +215,8 @@ class DatasetWriter:
         x_meta = self._X.commit(n_cols=n_features, row_blocks=row_blocks)
         y_meta = self._Y.commit(n_cols=n_labels, row_blocks=row_blocks)
         slot = _COUNT_SLOTS[1] if self.meta.get("label_counts_array") == _COUNT_SLOTS[0] else _COUNT_SLOTS[0]
-        self._group.create_array(slot, shape=counts.shape, dtype=counts.dtype, chunks=(max(1, min(len(counts), 1 << 20)),),
+        chunks = (max(1, min(len(counts), 1 << 20)),)
+        self._group.create_array(slot, shape=counts.shape, dtype=counts.dtype, chunks=chunks,
                                  fill_value=0, overwrite=True)[:] = counts
         meta = {
             **self.meta,
