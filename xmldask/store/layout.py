@@ -14,7 +14,7 @@ CSR matrix (``kind = "csr"``), anndata-compatible::
     <group>/indptr      int64   (n_rows + 1,) row i is data[indptr[i]:indptr[i + 1]]
 
 ``row_blocks`` lists the boundaries ``[0, r1, r2, ..., n_rows]`` of the row blocks: one Dask
-task reads one block. The 1-D arrays are chunked (about a million elements) inside shards (eight
+task reads one block. The 1-D arrays are chunked (about a million elements) inside shards (four
 chunks) and compressed with lz4 + byte shuffle, a layout measured fast on this stack. The arrays may
 be longer than ``indptr[n_rows]`` / ``n_rows + 1``: what lies beyond is an append that was never
 committed, and readers ignore it.
@@ -51,7 +51,7 @@ INDPTR_DTYPE = np.dtype("int64")
 
 #: elements per chunk and per shard of the flat CSR arrays
 CHUNK_ELEMENTS = 1 << 20
-SHARD_CHUNKS = 8
+SHARD_CHUNKS = 4
 #: default number of rows in one row block
 BLOCK_ROWS = 65_536
 

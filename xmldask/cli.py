@@ -1,0 +1,200 @@
+"""The ``xmldask`` command line: ``ingest``, ``synth``, ``info`` and ``demo``.
+
+Run ``xmldask COMMAND --help`` for the options of each command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+
+from . import __version__
+from .io.parse import ParseError
+from .store import StoreError
+
+logger = logging.getLogger("xmldask")
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _add_ingest(sub) -> None:
+    from .store.layout import BLOCK_ROWS
+
+    p = sub.add_parser(
+        "ingest",
+        help="read text files (XC, LIBSVM, Vowpal Wabbit; gzip or plain) into a dataset store",
+        description="Stream one or more text files into a dataset store of CSR row blocks. Several "
+        "SOURCE files are concatenated row-wise. Memory stays bounded whatever the file size. "
+        "On bad input the error names the file, the line and its text, and no store is left behind.",
+    )
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="text file path or fsspec URL")
+    p.add_argument("--out", required=True, metavar="URL", help="dataset store to write (path or fsspec URL)")
+    p.add_argument("--format", default="auto", choices=["auto", "xc", "libsvm", "vw"],
+                   help="input format (default: guessed from each file's name and first line)")
+    p.add_argument("--one-based", action="store_true", help="feature and label ids in the files start at 1")
+    p.add_argument("--block-rows", type=_positive, default=BLOCK_ROWS, metavar="N",
+                   help=f"rows per row block in the store (default {BLOCK_ROWS})")
+    p.add_argument("--normalize", default="none", choices=["none", "l2", "l1", "sqrt"],
+                   help="row transform: unit L2 or L1 norm, or sqrt = the Hellinger map (default none)")
+    p.add_argument("--bias", type=float, default=None, metavar="VALUE",
+                   help="append a constant bias feature with this value as the last column")
+    p.add_argument("--n-features", type=_positive, default=None, help="number of features (default: header or max id + 1)")
+    p.add_argument("--n-labels", type=_positive, default=None, help="number of labels (default: header or max id + 1)")
+    p.add_argument("--duplicates", default="error", choices=["error", "sum"],
+                   help="a feature id repeated within a row is an error (default) or its values are summed")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    mode.add_argument("--append", action="store_true", help="add the rows to the existing dataset at --out")
+    p.add_argument("--skip-ingested", action="store_true",
+                   help="with --append: skip files the dataset already holds (same sha256)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _cmd_ingest(args) -> int:
+    from .io import ingest
+
+    start = time.perf_counter()
+    ds = ingest(args.sources, args.out, format=args.format, one_based=args.one_based, block_rows=args.block_rows,
+                normalize=args.normalize, bias=args.bias, n_features=args.n_features, n_labels=args.n_labels,
+                duplicates=args.duplicates, overwrite=args.overwrite, append=args.append,
+                skip_ingested=args.skip_ingested, progress=not args.no_progress)
+    print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
+    print(_format_info(ds.info()))
+    return 0
+
+
+def _add_synth(sub) -> None:
+    from .store.layout import BLOCK_ROWS
+
+    p = sub.add_parser(
+        "synth",
+        help="generate a synthetic XMC dataset (power-law labels, planted low-rank structure)",
+        description="Generate a realistic synthetic extreme-classification dataset straight into a store, "
+        "block by block (any size fits in bounded memory). The same --seed gives the same data; "
+        "--split test draws other rows from the same planted model, for a held-out set.",
+    )
+    p.add_argument("--out", required=True, metavar="URL", help="dataset store to write")
+    p.add_argument("--n-samples", type=_positive, required=True, metavar="N")
+    p.add_argument("--n-features", type=_positive, required=True, metavar="D")
+    p.add_argument("--n-labels", type=_positive, required=True, metavar="L")
+    p.add_argument("--multiclass", action="store_true", help="exactly one label per row")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--split", default="train", help="rows to draw from the model: train (default), test, ...")
+    p.add_argument("--rank", type=_positive, default=32, help="number of planted topics (default 32)")
+    p.add_argument("--avg-features", type=float, default=20.0, help="mean nonzeros per row (default 20)")
+    p.add_argument("--avg-labels", type=float, default=3.0, help="mean labels per row, multilabel (default 3)")
+    p.add_argument("--block-rows", type=_positive, default=BLOCK_ROWS, metavar="N")
+    p.add_argument("--normalize", default="none", choices=["none", "l2", "l1", "sqrt"])
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _cmd_synth(args) -> int:
+    from .datasets import make_synthetic
+
+    start = time.perf_counter()
+    ds = make_synthetic(args.out, n_samples=args.n_samples, n_features=args.n_features, n_labels=args.n_labels,
+                        multiclass=args.multiclass, seed=args.seed, split=args.split, rank=args.rank,
+                        avg_features=args.avg_features, avg_labels=args.avg_labels, block_rows=args.block_rows,
+                        normalize=args.normalize, overwrite=args.overwrite, progress=not args.no_progress)
+    print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
+    print(_format_info(ds.info()))
+    return 0
+
+
+def _add_info(sub) -> None:
+    p = sub.add_parser("info", help="summarise a dataset store",
+                       description="Print the size, density and label-frequency profile of a dataset store.")
+    p.add_argument("url", metavar="URL")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON (keys include n_samples, n_features, n_labels, nnz)")
+
+
+def _cmd_info(args) -> int:
+    from .store import open_dataset
+
+    info = open_dataset(args.url).info()
+    print(json.dumps(info, indent=2) if args.json else _format_info(info))
+    return 0
+
+
+def _add_demo(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="the main job on the embedded default: synthesize, ingest and summarise a dataset in storage/",
+        description="Generate a synthetic multilabel dataset as XC text files under the storage root, ingest "
+        "them into dataset stores, and print their summary. Re-running reuses what is already there.",
+    )
+    p.add_argument("--root", default=None, help="storage root (default: $XMLDASK_STORAGE or ./storage)")
+    p.add_argument("--n-samples", type=_positive, default=100_000, help="training rows (default 100000)")
+    p.add_argument("--n-features", type=_positive, default=50_000)
+    p.add_argument("--n-labels", type=_positive, default=10_000)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _cmd_demo(args) -> int:
+    from .demo import run_demo
+
+    run_demo(root=args.root, n_samples=args.n_samples, n_features=args.n_features, n_labels=args.n_labels,
+             seed=args.seed)
+    return 0
+
+
+def _format_info(info: dict) -> str:
+    rows = [
+        ("dataset", info["url"]),
+        ("rows", f"{info['n_samples']:,} ({info['row_blocks']} row blocks)"),
+        ("features", f"{info['n_features']:,}  nnz {info['nnz']:,}  ({info['avg_features_per_row']:.2f} per row)"),
+        ("labels", f"{info['n_labels']:,}  used {info['labels_used']:,}  ({info['avg_labels_per_row']:.2f} per row)"),
+        ("rows without labels", f"{info['rows_without_labels']:,}"),
+        ("label frequency", f"max {info['label_frequency_max']:,}, median {info['label_frequency_median']:g}, "
+                            f"{info['labels_seen_at_most_5_times']:,} labels seen <= 5 times, "
+                            f"top 10 labels carry {100 * info['top_10_label_share']:.1f}% of assignments"),
+    ]
+    for source in info["sources"]:
+        rows.append(("source", f"{source['path']} ({source['format']}, {source['rows']:,} rows, "
+                               f"sha256 {source['sha256'][:12]}...)"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="xmldask",
+        description="Extreme multi-label classification out of core: Zarr row-block stores on Dask.",
+    )
+    parser.add_argument("--version", action="version", version=f"xmldask {__version__}")
+    parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add in (_add_ingest, _add_synth, _add_info, _add_demo):
+        add(sub)
+    return parser
+
+
+_COMMANDS = {"ingest": _cmd_ingest, "synth": _cmd_synth, "info": _cmd_info, "demo": _cmd_demo}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        return _COMMANDS[args.command](args)
+    except (ParseError, StoreError, FileExistsError, FileNotFoundError, ValueError) as exc:
+        print(f"xmldask {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"xmldask {args.command}: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
