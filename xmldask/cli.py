@@ -46,8 +46,10 @@ def _add_ingest(sub) -> None:
                    help="row transform: unit L2 or L1 norm, or sqrt = the Hellinger map (default none)")
     p.add_argument("--bias", type=float, default=None, metavar="VALUE",
                    help="append a constant bias feature with this value as the last column")
-    p.add_argument("--n-features", type=_positive, default=None, help="number of features (default: header or max id + 1)")
-    p.add_argument("--n-labels", type=_positive, default=None, help="number of labels (default: header or max id + 1)")
+    p.add_argument("--n-features", type=_positive, default=None, metavar="D",
+                   help="number of features (default: the XC header, else the largest id + 1)")
+    p.add_argument("--n-labels", type=_positive, default=None, metavar="L",
+                   help="number of labels (default: the XC header, else the largest id + 1)")
     p.add_argument("--duplicates", default="error", choices=["error", "sum"],
                    help="a feature id repeated within a row is an error (default) or its values are summed")
     mode = p.add_mutually_exclusive_group()
@@ -88,9 +90,12 @@ def _add_synth(sub) -> None:
     p.add_argument("--multiclass", action="store_true", help="exactly one label per row")
     p.add_argument("--seed", type=int, default=0, metavar="S")
     p.add_argument("--split", default="train", help="rows to draw from the model: train (default), test, ...")
-    p.add_argument("--rank", type=_positive, default=32, help="number of planted topics (default 32)")
-    p.add_argument("--avg-features", type=float, default=20.0, help="mean nonzeros per row (default 20)")
-    p.add_argument("--avg-labels", type=float, default=3.0, help="mean labels per row, multilabel (default 3)")
+    p.add_argument("--rank", type=_positive, default=None,
+                   help="number of planted topics (default: 32, or fewer with fewer labels or features)")
+    p.add_argument("--avg-features", type=float, default=20.0,
+                   help="mean feature draws per row; repeats add up, so nonzeros are a little fewer (default 20)")
+    p.add_argument("--avg-labels", type=float, default=3.0,
+                   help="mean label draws per row, multilabel; repeats merge (default 3)")
     p.add_argument("--block-rows", type=_positive, default=BLOCK_ROWS, metavar="N")
     p.add_argument("--normalize", default="none", choices=["none", "l2", "l1", "sqrt"])
     p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")

@@ -56,8 +56,6 @@ CHUNK_ROWS = 8192
 #: version of the generative process: a change of the output for the same arguments bumps it
 GENERATOR_VERSION = 1
 
-#: Zipf exponent of the topic popularity
-_TOPIC_EXPONENT = 1.0
 #: topics per row: 1 + Poisson(_EXTRA_TOPICS), at most _MAX_TOPICS
 _EXTRA_TOPICS = 0.5
 _MAX_TOPICS = 3
@@ -93,8 +91,11 @@ def _check_float(name: str, value, *, low: float, high: float = math.inf, low_op
     return value
 
 
+DEFAULT_RANK = 32
+
+
 def _check_params(*, n_samples, n_features, n_labels, multiclass, rank, avg_features, avg_labels,
-                  feature_exponent, label_exponent, background, seed, split) -> dict:
+                  feature_exponent, label_exponent, topic_exponent, background, seed, split) -> dict:
     """Validate the generator arguments; returns them normalised to plain Python values."""
     if not isinstance(multiclass, (bool, np.bool_)):
         raise TypeError(f"multiclass must be True or False, but is {multiclass!r}")
@@ -103,14 +104,17 @@ def _check_params(*, n_samples, n_features, n_labels, multiclass, rank, avg_feat
         "n_features": _check_int("n_features", n_features, maximum=_MAX_INDEX),
         "n_labels": _check_int("n_labels", n_labels, maximum=_MAX_INDEX),
         "multiclass": bool(multiclass),
-        "rank": _check_int("rank", rank),
+        "rank": _check_int("rank", DEFAULT_RANK if rank is None else rank),
         "avg_features": _check_float("avg_features", avg_features, low=0.0, low_open=True),
         "avg_labels": _check_float("avg_labels", avg_labels, low=1.0),
         "feature_exponent": _check_float("feature_exponent", feature_exponent, low=0.0),
         "label_exponent": _check_float("label_exponent", label_exponent, low=0.0),
+        "topic_exponent": _check_float("topic_exponent", topic_exponent, low=0.0),
         "background": _check_float("background", background, low=0.0, high=1.0),
         "seed": _check_int("seed", seed, minimum=0),
     }
+    if rank is None:
+        p["rank"] = min(p["rank"], p["n_features"], p["n_labels"])
     for size in ("n_features", "n_labels"):
         if p["rank"] > p[size]:
             raise ValueError(f"rank must be at most {size} ({p[size]}), but is {p['rank']}: every topic needs its "
@@ -185,7 +189,7 @@ class _Model:
 
 def _build_model(p: dict) -> _Model:
     rng = np.random.default_rng(np.random.SeedSequence(p["seed"], spawn_key=(0,)))
-    cdf = _zipf_cdf(p["rank"], _TOPIC_EXPONENT)
+    cdf = _zipf_cdf(p["rank"], p["topic_exponent"])
     features = _Vocabulary.build(rng, size=p["n_features"], rank=p["rank"], exponent=p["feature_exponent"],
                                  background=p["background"] > 0)
     labels = _Vocabulary.build(rng, size=p["n_labels"], rank=p["rank"], exponent=p["label_exponent"],
@@ -267,9 +271,9 @@ _KNOB_DOC = """n_samples : int
         Number of label columns (at most 2**31 - 1).
     multiclass : bool, default False
         Exactly one label per row (drawn from the row's dominant topic) instead of a label set.
-    rank : int, default 32
-        Number of latent topics, the rank of the planted feature-label relation; at most
-        ``n_features`` and ``n_labels``.
+    rank : int, optional
+        Number of latent topics, the rank of the planted feature-label relation; default 32, or
+        ``min(n_features, n_labels)`` if smaller. At most ``n_features`` and ``n_labels``.
     avg_features : float, default 20.0
         Mean number of feature tokens per row (``max(1, Poisson(avg_features))``); repeated tokens
         add up, so the mean number of nonzeros per row is somewhat smaller.
@@ -281,6 +285,10 @@ _KNOB_DOC = """n_samples : int
         Zipf exponent of the feature frequencies (0 gives uniform frequencies).
     label_exponent : float, default 1.1
         Zipf exponent of the label frequencies within a topic.
+    topic_exponent : float, default 1.0
+        Zipf exponent of the topic popularity. It shapes the head of the label frequencies, and how
+        much better than predicting the most frequent labels a model can do: flatter (e.g. 0.5)
+        makes the most frequent labels rarer and the data harder to guess without the features.
     background : float, default 0.3
         Probability that a feature token is background (drawn from the global Zipf law over all
         features, independent of the topics), in [0, 1].
@@ -291,10 +299,18 @@ _KNOB_DOC = """n_samples : int
         relation) but have independent rows."""
 
 
-def iter_synthetic(*, n_samples: int, n_features: int, n_labels: int, multiclass: bool = False, rank: int = 32,
+def _document_knobs(func):
+    """Put the shared parameter documentation in place of ``{knobs}`` in the docstring of ``func``."""
+    if func.__doc__:  # None under python -OO
+        func.__doc__ = func.__doc__.replace("{knobs}", _KNOB_DOC)
+    return func
+
+
+@_document_knobs
+def iter_synthetic(*, n_samples: int, n_features: int, n_labels: int, multiclass: bool = False, rank: int | None = None,
                    avg_features: float = 20.0, avg_labels: float = 3.0, feature_exponent: float = 1.1,
-                   label_exponent: float = 1.1, background: float = 0.3, seed: int = 0,
-                   split: str = "train") -> Iterator[tuple[sp.csr_matrix, sp.csr_matrix]]:
+                   label_exponent: float = 1.1, topic_exponent: float = 1.0, background: float = 0.3,
+                   seed: int = 0, split: str = "train") -> Iterator[tuple[sp.csr_matrix, sp.csr_matrix]]:
     """Generate synthetic extreme multi-label data as pieces of rows.
 
     See the module documentation for the generative model. Arguments are checked when the function
@@ -321,12 +337,10 @@ def iter_synthetic(*, n_samples: int, n_features: int, n_labels: int, multiclass
     """
     p = _check_params(n_samples=n_samples, n_features=n_features, n_labels=n_labels, multiclass=multiclass,
                       rank=rank, avg_features=avg_features, avg_labels=avg_labels,
-                      feature_exponent=feature_exponent, label_exponent=label_exponent, background=background,
-                      seed=seed, split=split)
+                      feature_exponent=feature_exponent, label_exponent=label_exponent,
+                      topic_exponent=topic_exponent, background=background, seed=seed, split=split)
     return _iter_chunks(p)
 
-
-iter_synthetic.__doc__ = iter_synthetic.__doc__.replace("{knobs}", _KNOB_DOC)
 
 
 def _iter_chunks(p: dict) -> Iterator[tuple[sp.csr_matrix, sp.csr_matrix]]:
@@ -337,11 +351,12 @@ def _iter_chunks(p: dict) -> Iterator[tuple[sp.csr_matrix, sp.csr_matrix]]:
         yield _chunk(model, p, rng, min(CHUNK_ROWS, p["n_samples"] - start))
 
 
+@_document_knobs
 def make_synthetic(out: str, *, n_samples: int, n_features: int, n_labels: int, multiclass: bool = False,
-                   rank: int = 32, avg_features: float = 20.0, avg_labels: float = 3.0,
-                   feature_exponent: float = 1.1, label_exponent: float = 1.1, background: float = 0.3,
-                   seed: int = 0, split: str = "train", block_rows: int = BLOCK_ROWS, normalize: str = "none",
-                   overwrite: bool = False, progress: bool = False):
+                   rank: int | None = None, avg_features: float = 20.0, avg_labels: float = 3.0,
+                   feature_exponent: float = 1.1, label_exponent: float = 1.1, topic_exponent: float = 1.0,
+                   background: float = 0.3, seed: int = 0, split: str = "train", block_rows: int = BLOCK_ROWS,
+                   normalize: str = "none", overwrite: bool = False, progress: bool = False):
     """Generate a synthetic dataset straight into a dataset store.
 
     Rows are generated and written one piece at a time (:func:`iter_synthetic`), so memory stays
@@ -375,8 +390,8 @@ def make_synthetic(out: str, *, n_samples: int, n_features: int, n_labels: int, 
 
     p = _check_params(n_samples=n_samples, n_features=n_features, n_labels=n_labels, multiclass=multiclass,
                       rank=rank, avg_features=avg_features, avg_labels=avg_labels,
-                      feature_exponent=feature_exponent, label_exponent=label_exponent, background=background,
-                      seed=seed, split=split)
+                      feature_exponent=feature_exponent, label_exponent=label_exponent,
+                      topic_exponent=topic_exponent, background=background, seed=seed, split=split)
     block_rows = _check_int("block_rows", block_rows)
     if normalize not in NORMALIZATIONS:
         raise ValueError(f"normalize must be one of {NORMALIZATIONS}, but is {normalize!r}")
@@ -394,13 +409,13 @@ def make_synthetic(out: str, *, n_samples: int, n_features: int, n_labels: int, 
     return dataset
 
 
-make_synthetic.__doc__ = make_synthetic.__doc__.replace("{knobs}", _KNOB_DOC)
 
-
+@_document_knobs
 def write_synthetic_text(path: str, *, n_samples: int, n_features: int, n_labels: int, multiclass: bool = False,
-                         rank: int = 32, avg_features: float = 20.0, avg_labels: float = 3.0,
-                         feature_exponent: float = 1.1, label_exponent: float = 1.1, background: float = 0.3,
-                         seed: int = 0, split: str = "train") -> str:
+                         rank: int | None = None, avg_features: float = 20.0, avg_labels: float = 3.0,
+                         feature_exponent: float = 1.1, label_exponent: float = 1.1,
+                         topic_exponent: float = 1.0, background: float = 0.3, seed: int = 0,
+                         split: str = "train") -> str:
     """Write the rows of :func:`iter_synthetic` as an Extreme Classification Repository text file.
 
     Parameters
@@ -424,8 +439,6 @@ def write_synthetic_text(path: str, *, n_samples: int, n_features: int, n_labels
     pieces = iter_synthetic(n_samples=n_samples, n_features=n_features, n_labels=n_labels, multiclass=multiclass,
                             rank=rank, avg_features=avg_features, avg_labels=avg_labels,
                             feature_exponent=feature_exponent, label_exponent=label_exponent,
-                            background=background, seed=seed, split=split)
+                            topic_exponent=topic_exponent, background=background, seed=seed, split=split)
     return write_xc(path, pieces, n_samples=n_samples, n_features=n_features, n_labels=n_labels)
 
-
-write_synthetic_text.__doc__ = write_synthetic_text.__doc__.replace("{knobs}", _KNOB_DOC)

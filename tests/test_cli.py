@@ -1,0 +1,96 @@
+"""The command-line contract: ingest, synth, info, demo."""
+
+import json
+
+import numpy as np
+import pytest
+
+import xmldask
+from xmldask.cli import main
+from xmldask.store import to_scipy
+
+
+def _write_xc(path, rows, n_features, n_labels):
+    lines = [f"{len(rows)} {n_features} {n_labels}"] + rows
+    path.write_text("\n".join(lines) + "\n")
+    return str(path)
+
+
+def test_ingest_info_json(tmp_path, capsys):
+    src = _write_xc(tmp_path / "a.txt", ["0,2 0:1 3:2.5", " 1:1", "1 2:0.5"], 4, 3)
+    out = str(tmp_path / "a.zarr")
+    assert main(["ingest", src, "--out", out, "--block-rows", "2", "--no-progress"]) == 0
+    capsys.readouterr()
+    assert main(["info", out, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["n_samples"], info["n_features"], info["n_labels"], info["nnz"]) == (3, 4, 3, 4)
+    assert info["rows_without_labels"] == 1
+    assert info["row_blocks"] == 2
+    X = to_scipy(xmldask.open_dataset(out).X).toarray()
+    np.testing.assert_array_equal(X, [[1, 0, 0, 2.5], [0, 1, 0, 0], [0, 0, 0.5, 0]])
+
+
+def test_ingest_several_sources_and_append(tmp_path, capsys):
+    a = _write_xc(tmp_path / "a.txt", ["0 0:1", "1 1:1"], 2, 2)
+    b = _write_xc(tmp_path / "b.txt", ["1 0:2"], 2, 2)
+    out = str(tmp_path / "ab.zarr")
+    assert main(["ingest", a, b, "--out", out, "--no-progress"]) == 0
+    assert xmldask.open_dataset(out).n_samples == 3
+    assert main(["ingest", b, "--out", out, "--append", "--no-progress"]) == 2
+    assert "already ingested" in capsys.readouterr().err
+    assert main(["ingest", b, "--out", out, "--append", "--skip-ingested", "--no-progress"]) == 0
+    assert xmldask.open_dataset(out).n_samples == 3
+
+
+def test_ingest_error_is_one_clear_line(tmp_path, capsys):
+    src = _write_xc(tmp_path / "bad.txt", ["0 0:1", "1 1:x"], 2, 2)
+    out = tmp_path / "bad.zarr"
+    assert main(["ingest", src, "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert "bad.txt, line 3" in err and "'1 1:x'" in err and "Traceback" not in err
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir()] == ["bad.txt"]
+
+
+def test_existing_store_is_refused(tmp_path, capsys):
+    src = _write_xc(tmp_path / "a.txt", ["0 0:1"], 1, 1)
+    out = str(tmp_path / "a.zarr")
+    assert main(["ingest", src, "--out", out, "--no-progress"]) == 0
+    assert main(["ingest", src, "--out", out, "--no-progress"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["ingest", src, "--out", out, "--overwrite", "--no-progress"]) == 0
+
+
+def test_synth_and_info(tmp_path, capsys):
+    out = str(tmp_path / "s.zarr")
+    args = ["synth", "--out", out, "--n-samples", "500", "--n-features", "300", "--n-labels", "50",
+            "--seed", "3", "--block-rows", "128", "--no-progress"]
+    assert main(args) == 0
+    capsys.readouterr()
+    assert main(["info", out, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["n_samples"], info["n_features"], info["n_labels"]) == (500, 300, 50)
+    assert info["nnz"] > 0 and info["row_blocks"] == 4
+    assert main(["synth", "--out", str(tmp_path / "m.zarr"), "--n-samples", "200", "--n-features", "100",
+                 "--n-labels", "20", "--multiclass", "--no-progress"]) == 0
+    Y = to_scipy(xmldask.open_dataset(str(tmp_path / "m.zarr")).Y)
+    np.testing.assert_array_equal(np.diff(Y.indptr), 1)
+
+
+def test_demo_runs_and_reuses(tmp_path, capsys):
+    args = ["demo", "--root", str(tmp_path), "--n-samples", "2000", "--n-features", "500", "--n-labels", "100"]
+    assert main(args) == 0
+    first = capsys.readouterr().out
+    assert "ingesting" in first and "rows" in first
+    stores = sorted(p.name for p in tmp_path.glob("demo/*/*.zarr"))
+    assert stores == ["test.zarr", "train.zarr"]
+    assert main(args) == 0
+    assert "reusing" in capsys.readouterr().out
+
+
+def test_help_mentions_every_command(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    out = capsys.readouterr().out
+    for command in ("ingest", "synth", "info", "demo"):
+        assert command in out
