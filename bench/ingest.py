@@ -3,7 +3,7 @@
 Generates synthetic XC text files (gzip), ingests each in a fresh subprocess, and prints one row
 per size: text MB/s, rows/s and the subprocess's peak RSS. Peak RSS should not grow with the file.
 
-    python bench/ingest.py [--rows 100000] [--factor 10] [--json FILE] [--workdir DIR]
+    python bench/ingest.py [--rows 300000] [--factor 10] [--json FILE] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def text_bytes(path: Path) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=100_000, help="rows of the small file (default 100000)")
+    parser.add_argument("--rows", type=int, default=300_000, help="rows of the small file (default 300000)")
     parser.add_argument("--factor", type=int, default=10, help="the large file has factor x rows (default 10)")
     parser.add_argument("--n-features", type=int, default=100_000)
     parser.add_argument("--n-labels", type=int, default=10_000)

@@ -30,38 +30,37 @@ __all__ = ["CSRWriter", "write_csr", "open_csr", "csr_from_group", "to_scipy"]
 
 
 class _Appender:
-    """Appends to a 1-D Zarr array, writing whole shards so that no shard is rewritten."""
+    """Appends to a 1-D Zarr array through one fixed buffer, writing whole shards.
+
+    No shard is written twice and no memory is allocated after the buffer (one shard of
+    elements), so memory stays flat however long the array grows.
+    """
 
     def __init__(self, array: zarr.Array, start: int):
         self.array = array
-        self.pos = int(start)
+        self.pos = int(start)  # where the buffer's first element goes
         self.unit = int((array.shards or array.chunks)[0])
-        self.parts: list[np.ndarray] = []
-        self.pending = 0
+        self.buffer = np.empty(self.unit, dtype=array.dtype)
+        self.buffer.fill(0)  # touch every page now: memory use is the same for every matrix size
+        self.fill = 0
 
     def push(self, values: np.ndarray) -> None:
-        if len(values) == 0:
-            return
-        self.parts.append(np.asarray(values, dtype=self.array.dtype))
-        self.pending += len(values)
-        end = self.pos + self.pending
-        boundary = end - end % self.unit
-        if boundary > self.pos:
-            self._write(boundary - self.pos)
+        done = 0
+        while done < len(values):
+            capacity = self.unit - self.pos % self.unit  # up to the next shard boundary
+            take = min(len(values) - done, capacity - self.fill)
+            self.buffer[self.fill : self.fill + take] = values[done : done + take]
+            self.fill += take
+            done += take
+            if self.fill == capacity:
+                self.flush()
 
     def flush(self) -> None:
-        if self.pending:
-            self._write(self.pending)
-
-    def _write(self, count: int) -> None:
-        buf = self.parts[0] if len(self.parts) == 1 else np.concatenate(self.parts)
-        head, tail = buf[:count], buf[count:]
-        stop = self.pos + count
-        self.array.resize((stop,))
-        self.array[self.pos : stop] = head
-        self.pos = stop
-        self.parts = [tail] if len(tail) else []
-        self.pending = len(tail)
+        if self.fill:
+            stop = self.pos + self.fill
+            self.array.resize((stop,))
+            self.array[self.pos : stop] = self.buffer[: self.fill]
+            self.pos, self.fill = stop, 0
 
 
 def _create_1d(group: zarr.Group, name: str, dtype, *, chunk_elements: int, shard_chunks: int) -> zarr.Array:
@@ -133,13 +132,15 @@ class CSRWriter:
             arrays = {
                 "data": _create_1d(group, "data", DATA_DTYPE, **kw),
                 "indices": _create_1d(group, "indices", INDEX_DTYPE, **kw),
-                "indptr": _create_1d(group, "indptr", INDPTR_DTYPE, **kw),
+                "indptr": _create_1d(group, "indptr", INDPTR_DTYPE, chunk_elements=max(1, chunk_elements // 4),
+                                     shard_chunks=shard_chunks),
             }
             arrays["indptr"].resize((1,))
             arrays["indptr"][0:1] = np.zeros(1, INDPTR_DTYPE)
         self.n_rows_start = n0
         self.n_rows = n0
         self.nnz = nnz0
+        self._max_col = -1  # largest column id written since the last commit
         self._data = _Appender(arrays["data"], nnz0)
         self._indices = _Appender(arrays["indices"], nnz0)
         self._indptr = _Appender(arrays["indptr"], n0 + 1)
@@ -149,6 +150,10 @@ class CSRWriter:
         block = sp.csr_matrix(block)
         if self.n_cols is not None and block.shape[1] > self.n_cols:
             raise ValueError(f"block has {block.shape[1]} columns, the matrix {self.n_cols}")
+        if not block.has_sorted_indices:  # the layout promises sorted column ids within each row
+            block = block.sorted_indices()
+        if block.nnz:
+            self._max_col = max(self._max_col, int(block.indices.max()))
         self._data.push(block.data.astype(DATA_DTYPE, copy=False))
         self._indices.push(block.indices.astype(INDEX_DTYPE, copy=False))
         self._indptr.push(block.indptr[1:].astype(INDPTR_DTYPE) + self.nnz)
@@ -169,10 +174,13 @@ class CSRWriter:
     def commit(self, *, n_cols: int | None = None, row_blocks: list[int] | None = None) -> dict:
         """Flush and publish the new rows to readers; returns the new ``xmldask`` attributes."""
         self.flush()
-        if n_cols is not None:
-            self.n_cols = int(n_cols)
-        if self.n_cols is None:
+        n_cols = self.n_cols if n_cols is None else int(n_cols)
+        if n_cols is None:
             raise ValueError("the number of columns is unknown: pass n_cols to commit()")
+        if self._max_col >= n_cols:
+            raise ValueError(f"column id {self._max_col} is out of range for {n_cols} columns")
+        self.n_cols = n_cols
+        self._max_col = -1
         self.row_blocks = row_blocks if row_blocks is not None else self.new_row_blocks()
         self.n_rows_start = self.n_rows
         meta = self._meta(complete=True)
