@@ -64,7 +64,8 @@ def main() -> None:
             mb = text_bytes(source) / 1e6
             rows.append({"n_samples": fig["n_samples"], "nnz": fig["nnz"], "text_mb": round(mb, 1),
                          "gzip_mb": round(source.stat().st_size / 1e6, 1), "seconds": round(fig["seconds"], 2),
-                         "mb_per_s": round(mb / fig["seconds"], 1), "rows_per_s": round(fig["n_samples"] / fig["seconds"]),
+                         "mb_per_s": round(mb / fig["seconds"], 1),
+                         "rows_per_s": round(fig["n_samples"] / fig["seconds"]),
                          "peak_rss_mb": round(fig["peak_rss_mb"], 1),
                          "rss_after_import_mb": round(fig["rss_after_import_mb"], 1)})
     small, large = rows[0]["peak_rss_mb"], rows[-1]["peak_rss_mb"]

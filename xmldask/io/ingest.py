@@ -6,6 +6,7 @@ import gzip
 import hashlib
 import io
 import logging
+import re
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -53,13 +54,42 @@ class _Source:
     size: int
 
 
-def _open_text(path: str):
+def _open_text(path: str, errors: str = "strict"):
     """Open ``path`` (local or fsspec URL, gzip or plain) as text; returns (text, tap, raw file)."""
     raw = fsspec.open(path, "rb").open()
     tap = _Tap(raw)
     buffered = io.BufferedReader(tap, buffer_size=1 << 20)
     stream = gzip.GzipFile(fileobj=buffered, mode="rb") if buffered.peek(2)[:2] == b"\x1f\x8b" else buffered
-    return io.TextIOWrapper(stream, encoding="utf-8", newline=None), tap, raw
+    return io.TextIOWrapper(stream, encoding="utf-8", errors=errors, newline=None), tap, raw
+
+
+_UNDECODABLE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, as "surrogateescape" keeps them
+
+
+def _read_error(path: str, exc: Exception) -> ParseError:
+    """The error for a file that cannot be read, at the line where reading fails.
+
+    Text is decoded a chunk at a time, so the exception does not tell which line is bad: this
+    error path reads the file again line by line. A truncated or corrupt gzip stream fails at the
+    line it cuts (its text is lost); a byte that is not UTF-8 is found in its line, shown with it.
+    """
+    text, _, raw = _open_text(path, errors="surrogateescape")
+    number, bad = 1, None
+    try:
+        for line in text:
+            if _UNDECODABLE.search(line):
+                bad = line.rstrip("\n").encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+                break
+            number += 1
+    except (EOFError, OSError, zlib.error):
+        pass
+    finally:
+        raw.close()
+    if isinstance(exc, UnicodeDecodeError):
+        reason = f"the file is not UTF-8 text ({exc.reason})"
+    else:
+        reason = f"the gzip stream is truncated or corrupt ({exc})"
+    return ParseError(reason, path=path, line=number, text=bad)
 
 
 def _inspect(path: str, fmt: str) -> _Source:
@@ -70,7 +100,7 @@ def _inspect(path: str, fmt: str) -> _Source:
     try:
         first = text.readline().rstrip("\n")
     except (EOFError, OSError, zlib.error, UnicodeDecodeError) as exc:
-        raise ParseError(f"cannot read the file ({exc})", path=path, line=1) from None
+        raise _read_error(path, exc) from None
     finally:
         raw.close()
     fmt = sniff_format(path, first) if fmt == "auto" else fmt
@@ -91,11 +121,8 @@ def _read(source: _Source, batch_bytes: int):
         while True:
             try:
                 lines = text.readlines(batch_bytes)
-            except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
-                raise ParseError(f"the gzip stream is truncated or corrupt ({exc})", path=source.path,
-                                 line=line) from None
-            except UnicodeDecodeError as exc:
-                raise ParseError(f"the file is not UTF-8 text ({exc.reason})", path=source.path, line=line) from None
+            except (EOFError, zlib.error, gzip.BadGzipFile, UnicodeDecodeError) as exc:
+                raise _read_error(source.path, exc) from None
             if not lines:
                 break
             yield [ln.rstrip("\n") for ln in lines], line, tap.bytes

@@ -35,6 +35,11 @@ __all__ = ["FORMATS", "ParseError", "Batch", "parse_batch", "sniff_format"]
 FORMATS = ("xc", "libsvm", "vw")
 _DOUBLE_COLON = re.compile(r":[^\s:]*:")
 _HEADER = re.compile(r"\s*(\d+)\s+(\d+)\s+(\d+)\s*")
+#: the numbers the fast path reads (NumPy): ASCII decimal floats, inf and nan; Python's float() and
+#: int() also take "1_000" and non-ASCII digits, which the fast path rejects
+_NUMBER = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.ASCII | re.IGNORECASE)
+#: the separators NumPy knows; str.split() also splits on non-ASCII spaces such as U+00A0
+_ASCII_SPACES = re.compile(r"[ \t\n\r\f\v]+")
 
 
 class ParseError(ValueError):
@@ -245,19 +250,20 @@ def _diagnose(lines, line_numbers, fmt, one_based, path) -> None:
 
 
 def _number(token: str, kind: str) -> str | None:
-    try:
-        float(token)
-    except ValueError:
+    if not _NUMBER.fullmatch(token):
         return f"{kind} {token!r} is not a number"
     return None
 
 
 def _int_id(token: str, kind: str) -> str | None:
-    try:
-        int(token)
-    except ValueError:
+    # like the fast path, accept integral numbers such as "3.0"
+    if not _NUMBER.fullmatch(token) or not float(token).is_integer():
         return f"{kind} id {token!r} is not an integer"
     return None
+
+
+def _tokens(text: str) -> list[str]:
+    return [t for t in _ASCII_SPACES.split(text) if t]
 
 
 def _line_error(ln: str, fmt: str) -> str | None:
@@ -270,10 +276,10 @@ def _line_error(ln: str, fmt: str) -> str | None:
         head = head.strip()
         if len(head.split()) > 1:
             return "malformed labels: importance weights and tags are not supported, only 'l1,l2 |'"
-        tokens = rest.split()
+        tokens = _tokens(rest)
         label_part = head
     else:
-        tokens = ln.split()
+        tokens = _tokens(ln)
         label_part = ""
         if tokens and not ln[0].isspace() and ":" not in tokens[0]:
             label_part = tokens.pop(0)

@@ -40,8 +40,9 @@ def transform_rows(X: sp.csr_matrix, *, normalize: str = "none", bias: float | N
         if normalize == "sqrt" and X.nnz and X.data.min() < 0:
             raise ValueError("the sqrt (Hellinger) map needs non-negative feature values")
         values = X.data.astype(np.float64)
+        # astype: bincount of no values (a block without features) is int64 even with weights
         norms = np.bincount(rows, weights=values**2 if normalize == "l2" else np.abs(values),
-                            minlength=X.shape[0])
+                            minlength=X.shape[0]).astype(np.float64, copy=False)
         if normalize == "l2":
             norms = np.sqrt(norms)
         scale = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0)

@@ -15,7 +15,7 @@ import uuid
 
 import fsspec
 import zarr
-from fsspec.core import url_to_fs
+from fsspec.core import split_protocol, url_to_fs
 from zarr.storage import LocalStore
 
 __all__ = ["storage_root", "store_url", "exists", "remove", "zarr_store", "temporary_sibling", "publish"]
@@ -70,10 +70,12 @@ def temporary_sibling(url: str) -> str:
 
     A write that dies leaves only such a ``.NAME.partial-XXXX`` entry, never a store at ``url``.
     """
-    url = str(url).rstrip("/")
-    parent, name = posixpath.split(url)
+    protocol, path = split_protocol(str(url).rstrip("/"))
+    parent, name = posixpath.split(path)
     tmp = f".{name}.partial-{uuid.uuid4().hex[:12]}"
-    return f"{parent}/{tmp}" if parent else tmp
+    sibling = posixpath.join(parent, tmp) if parent else tmp
+    # keep the protocol: "memory://x" must give "memory://.x.partial-...", not the local "memory:/..."
+    return f"{protocol}://{sibling}" if protocol else sibling
 
 
 def publish(tmp_url: str, url: str, *, overwrite: bool = False) -> None:

@@ -1,0 +1,54 @@
+"""Shared test fixtures: the location of the benchmark data, an isolated Prefect home."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+# Importing prefect creates $PREFECT_HOME: keep it out of the user's home during tests.
+_PREFECT_HOME = tempfile.mkdtemp(prefix="xmldask-tests-prefect-")
+os.environ["PREFECT_HOME"] = _PREFECT_HOME
+atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
+
+REPO = Path(__file__).resolve().parents[1]
+ENV_SHARED_DATA = "XMLDASK_SHARED_DATA"
+
+#: ``*.txt.gz`` files under the shared data that are not datasets in the XC format
+NOT_XC = {"cat_hier.txt.gz"}
+
+
+def shared_data_dir() -> Path:
+    """``$XMLDASK_SHARED_DATA`` if set, else ``<repo>/../shared/data`` (which may not exist)."""
+    env = os.environ.get(ENV_SHARED_DATA)
+    return Path(env) if env else REPO.parent / "shared" / "data"
+
+
+def shared_xc_files() -> list[Path]:
+    """Every XC-format ``*.txt.gz`` under the shared data directory (empty if it is absent)."""
+    root = shared_data_dir()
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.rglob("*.txt.gz") if p.name not in NOT_XC)
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    """Path of the real benchmark data; skips the test where that directory is absent."""
+    root = shared_data_dir()
+    if not root.is_dir():
+        pytest.skip(f"no shared benchmark data at {root} (set ${ENV_SHARED_DATA})")
+    return root
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrize ``shared_xc_file`` over the XC files of the shared data (one skipped case if absent)."""
+    if "shared_xc_file" in metafunc.fixturenames:
+        root = shared_data_dir()
+        files = shared_xc_files()
+        ids = [str(p.relative_to(root)) for p in files]
+        metafunc.parametrize("shared_xc_file", files or [None], ids=ids or ["absent"])
