@@ -1,0 +1,473 @@
+"""Block kernels and passes of :mod:`xmldask.linalg` against in-memory NumPy/SciPy references.
+
+Tolerances: every result is a sum of products of at most ``N + D`` terms per entry (a length-``D``
+product ``X Q`` inside a length-``N`` sum over rows, plus the centring terms). Standard rounding
+analysis (Higham, *Accuracy and Stability of Numerical Algorithms*, 2nd ed., eq. 3.5) bounds the
+error of such a computation by ``gamma_m * (the same computation on absolute values)`` with
+``gamma_m ~ m * eps``. The tests check ``|result - reference| <= 2 (N + D + 4) eps * bound`` entrywise,
+with ``eps`` of the dtype (float32: 1.2e-7, float64: 2.2e-16) and ``bound`` the reference computed
+on ``|X| + 1 m^T`` (``m`` bounding the centring means), ``|w|`` and ``|Q|``. The reference itself is
+computed in float64 from the same (float32-representable) values.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from types import SimpleNamespace
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from dask.core import get_dependencies
+from dask.utils import parse_bytes
+
+from xmldask import linalg
+from xmldask.linalg import _kernels as K
+from xmldask.linalg import passes
+from xmldask.store import open_csr, write_csr
+
+N, D, N_LABELS, K_COLS = 1037, 23, 11, 5
+MEMORY_BLOCKS = (100,) * 10 + (37,)  # uneven: ten blocks of 100 rows and a remainder
+STORE_BLOCK_ROWS = 128  # eight blocks of 128 rows and one of 13
+DTYPES = [np.float32, np.float64]
+#: dask's array-expression engine (opt-in today) has no ``from_delayed``: operands are embedded, not scattered
+ARRAY_EXPR = "_array_expr" in type(da.zeros(1)).__module__
+
+
+# ------------------------------------------------------------------------------------------
+# data and references
+
+
+def _make_data():
+    """float64 arrays holding float32-representable values (so both dtypes see the same numbers)."""
+    rng = np.random.default_rng(20261101)
+    A = sp.random(N, D, density=0.2, format="csr", random_state=rng, data_rvs=lambda s: rng.uniform(0.5, 2.0, s))
+    A = A.tolil()
+    A[:, 0] = rng.uniform(0.9, 1.1, (N, 1))  # a dense column whose mean dwarfs its spread (centring test)
+    A[:, 5] = 0  # an empty column
+    A[[3, 400, 1036], :] = 0  # empty rows, one of them the very last
+    A = A.tocsr().astype(np.float32).astype(np.float64)
+    A.eliminate_zeros()
+    Y = sp.random(N, N_LABELS, density=0.1, format="csr", random_state=rng, data_rvs=np.ones)
+
+    def f32(a):
+        return np.asarray(a, dtype=np.float32).astype(np.float64)
+
+    return SimpleNamespace(
+        A=A,
+        Y=Y.astype(np.float64),
+        Q=f32(rng.standard_normal((D, K_COLS))),
+        Z=f32(rng.standard_normal((D, K_COLS))),
+        B=f32(rng.standard_normal((N, K_COLS))),
+        w=f32(rng.uniform(0.2, 3.0, N)),
+        mu=f32(rng.uniform(-0.5, 1.0, D)),  # arbitrary means, not X's: centring by given values
+    )
+
+
+DATA = _make_data()
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("linalg")
+    x_url = write_csr(str(root / "x.zarr"), DATA.A.astype(np.float32), block_rows=STORE_BLOCK_ROWS)
+    y_url = write_csr(str(root / "y.zarr"), DATA.Y.astype(np.float32), block_rows=STORE_BLOCK_ROWS)
+    return x_url, y_url
+
+
+def _inputs(source, dtype, stores):
+    """Dask inputs in ``dtype`` from memory (blocks of 100 + 37) or from a real store (128 + 13)."""
+    if source == "memory":
+        meta = sp.csr_matrix((0, D), dtype=dtype)
+
+        def rows(M):
+            return da.from_array(M.astype(dtype), chunks=(MEMORY_BLOCKS, -1), asarray=False, fancy=False, meta=meta)
+
+        X, Y = rows(DATA.A), rows(DATA.Y)
+    else:
+        X, Y = open_csr(stores[0], dtype=dtype), open_csr(stores[1], dtype=dtype)
+    cast = {name: getattr(DATA, name).astype(dtype) for name in ("Q", "Z", "B")}
+    # weights and means deliberately float64: they must not upcast a float32 pass
+    return SimpleNamespace(X=X, Y=Y, w=DATA.w, mu=DATA.mu, **cast)
+
+
+def _dense_x():
+    return DATA.A.toarray()
+
+
+def _means(center, w):
+    """The centring means in float64 (zeros without centring) and a bound on their magnitude."""
+    Xd = _dense_x()
+    ww = np.ones(N) if w is None else w
+    if center is False:
+        mu = np.zeros(D)
+    elif center is True:
+        mu = Xd.T @ ww / ww.sum()
+    else:
+        mu = center
+    m = np.abs(mu) + np.abs(Xd).T @ np.abs(ww) / np.abs(ww).sum()
+    return mu, m
+
+
+# name -> (build(inputs, weights, center) -> dask result(s), reference(Xc, X, ww, ops) -> array(s))
+PASSES = {
+    "xt_x_q": (lambda a, w, c: linalg.xt_x_q(a.X, a.Q, weights=w, center=c, split_every=3),
+               lambda Xc, X, ww, o: Xc.T @ (ww[:, None] * (Xc @ o.Q))),
+    "x_q": (lambda a, w, c: linalg.x_q(a.X, a.Q, center=None if c is False else c),
+            lambda Xc, X, ww, o: Xc @ o.Q),
+    "xt_b": (lambda a, w, c: linalg.xt_b(a.X, a.B, weights=w, center=c, split_every=2),
+             lambda Xc, X, ww, o: Xc.T @ (ww[:, None] * o.B)),
+    "yt_x_z": (lambda a, w, c: linalg.yt_x_z(a.Y, a.X, a.Z, weights=w, center=c),
+               lambda Xc, X, ww, o: o.Y.T @ (ww[:, None] * (Xc @ o.Z))),
+    "gram": (lambda a, w, c: linalg.gram(a.X, weights=w, center=c, split_every=4),
+             lambda Xc, X, ww, o: Xc.T @ (ww[:, None] * Xc)),
+    "column_sums": (lambda a, w, c: linalg.column_sums(a.X, weights=w),
+                    lambda Xc, X, ww, o: X.T @ ww),
+    "column_mean": (lambda a, w, c: linalg.column_mean(a.X, weights=w),
+                    lambda Xc, X, ww, o: X.T @ ww / ww.sum()),
+    "column_moments": (lambda a, w, c: linalg.column_moments(a.X, weights=w),
+                       lambda Xc, X, ww, o: (X.T @ ww / ww.sum(), (X * X).T @ ww / ww.sum())),
+}
+WEIGHTED = {"xt_x_q", "xt_b", "yt_x_z", "gram", "column_sums", "column_mean", "column_moments"}
+CENTERS = {"xt_x_q": (False, True, "given"), "x_q": (False, "given"), "xt_b": (False, True, "given"),
+           "yt_x_z": (False, True, "given"), "gram": (False, True, "given")}
+CASES = [(name, weighted, center) for name in PASSES for weighted in ((False, True) if name in WEIGHTED else (False,))
+         for center in CENTERS.get(name, (False,))]
+CASE_IDS = [f"{n}-{'w' if w else 'unw'}-{c if c != 'given' else 'mu'}" for n, w, c in CASES]
+
+
+def _build(name, inputs, weighted, center):
+    c = inputs.mu if center == "given" else center
+    return PASSES[name][0](inputs, inputs.w if weighted else None, c)
+
+
+def _reference(name, weighted, center):
+    """(reference, bound) in float64, each an array or a tuple of arrays."""
+    w = DATA.w if weighted else None
+    c = DATA.mu if center == "given" else center
+    mu, m = _means(c, w)
+    ww = np.ones(N) if w is None else w
+    Xd = _dense_x()
+    ops = SimpleNamespace(Q=DATA.Q, Z=DATA.Z, B=DATA.B, Y=DATA.Y.toarray())
+    ref = PASSES[name][1](Xd - mu[None, :], Xd, ww, ops)
+    abs_ops = SimpleNamespace(**{k: np.abs(v) for k, v in vars(ops).items()})
+    Xabs = np.abs(Xd) + m[None, :]
+    bound = PASSES[name][1](Xabs, Xabs, np.abs(ww), abs_ops)
+    return ref, bound
+
+
+def _as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+def _assert_within_rounding(actual, expected, bound, dtype, what=""):
+    eps = np.finfo(dtype).eps
+    tol = 2 * (N + D + 4) * eps * bound + np.finfo(dtype).tiny
+    err = np.abs(np.asarray(actual, dtype=np.float64) - expected)
+    ratio = float((err / tol).max()) if err.size else 0.0
+    assert ratio <= 1, f"{what}: error {err.max():.3g} exceeds the rounding bound (worst ratio {ratio:.3g})"
+
+
+# ------------------------------------------------------------------------------------------
+# block kernels
+
+
+@pytest.mark.parametrize("layout", ["csr", "dense"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernels_match_numpy(layout, dtype):
+    rows = slice(100, 300)
+    Xd = _dense_x()[rows]
+    Xb = sp.csr_matrix(Xd).astype(dtype) if layout == "csr" else Xd.astype(dtype)
+    Yb = DATA.Y[rows].astype(dtype)
+    Bb = DATA.B[rows].astype(dtype)
+    Q = DATA.Q.astype(dtype)
+    w, mu = DATA.w[rows], DATA.mu  # float64 on purpose
+    Xc = Xd - mu[None, :]
+    cases = {
+        "block_matmul": (K.block_matmul(Xb, Q), Xd @ DATA.Q),
+        "block_matmul centred": (K.block_matmul(Xb, Q, center=mu), Xc @ DATA.Q),
+        "block_tmatmul": (K.block_tmatmul(Xb, Bb, weights=w, center=mu), Xc.T @ (w[:, None] * DATA.B[rows])),
+        "block_tmatmul sparse B": (K.block_tmatmul(Xb, Yb, weights=w), Xd.T @ (w[:, None] * DATA.Y[rows].toarray())),
+        "block_gram_apply": (K.block_gram_apply(Xb, Q), Xd.T @ (Xd @ DATA.Q)),
+        "block_gram_apply w mu": (K.block_gram_apply(Xb, Q, weights=w, center=mu),
+                                  Xc.T @ (w[:, None] * (Xc @ DATA.Q))),
+        "block_cross": (K.block_cross(Yb, Xb, Q, weights=w, center=mu),
+                        DATA.Y[rows].toarray().T @ (w[:, None] * (Xc @ DATA.Q))),
+        "block_gram": (K.block_gram(Xb), Xd.T @ Xd),
+        "block_gram w mu": (K.block_gram(Xb, weights=w, center=mu), Xc.T @ (w[:, None] * Xc)),
+        "block_colsum": (K.block_colsum(Xb), Xd.sum(axis=0)),
+        "block_colsum w": (K.block_colsum(Xb, w), Xd.T @ w),
+        "block_colsq w": (K.block_colsq(Xb, w), (Xd * Xd).T @ w),
+    }
+    rtol = 1e-5 if dtype == np.float32 else 1e-12  # 200 rows, values O(1): far inside n*eps
+    for what, (got, want) in cases.items():
+        assert isinstance(got, np.ndarray), what
+        assert got.dtype == dtype, f"{what}: {got.dtype}"  # float64 weights/means do not upcast
+        assert got.shape == want.shape, what
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=what)
+
+
+def test_kernels_promote_like_numpy_and_handle_empty_blocks():
+    Xb = sp.csr_matrix(DATA.A[:50]).astype(np.float32)
+    assert K.block_matmul(Xb, DATA.Q).dtype == np.float64  # float32 X with a float64 Q: NumPy's rule
+    assert K.block_gram_apply(Xb, DATA.Q.astype(np.float32)).dtype == np.float32
+    assert K.block_colsum(sp.csr_matrix(DATA.Y[:50].astype(bool))).dtype == np.float32
+    empty = sp.csr_matrix((0, D), dtype=np.float32)
+    Q = DATA.Q.astype(np.float32)
+    assert K.block_matmul(empty, Q).shape == (0, K_COLS)
+    np.testing.assert_array_equal(K.block_gram_apply(empty, Q, weights=np.ones(0), center=DATA.mu),
+                                  np.zeros((D, K_COLS)))
+    np.testing.assert_array_equal(K.block_gram(empty, center=DATA.mu), np.zeros((D, D)))
+    np.testing.assert_array_equal(K.block_augmented(empty, empty @ Q), np.zeros((D + 1, K_COLS + 1)))
+    with pytest.raises(ValueError, match=r"weights must have shape \(50,\)"):
+        K.block_colsum(Xb, np.ones(49))
+
+
+def test_augmented_blocks_sum_to_the_centred_product():
+    """``unpack_centered`` of summed ``block_augmented`` = product with X centred by its weighted mean."""
+    Xd, w = _dense_x(), DATA.w
+    mu = Xd.T @ w / w.sum()
+    total = sum(K.block_augmented(DATA.A[a:a + 100], DATA.A[a:a + 100] @ DATA.Q, weights=w[a:a + 100])
+                for a in range(0, N, 100))
+    want = (Xd - mu).T @ (w[:, None] * ((Xd - mu) @ DATA.Q))
+    np.testing.assert_allclose(K.unpack_centered(total), want, rtol=1e-10, atol=1e-10 * np.abs(want).max())
+
+
+# ------------------------------------------------------------------------------------------
+# passes on the synchronous scheduler
+
+
+@pytest.mark.parametrize("source", ["memory", "store"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+@pytest.mark.parametrize(("name", "weighted", "center"), CASES, ids=CASE_IDS)
+def test_pass_matches_reference(name, weighted, center, dtype, source, stores):
+    inputs = _inputs(source, dtype, stores)
+    result = _as_tuple(_build(name, inputs, weighted, center))
+    with dask.config.set(scheduler="synchronous"):
+        got = dask.compute(*result)
+    ref, bound = (_as_tuple(r) for r in _reference(name, weighted, center))
+    for g, r, b, lazy in zip(got, ref, bound, result):
+        assert g.dtype == dtype and lazy.dtype == dtype  # float64 weights/means never upcast float32
+        assert g.shape == r.shape == lazy.shape
+        _assert_within_rounding(g, r, b, dtype, name)
+    if name == "x_q":
+        assert result[0].chunks[0] == inputs.X.chunks[0]  # row chunks aligned with X
+
+
+def test_vector_operands_and_dask_weights(stores):
+    inputs = _inputs("store", np.float64, stores)
+    Xd, w = _dense_x(), DATA.w
+    w_da = da.from_array(w, chunks=(inputs.X.chunks[0],))
+    q = DATA.Q[:, 0]
+    with dask.config.set(scheduler="synchronous"):
+        got = dask.compute(linalg.xt_x_q(inputs.X, q, weights=w_da), linalg.x_q(inputs.X, da.from_array(q, chunks=7)),
+                           linalg.xt_b(inputs.X, DATA.B[:, 0], weights=w_da))
+    np.testing.assert_allclose(got[0], Xd.T @ (w * (Xd @ q)), rtol=1e-12)
+    np.testing.assert_allclose(got[1], Xd @ q, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(got[2], Xd.T @ (w * DATA.B[:, 0]), rtol=1e-12, atol=1e-14)
+    assert [g.shape for g in got] == [(D,), (N,), (D,)]
+
+
+def test_column_moments_share_one_pass(stores):
+    X = open_csr(stores[0])
+    mean, second = linalg.column_moments(X)
+    graph = {**mean.__dask_graph__(), **second.__dask_graph__()}
+    block_tasks = [k for k in graph if isinstance(k, tuple) and str(k[0]).startswith("column_moments-block")]
+    assert len(block_tasks) == X.numblocks[0]  # one task per block, shared by both outputs
+
+
+def test_graph_is_deterministic(stores):
+    X = open_csr(stores[0])
+    a = linalg.xt_x_q(X, DATA.Q, weights=DATA.w, center=DATA.mu)
+    b = linalg.xt_x_q(open_csr(stores[0]), DATA.Q.copy(), weights=DATA.w.copy(), center=DATA.mu.copy())
+    assert a.name == b.name
+    assert linalg.xt_x_q(X, DATA.Q + 1).name != a.name
+
+
+def test_centring_accuracy_when_a_mean_dwarfs_the_spread():
+    """float32, a column of mean 1000 and spread 1: the documented accurate routes stay accurate.
+
+    ``xt_x_q`` with given means centres each block before the products (measured: ~2e-5 relative
+    error; the one-pass ``center=True`` correction loses ~10%); centred ``gram`` accumulates in float64.
+    """
+    rng = np.random.default_rng(4)
+    A = DATA.A.tolil()
+    A[:, 1] = np.float32(1000) + rng.standard_normal((N, 1)).astype(np.float32)
+    A = A.tocsr()
+    Ad = A.toarray()
+    mu = Ad.mean(axis=0)
+    X = da.from_array(A.astype(np.float32), chunks=(MEMORY_BLOCKS, -1), asarray=False)
+    with dask.config.set(scheduler="synchronous"):
+        got_q = linalg.xt_x_q(X, DATA.Q.astype(np.float32), center=mu).compute()
+        got_g_true, got_g_mu = dask.compute(linalg.gram(X, center=True), linalg.gram(X, center=mu))
+    want_q = (Ad - mu).T @ ((Ad - mu) @ DATA.Q)
+    want_g = (Ad - mu).T @ (Ad - mu)
+    assert got_q.dtype == got_g_true.dtype == got_g_mu.dtype == np.float32
+    np.testing.assert_allclose(got_q, want_q, rtol=1e-4, atol=1e-4 * np.abs(want_q).max())
+    for got in (got_g_true, got_g_mu):
+        np.testing.assert_allclose(got, want_g, rtol=1e-5, atol=1e-6 * np.abs(want_g).max())
+
+
+# ------------------------------------------------------------------------------------------
+# graph shape: one X block per task, bounded fan-in, operands shipped once
+
+
+def test_xt_x_q_graph_has_bounded_fan_in(tmp_path):
+    rng = np.random.default_rng(1)
+    A = sp.random(640, D, density=0.2, format="csr", dtype=np.float32, random_state=rng)
+    X = open_csr(write_csr(str(tmp_path / "x.zarr"), A, block_rows=10))
+    assert X.numblocks[0] == 64
+    split_every = 4
+    result = linalg.xt_x_q(X, DATA.Q.astype(np.float32), weights=DATA.w[:640], split_every=split_every)
+    graph = dict(result.__dask_graph__())
+    x_keys = {k for k in graph if isinstance(k, tuple) and k[0] == X.name}
+    assert len(x_keys) == 64
+    block_tasks = [k for k in graph if isinstance(k, tuple) and str(k[0]).startswith("xt_x_q-block")]
+    assert len(block_tasks) == 64
+    for key in block_tasks:
+        deps = get_dependencies(graph, key)
+        assert len(deps & x_keys) == 1, f"{key} depends on {len(deps & x_keys)} blocks of X"
+        assert len(deps) <= 3  # its X block, Q and its weights block
+    fan_in = {key: len(get_dependencies(graph, key)) for key in graph}
+    # nothing but the store's reader object (a small picklable handle) is used by all blocks
+    over = {k: v for k, v in fan_in.items() if v > split_every}
+    assert not over, f"tasks with more than split_every={split_every} inputs: {over}"
+    for key in graph:
+        deps = get_dependencies(graph, key)
+        assert len(deps & x_keys) <= 1
+    with dask.config.set(scheduler="synchronous"):
+        got = result.compute()
+    Ad = A.toarray().astype(np.float64)
+    want = Ad.T @ (DATA.w[:640, None] * (Ad @ DATA.Q.astype(np.float32)))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_dense_operand_is_embedded_once(stores):
+    X = open_csr(stores[0])
+    rng = np.random.default_rng(2)
+    Q = rng.standard_normal((D, 4000))  # 736 KB, below SCATTER_BYTES: embedded in the graph
+    result = linalg.xt_x_q(X, Q, center=DATA.mu)
+    size = len(pickle.dumps(dict(result.__dask_graph__()), protocol=5))
+    assert Q.nbytes < size < Q.nbytes + 200_000, f"{size}-byte graph, {Q.nbytes}-byte Q, {X.numblocks[0]} blocks"
+
+
+# ------------------------------------------------------------------------------------------
+# validation
+
+
+def test_input_errors_say_what_and_how_to_fix(stores):
+    X = open_csr(stores[0])
+    dense = da.from_array(_dense_x(), chunks=(100, 10))
+    with pytest.raises(TypeError, match="dask array of row blocks"):
+        linalg.xt_x_q(DATA.A, DATA.Q)
+    with pytest.raises(ValueError, match=r"chunked by rows only.*3 column chunks.*X.rechunk\(\{1: -1\}\)"):
+        linalg.xt_x_q(dense, DATA.Q)
+    unknown = da.zeros((20, D), chunks=(10, -1)).map_blocks(np.asarray, chunks=((np.nan, np.nan), (D,)))
+    with pytest.raises(ValueError, match=r"unknown row-chunk sizes.*compute_chunk_sizes\(\)"):
+        linalg.column_sums(unknown)
+    Y_other = da.from_array(DATA.Y, chunks=(MEMORY_BLOCKS, -1), asarray=False)
+    with pytest.raises(ValueError, match=r"Y's row blocks must be X's: X has 9 row blocks \(128, 128, 128, 128, "
+                                         r"\.\.\., 13\), Y has 11 .*Y.rechunk\(\{0: X.chunks\[0\]\}\)"):
+        linalg.yt_x_z(Y_other, X, DATA.Z)
+    with pytest.raises(ValueError, match="B has 10 rows but X has 1037"):
+        linalg.xt_b(X, np.ones((10, 2)))
+    with pytest.raises(ValueError, match=r"weights must have shape \(1037,\)"):
+        linalg.xt_x_q(X, DATA.Q, weights=np.ones(5))
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        linalg.column_sums(X, weights=-DATA.w)
+    with pytest.raises(ValueError, match=r"weights = weights.rechunk\(\(X.chunks\[0\],\)\)"):
+        linalg.column_mean(X, weights=da.from_array(DATA.w, chunks=100))
+    with pytest.raises(ValueError, match=r"Q must have 23 rows \(one per column of X\), but has shape \(22, 5\)"):
+        linalg.xt_x_q(X, DATA.Q[:22])
+    with pytest.raises(ValueError, match=r"center must be True, False or the column means of X, shape \(23,\)"):
+        linalg.xt_x_q(X, DATA.Q, center=np.ones(3))
+    with pytest.raises(ValueError, match=r"center=column_mean\(X\).compute\(\)"):
+        linalg.x_q(X, DATA.Q, center=True)
+    with pytest.raises(ValueError, match="split_every must be an integer of at least 2, but is 1"):
+        linalg.gram(X, split_every=1)
+    with pytest.raises(ValueError, match=r"use xt_x_q\(X, Q\)"):
+        linalg.gram(da.zeros((10, 20_000), chunks=(5, -1)))
+
+
+# ------------------------------------------------------------------------------------------
+# a two-worker LocalCluster gives the same answers
+
+
+@pytest.fixture(scope="module")
+def client():
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    client = distributed.Client(cluster, set_as_default=False)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
+def _compute_all(graphs, scheduler):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        results = dask.compute(*graphs, scheduler=scheduler)
+    large = [str(w.message) for w in caught if "large" in str(w.message).lower()]
+    assert not large, large
+    return results
+
+
+def _check_same_answers(cases, results, expected, dtype):
+    eps = np.finfo(dtype).eps
+    for (name, weighted, center), got, want in zip(cases, results, expected):
+        ref, bound = _reference(name, weighted, center)
+        for g, e, r, b in zip(_as_tuple(got), _as_tuple(want), _as_tuple(ref), _as_tuple(bound)):
+            assert g.dtype == dtype
+            # same graph, same reduction order: equal up to a few ulps (BLAS kernels may differ per process)
+            np.testing.assert_allclose(g, e, rtol=8 * eps, atol=8 * eps * np.abs(b).max(), err_msg=name)
+            _assert_within_rounding(g, r, b, dtype, name)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_local_cluster_matches_synchronous(dtype, stores, client):
+    inputs = _inputs("store", dtype, stores)
+    graphs = [_build(n, inputs, w, c) for n, w, c in CASES]
+    expected = _compute_all(graphs, "synchronous")
+    results = _compute_all(graphs, client)
+    _check_same_answers(CASES, results, expected, dtype)
+
+
+def test_local_cluster_with_scattered_operands(stores, client, monkeypatch):
+    """Every in-memory operand (Q, Z, B, weights, means) scattered to the workers once."""
+    cases = [case for case in CASES if case[1] or case[0] == "x_q"]
+    inputs = _inputs("store", np.float32, stores)
+    expected = _compute_all([_build(n, inputs, w, c) for n, w, c in cases], "synchronous")
+    monkeypatch.setattr(passes, "SCATTER_BYTES", 0)
+    with client.as_current():
+        graphs = [_build(n, inputs, w, c) for n, w, c in cases]
+        xt_b = graphs[cases.index(("xt_b", True, "given"))]
+        if not ARRAY_EXPR:  # B, w and mu are not inside the graph
+            assert len(pickle.dumps(dict(xt_b.__dask_graph__()), protocol=5)) < inputs.B.nbytes
+        results = _compute_all(graphs, client)
+    _check_same_answers(cases, results, expected, np.float32)
+
+
+@pytest.mark.skipif(ARRAY_EXPR, reason="no from_delayed in dask's array-expression engine: operands are embedded")
+def test_large_operand_is_scattered_not_embedded(tmp_path, client):
+    """A 10 MB Q would trigger distributed's "large graph" warning if embedded; it is scattered once."""
+    d, k = 30_000, 100
+    rng = np.random.default_rng(3)
+    A = sp.random(300, d, density=0.002, format="csr", dtype=np.float32, random_state=rng)
+    X = open_csr(write_csr(str(tmp_path / "wide.zarr"), A, block_rows=64))
+    Q = rng.standard_normal((d, k)).astype(np.float32)
+    threshold = parse_bytes(dask.config.get("distributed.admin.large-graph-warning-threshold"))
+    assert Q.nbytes > threshold > passes.SCATTER_BYTES
+    with pytest.warns(UserWarning, match="large graph"):  # the control: embedding it does warn
+        dask.compute(linalg.xt_x_q(X, Q), scheduler=client)
+    with client.as_current():
+        result = linalg.xt_x_q(X, Q, split_every=2)
+        assert len(pickle.dumps(dict(result.__dask_graph__()), protocol=5)) < 200_000
+        (got,) = _compute_all([result], client)
+    want = (A.T @ (A @ Q.astype(np.float64)))
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
