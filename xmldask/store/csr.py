@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import uuid
 
+import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
@@ -298,8 +299,6 @@ def open_csr(url: str, *, dtype=DATA_DTYPE) -> da.Array:
 def to_scipy(x: da.Array) -> sp.csr_matrix:
     """Compute a Dask array of CSR row blocks into one in-memory ``csr_matrix`` (small data only)."""
     blocks = [x.blocks[i] for i in range(x.numblocks[0])]
-    import dask
-
     parts = dask.compute(*blocks)
     if not parts:
         return sp.csr_matrix(x.shape, dtype=x.dtype)
