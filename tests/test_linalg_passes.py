@@ -399,7 +399,7 @@ def test_input_errors_say_what_and_how_to_fix(stores):
 @pytest.fixture(scope="module")
 def client():
     distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
     client = distributed.Client(cluster, set_as_default=False)
     try:
         yield client

@@ -549,7 +549,7 @@ def yt_x_z(Y, X, Z, *, weights=None, center=False, split_every: int = 8) -> da.A
     return out[:, 0] if vector else out
 
 
-def gram(X, *, weights=None, center=False, split_every: int = 8) -> da.Array:
+def gram(X, *, weights=None, center=False, dtype=None, split_every: int = 8) -> da.Array:
     """Dense Gram matrix ``X^T diag(w) X`` for a small number of features.
 
     Every block result is a dense ``(n_features, n_features)`` matrix: meant for ``n_features`` up
@@ -566,19 +566,22 @@ def gram(X, *, weights=None, center=False, split_every: int = 8) -> da.Array:
         With ``center=True``, ``gram(X, weights=w, center=True) / w.sum()`` is the weighted
         (biased) covariance matrix. Centred Gram matrices are accumulated in float64 (then cast
         back), since centring cancels digits when a column's mean dwarfs its spread.
+    dtype : numpy dtype, optional
+        dtype of the accumulation and of the result (for example ``np.float64`` for a Gram matrix
+        of float32 data that is to be factorised). Default: the working dtype of ``X``.
     split_every : int, default 8
         Most block results summed by one task of the tree reduction.
 
     Returns
     -------
     dask.array.Array, shape (n_features, n_features)
-        Dense, symmetric, one chunk, in the working dtype of ``X``.
+        Dense, symmetric, one chunk, in ``dtype`` (default the working dtype of ``X``).
     """
     X = _check_x(X)
     split_every = _check_split_every(split_every)
     w = _as_weights(weights, X)
     mu = _as_center(center, X)
-    dtype = working_dtype(X.dtype)
+    dtype = working_dtype(X.dtype) if dtype is None else working_dtype(dtype)
     d = X.shape[1]
     # Centring subtracts nearly equal numbers when a column's mean is large compared to its spread:
     # accumulate centred Gram matrices in float64 (cheap for the small d this function is for).
