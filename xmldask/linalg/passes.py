@@ -645,15 +645,8 @@ def column_mean(X, *, weights=None, split_every: int = 8) -> da.Array:
     dask.array.Array, shape (n_features,)
         One chunk, in the working dtype of ``X``.
     """
-    X = _check_x(X)
-    split_every = _check_split_every(split_every)
-    w = _as_weights(weights, X)
-    dtype = working_dtype(X.dtype)
-    d = X.shape[1]
-    parts = _per_block(K._colsum_total, [("Xb", X, _ROWS), ("weights", w, _ROWS)], tail=(d + 1,),
-                       dtype=dtype, token="column_mean-block")
-    total = _tree_sum(parts, split_every)
-    return total[:d] / total[d]
+    total = _weighted_totals(X, weights, K._colsum_total, (), "column_mean", split_every)
+    return total[:-1] / total[-1]
 
 
 def column_moments(X, *, weights=None, split_every: int = 8) -> tuple[da.Array, da.Array]:
@@ -677,12 +670,16 @@ def column_moments(X, *, weights=None, split_every: int = 8) -> tuple[da.Array, 
         ``second_moment - mean**2``. Both share one pass when computed together
         (``dask.compute(mean, second_moment)``); in the working dtype of ``X``.
     """
+    total = _weighted_totals(X, weights, K._moments_total, (2,), "column_moments", split_every)
+    return total[0, :-1] / total[0, -1], total[1, :-1] / total[1, -1]
+
+
+def _weighted_totals(X, weights, kernel, lead: tuple[int, ...], name: str, split_every: int) -> da.Array:
+    """Tree sum of ``kernel(Xb, weights=wb)``, whose results have shape ``lead + (n_features + 1,)``."""
     X = _check_x(X)
     split_every = _check_split_every(split_every)
     w = _as_weights(weights, X)
     dtype = working_dtype(X.dtype)
-    d = X.shape[1]
-    parts = _per_block(K._moments_total, [("Xb", X, _ROWS), ("weights", w, _ROWS)], tail=(2, d + 1),
-                       dtype=dtype, token="column_moments-block")
-    total = _tree_sum(parts, split_every)
-    return total[0, :d] / total[0, d], total[1, :d] / total[1, d]
+    parts = _per_block(kernel, [("Xb", X, _ROWS), ("weights", w, _ROWS)], tail=lead + (X.shape[1] + 1,),
+                       dtype=dtype, token=f"{name}-block")
+    return _tree_sum(parts, split_every)
