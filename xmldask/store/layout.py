@@ -29,6 +29,11 @@ n_labels, nnz, nnz_labels, rows_without_labels, sources with their sha256, trans
 The root attributes are the commit point: an append writes X, Y and ``label_counts`` first and
 the root attributes last, and readers take the row count from the root.
 
+Predictions (``kind = "predictions"``): two plain 2-D arrays chunked by rows, ``labels`` (int32,
+``(n_samples, top_k)``, best first, ``-1`` padding) and ``scores`` (float32, same shape, ``-inf``
+padding); the attributes add ``top_k``, ``n_samples``, ``n_labels``, the model and data URLs and
+the throughput of the run (:mod:`.predictions`).
+
 ``complete`` is false while a store is being written and set true in the last write. Readers refuse
 stores that are not complete. New stores are written under a hidden temporary name and moved into
 place when complete.
