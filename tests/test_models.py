@@ -1,0 +1,331 @@
+"""Tests of xmldask.models: the decoder kernels against NumPy references, the estimator against in-memory pipelines."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.linalg
+import scipy.sparse as sp
+import zarr
+from scipy.special import expit, log_expit, logsumexp, softmax
+
+from xmldask.datasets import make_synthetic
+from xmldask.models import EmbeddingClassifier, NotFittedError
+from xmldask.models import _kernels as K
+from xmldask.store import StoreError
+
+# ----------------------------------------------------------------------------------------------
+# fixtures
+
+
+@pytest.fixture(scope="module")
+def multiclass(tmp_path_factory):
+    ds = make_synthetic(str(tmp_path_factory.mktemp("mc") / "train.zarr"), n_samples=3000, n_features=300,
+                        n_labels=20, multiclass=True, rank=8, seed=1, block_rows=700)
+    return ds.X, ds.Y
+
+
+@pytest.fixture(scope="module")
+def multilabel(tmp_path_factory):
+    ds = make_synthetic(str(tmp_path_factory.mktemp("ml") / "train.zarr"), n_samples=3000, n_features=300,
+                        n_labels=30, multiclass=False, rank=8, seed=2, block_rows=700)
+    return ds.X, ds.Y
+
+
+def _cs_embedding(n_labels, k, seed=0):
+    """A compressed-sensing style label embedding: a random Gaussian matrix."""
+    return np.random.default_rng(seed).standard_normal((n_labels, k)).astype(np.float32) / np.sqrt(k)
+
+
+def _in_memory(X, Y):
+    return sp.csr_matrix(X.compute()), sp.csr_matrix(Y.compute())
+
+
+def _p_at_1(labels, Y):
+    Y = sp.csr_matrix(Y)
+    return float(np.mean(np.asarray(Y[np.arange(Y.shape[0]), labels]).ravel() != 0))
+
+
+def _uneven(A, chunks):
+    return da.from_array(A, chunks=(chunks, -1), asarray=False, fancy=False)
+
+
+# ----------------------------------------------------------------------------------------------
+# kernels
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", "laplacian"])
+def test_rff_approximates_kernel(kernel):
+    # phi(x).phi(y) = (2/m) sum_j cos(a_j) cos(b_j): a mean of m i.i.d. terms bounded by 2 in absolute
+    # value, so its standard deviation is at most 2 / sqrt(m) (0.0063 for m = 100000); 5 sigma = 0.032.
+    m = 100_000
+    rng = np.random.default_rng(0)
+    omega, phase = K.sample_frequencies(rng, 4, m, kernel, dtype=np.float64)
+    Z = rng.normal(size=(6, 4)) * 0.5
+    bw = 1.3
+    F = K.rff_map(Z, omega, phase, bw)
+    approx = F @ F.T
+    exact = np.array([[K.kernel_value(x, y, kernel, bw) for y in Z] for x in Z])
+    assert np.abs(approx - exact).max() < 5 * 2 / np.sqrt(m)
+    assert np.allclose(np.diag(exact), 1)
+
+
+def test_rff_float32_and_seeded():
+    o1 = K.sample_frequencies(np.random.default_rng(3), 5, 10, "gaussian")
+    o2 = K.sample_frequencies(np.random.default_rng(3), 5, 10, "gaussian")
+    assert o1[0].dtype == np.float32 and np.array_equal(o1[0], o2[0]) and np.array_equal(o1[1], o2[1])
+    F = K.rff_map(np.ones((3, 5), np.float32), *o1, 2.0)
+    assert F.dtype == np.float32 and F.shape == (3, 10)
+    with pytest.raises(ValueError, match="kernel"):
+        K.sample_frequencies(np.random.default_rng(0), 2, 3, "polynomial")
+
+
+@pytest.mark.parametrize("kernel", ["gaussian", "laplacian"])
+def test_median_distance(kernel):
+    Z = np.random.default_rng(0).normal(size=(40, 3))
+    i, j = np.triu_indices(40, 1)
+    d = np.abs(Z[i] - Z[j]).sum(1) if kernel == "laplacian" else np.linalg.norm(Z[i] - Z[j], axis=1)
+    assert K.median_distance(Z, kernel) == pytest.approx(np.median(d))
+
+
+def _finite_difference(f, S, eps=1e-6):
+    G = np.zeros_like(S)
+    for idx in np.ndindex(S.shape):
+        P, M = S.copy(), S.copy()
+        P[idx] += eps
+        M[idx] -= eps
+        G[idx] = (f(P) - f(M)) / (2 * eps)
+    return G
+
+
+@pytest.mark.parametrize("loss_name", ["softmax", "logistic"])
+def test_loss_gradients(loss_name):
+    rng = np.random.default_rng(0)
+    S = rng.normal(size=(5, 4)) * 3
+    # rows with one label, two labels and none
+    Y = sp.csr_matrix(np.array([[1, 0, 0, 0], [0, 1, 1, 0], [0, 0, 0, 0], [0, 0, 0, 1], [1, 1, 0, 1]], float))
+    fn = K.softmax_loss if loss_name == "softmax" else K.logistic_loss
+    loss, G = fn(S.copy(), Y)
+    Yd = Y.toarray()
+    if loss_name == "softmax":
+        count = Yd.sum(1)
+        target = Yd / np.maximum(count, 1)[:, None]
+        ref = ((count > 0) * logsumexp(S, axis=1)).sum() - (target * S).sum()
+        ref_grad = (count > 0)[:, None] * softmax(S, axis=1) - target
+    else:
+        ref = -(Yd * log_expit(S) + (1 - Yd) * log_expit(-S)).sum()
+        ref_grad = expit(S) - Yd
+    assert loss == pytest.approx(ref, rel=1e-12)
+    assert np.allclose(G, ref_grad, atol=1e-12)
+    assert np.allclose(G, _finite_difference(lambda T: fn(T.copy(), Y, gradient=False)[0], S), atol=1e-6)
+    # dense labels give the same; float32 stays float32
+    assert fn(S.copy(), Yd)[0] == pytest.approx(loss)
+    loss32, G32 = fn(S.astype(np.float32), Y)
+    assert G32.dtype == np.float32 and loss32 == pytest.approx(loss, rel=1e-5)
+
+
+def test_topk_rows_matches_stable_argsort_with_ties():
+    rng = np.random.default_rng(0)
+    S = rng.integers(0, 4, size=(200, 30)).astype(np.float32)  # many ties
+    S[5, :] = 1.0  # a row of equal scores
+    S[7, 3] = np.nan  # NaN ranks last
+    for k in (1, 3, 7, 30):
+        labels, scores = K.topk_rows(S, k)
+        ref = np.argsort(-np.where(np.isnan(S), -np.inf, S), axis=1, kind="stable")[:, :k]
+        assert labels.dtype == np.int32
+        assert np.array_equal(labels, ref)
+        assert np.array_equal(scores, np.take_along_axis(S, ref, axis=1), equal_nan=True)
+    with pytest.raises(ValueError, match="k must be"):
+        K.topk_rows(S, 31)
+
+
+def test_topk_scores_sub_batches_equal_full():
+    rng = np.random.default_rng(1)
+    F, Q, bias = rng.normal(size=(50, 6)), rng.normal(size=(6, 40)), rng.normal(size=40)
+    full = K.topk_rows(F @ Q + bias, 5)
+    small = K.topk_scores(F, Q, bias, 5, budget=7 * 40)  # 7 rows at a time
+    assert np.array_equal(small[0], full[0]) and np.allclose(small[1], full[1], rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
+# the estimator against in-memory references
+
+
+def _reference_W(Xm, Ym, R, alpha):
+    """Ridge of Y R on centred X with lam = alpha * trace(Xc^T Xc) / d and an intercept."""
+    Xd = Xm.toarray().astype(np.float64)
+    B = Ym.toarray() @ R.astype(np.float64)
+    mu = Xd.mean(0)
+    Xc = Xd - mu
+    G = Xc.T @ Xc
+    lam = alpha * np.trace(G) / G.shape[0]
+    W = np.linalg.solve(G + lam * np.eye(G.shape[0]), Xc.T @ (B - B.mean(0)))
+    return W, B.mean(0) - mu @ W
+
+
+def _reference_decoder(F, Ym, decoder_alpha):
+    G = F.T.astype(np.float64) @ F / F.shape[0]
+    lam = decoder_alpha * np.mean(np.diag(G)[:-1])
+    G[np.arange(G.shape[0] - 1), np.arange(G.shape[0] - 1)] += lam
+    return scipy.linalg.solve(G, F.T.astype(np.float64) @ Ym.toarray() / F.shape[0], assume_a="pos")
+
+
+@pytest.mark.parametrize("kernel", ["identity", "laplacian"])
+def test_W_and_warm_start_equal_in_memory(multiclass, kernel):
+    X, Y = multiclass
+    Xm, Ym = _in_memory(X, Y)
+    R = _cs_embedding(Y.shape[1], 6)
+    clf = EmbeddingClassifier(embedding=R, kernel=kernel, n_random_features=64, max_epochs=0,
+                              validation_fraction=0.0, dtype=np.float64, random_state=0).fit(X, Y)
+    W, c = _reference_W(Xm, Ym, R, clf.alpha)
+    assert np.allclose(clf.W_, W, rtol=1e-6, atol=1e-8) and np.allclose(clf.intercept_, c, atol=1e-8)
+    F = K.decoder_features(Xm, clf.W_, clf.intercept_, clf.omega_, clf.phase_, clf.bandwidth_ or 1.0)
+    Q = _reference_decoder(F, Ym, clf.decoder_alpha)
+    assert np.allclose(clf.Q_, Q[:-1], rtol=1e-6, atol=1e-8) and np.allclose(clf.bias_, Q[-1], atol=1e-8)
+    assert clf.task_ == "multiclass" and clf.n_passes_ == 2
+
+
+def _reference_pipeline(Xm, Ym, clf, holdout):
+    """In-memory Algorithm 3 warm start: W, RFF, ridge decoder on the training rows, rescaled on held-out."""
+    train = ~holdout
+    W, c = _reference_W(Xm[train], Ym[train], clf.R_, clf.alpha)
+    F = K.decoder_features(Xm, W.astype(np.float32), c.astype(np.float32), clf.omega_, clf.phase_, clf.bandwidth_)
+    Q = _reference_decoder(F[train], Ym[train], clf.decoder_alpha)
+    return F, Q
+
+
+def test_fit_multiclass_above_chance_and_matches_reference(multiclass):
+    X, Y = multiclass
+    Xm, Ym = _in_memory(X, Y)
+    R = _cs_embedding(Y.shape[1], 10)
+    warm = EmbeddingClassifier(embedding=R, kernel="gaussian", n_random_features=300, max_epochs=0,
+                               random_state=0).fit(X, Y)
+    clf = EmbeddingClassifier(embedding=R, kernel="gaussian", n_random_features=300, max_epochs=4,
+                              learning_rate=0.5, batch_size=1024, random_state=0).fit(X, Y)
+    # the warm start agrees with an in-memory pipeline (same held-out rows, same random features)
+    rng_split = np.random.default_rng(np.random.SeedSequence(0).spawn(4)[0])
+    holdout = np.concatenate([rng_split.random(c) < 0.1 for c in X.chunks[0]])
+    F, Q = _reference_pipeline(Xm, Ym, warm, holdout)
+    S_ref = F @ Q
+    S = F[:, :-1] @ warm.Q_ + warm.bias_
+    c = np.median(S[:, 0] / S_ref[:, 0])  # the held-out rescaling is a positive scalar
+    assert c > 0 and np.allclose(S, c * S_ref, rtol=1e-3, atol=1e-3 * np.abs(S).max())
+    labels, scores = dask.compute(*clf.predict_topk(X, k=3))
+    top1 = np.bincount(Ym.indices, minlength=Y.shape[1]).max() / Y.shape[0]
+    assert _p_at_1(labels[:, 0], Ym) > max(0.5, 2 * top1)
+    h = clf.history_
+    assert h[0]["epoch"] == 0 and len(h) >= 2 and min(e["val_loss"] for e in h[1:]) <= h[0]["val_loss"]
+    assert clf.n_passes_ == 2 + len(h) - 1
+    assert labels.dtype == np.int32 and scores.dtype == np.float32
+
+
+def test_fit_multilabel(multilabel):
+    X, Y = multilabel
+    Xm, Ym = _in_memory(X, Y)
+    clf = EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 12), kernel="laplacian", n_random_features=300,
+                              max_epochs=3, random_state=0).fit(X, Y)
+    assert clf.task_ == "multilabel"
+    labels, _ = dask.compute(*clf.predict_topk(X, k=1))
+    freq = np.asarray(Ym.sum(0)).ravel()
+    baseline = _p_at_1(np.full(Ym.shape[0], freq.argmax()), Ym)
+    assert _p_at_1(labels[:, 0], Ym) > baseline + 0.1
+    forced = EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 12), kernel="identity", task="multiclass",
+                                 max_epochs=1, random_state=0).fit(X, Y)
+    assert forced.task_ == "multiclass"
+
+
+def test_uneven_blocks_in_memory_input_and_consistency(multiclass):
+    X, Y = multiclass
+    Xm, Ym = _in_memory(X, Y)
+    chunks = (1000, 37, 963, 1000)
+    Xu, Yu = _uneven(Xm, chunks), _uneven(Ym, chunks)
+    clf = EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 8), kernel="laplacian", n_random_features=100,
+                              max_epochs=2, random_state=0).fit(Xu, Yu)
+    S = clf.decision_function(Xu)
+    assert S.chunks[0] == chunks and S.dtype == np.float32
+    labels, scores = clf.predict_topk(Xu, k=4)
+    S, labels, scores = dask.compute(S, labels, scores)
+    assert np.array_equal(labels, np.argsort(-S, axis=1, kind="stable")[:, :4])
+    assert np.allclose(scores, np.take_along_axis(S, labels.astype(np.int64), axis=1), rtol=1e-5, atol=1e-5)
+    assert np.array_equal(clf.predict(Xm).compute(), labels[:, 0])  # in-memory X works too
+    assert clf.transform(Xu).shape == (Xm.shape[0], 100)
+
+
+def test_deterministic_for_a_seed(multiclass):
+    X, Y = multiclass
+    kw = dict(embedding=_cs_embedding(Y.shape[1], 8), kernel="gaussian", n_random_features=100, max_epochs=2)
+    a = EmbeddingClassifier(**kw, random_state=5).fit(X, Y)
+    b = EmbeddingClassifier(**kw, random_state=5).fit(X, Y)
+    c = EmbeddingClassifier(**kw, random_state=6).fit(X, Y)
+    assert np.array_equal(a.Q_, b.Q_) and np.array_equal(a.omega_, b.omega_)
+    assert not np.array_equal(a.omega_, c.omega_)
+
+
+def test_save_load_round_trip(multiclass, tmp_path):
+    X, Y = multiclass
+    clf = EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 8), kernel="laplacian", n_random_features=50,
+                              max_epochs=1, random_state=0).fit(X, Y)
+    url = str(tmp_path / "model.zarr")
+    clf.save(url)
+    with pytest.raises(FileExistsError, match="overwrite=True"):
+        clf.save(url)
+    clf.save(url, overwrite=True)
+    back = EmbeddingClassifier.load(url)
+    a, b = dask.compute(clf.predict_topk(X, k=3), back.predict_topk(X, k=3))
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert back.history_ == clf.history_ and back.task_ == clf.task_ and back.kernel == "laplacian"
+    assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
+    # a store of another class is refused
+    other = zarr.open_group(str(tmp_path / "other.zarr"), mode="w")
+    other.attrs.update({"xmldask": {"kind": "model", "class": "Rembrandt", "model_version": 1, "complete": True}})
+    with pytest.raises(StoreError, match="Rembrandt model, not a EmbeddingClassifier"):
+        EmbeddingClassifier.load(str(tmp_path / "other.zarr"))
+    with pytest.raises(StoreError, match="no model store"):
+        EmbeddingClassifier.load(str(tmp_path / "missing.zarr"))
+
+
+def test_embedding_estimators_and_names(multiclass):
+    X, Y = multiclass
+    R = _cs_embedding(Y.shape[1], 5)
+
+    class FixedEmbedding:
+        def fit(self, X, Y):
+            self.embedding_ = R
+            return self
+
+    class FeatureEmbedding:  # PCA-like: components_ (n_features, k), mean_
+        components_ = np.random.default_rng(0).normal(size=(X.shape[1], 5)).astype(np.float32)
+        mean_ = np.zeros(X.shape[1], np.float32)
+
+        def fit(self, X, Y):
+            return self
+
+    a = EmbeddingClassifier(embedding=FixedEmbedding(), kernel="identity", max_epochs=0, random_state=0).fit(X, Y)
+    b = EmbeddingClassifier(embedding=R, kernel="identity", max_epochs=0, random_state=0).fit(X, Y)
+    assert np.array_equal(a.Q_, b.Q_)
+    c = EmbeddingClassifier(embedding=FeatureEmbedding(), kernel="identity", max_epochs=0, random_state=0).fit(X, Y)
+    assert np.array_equal(c.W_, FeatureEmbedding.components_) and c.R_ is None
+    with pytest.raises(ValueError, match="unknown embedding name"):
+        EmbeddingClassifier(embedding="lda").fit(X, Y)
+
+
+def test_errors(multiclass):
+    X, Y = multiclass
+    R = _cs_embedding(Y.shape[1], 4)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        EmbeddingClassifier(embedding=R, kernel="rbf").fit(X, Y)
+    with pytest.raises(ValueError, match="Y has 2999 rows but X has 3000"):
+        EmbeddingClassifier(embedding=R).fit(X, Y[:-1])
+    with pytest.raises(ValueError, match="embedding must have shape"):
+        EmbeddingClassifier(embedding=R[:-1]).fit(X, Y)
+    with pytest.raises(ValueError, match="n_random_features must be"):
+        EmbeddingClassifier(embedding=R, n_random_features=0).fit(X, Y)
+    with pytest.raises(NotFittedError, match="not fitted"):
+        EmbeddingClassifier(embedding=R).predict_topk(X)
+    clf = EmbeddingClassifier(embedding=R, kernel="identity", max_epochs=0, random_state=0).fit(X, Y)
+    with pytest.raises(ValueError, match="k must be an integer between 1 and n_labels = 20"):
+        clf.predict_topk(X, k=21)
+    with pytest.raises(ValueError, match="features"):
+        clf.decision_function(X[:, :-1])

@@ -1,0 +1,160 @@
+"""Graph functions of the embedding decoder: lazy Dask arrays built from the kernels of :mod:`._kernels`.
+
+Every function maps a kernel over the row blocks of ``X`` (one task per block; ``Y`` and per-row
+weights chunked like ``X``); dense operands (``W``, ``Omega``, ``Q``) are shipped once per graph with
+:func:`xmldask.linalg.dense_operand`, never copied into each task. Reductions reuse the tree sums
+of :mod:`xmldask.linalg` (:func:`~xmldask.linalg.gram`, :func:`~xmldask.linalg.xt_b`).
+"""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.sparse as sp
+
+from ..linalg import dense_operand
+from . import _kernels as K
+
+__all__ = ["decision_scores", "decoder_features", "normal_equations", "topk"]
+
+
+def _call(*args, _func, _names, **static):
+    """Call a kernel on one row block's operands (blockwise passes contracted axes as 1-item lists)."""
+    kwargs = dict(static)
+    for name, value in zip(_names, args):
+        while isinstance(value, list):
+            if len(value) != 1:
+                raise RuntimeError(f"expected one chunk of {name}, got {len(value)}")
+            value = value[0]
+        kwargs[name] = value
+    return _func(**kwargs)
+
+
+def _map_rows(func, X: da.Array, *, whole: dict, out_cols: int, dtype, token: str, static: dict | None = None):
+    """``func(Xb=block, **whole, **static)`` for every row block; result ``(n_samples, out_cols)`` chunked like X."""
+    args, names = [X, ("i", "x1")], ["Xb"]
+    for j, (name, value) in enumerate(whole.items()):
+        if value is None:
+            continue
+        value = dense_operand(value, name=name)
+        args += [value, tuple(f"w{j}_{t}" for t in range(value.ndim))]
+        names.append(name)
+    return da.blockwise(_call, ("i", "out"), *args, new_axes={"out": out_cols}, concatenate=False, dtype=dtype,
+                        meta=np.empty((0, 0), dtype=dtype), token=token, _func=func, _names=names,
+                        **(static or {}))
+
+
+def _feature_operands(state: dict) -> tuple[dict, dict]:
+    whole = {"W": state["W"], "intercept": state["intercept"], "omega": state.get("omega"),
+             "phase": state.get("phase")}
+    return whole, {"bandwidth": float(state.get("bandwidth") or 1.0)}
+
+
+def decoder_features(X: da.Array, state: dict) -> da.Array:
+    """Lazy decoder features ``[phi(X W + c), 1]``, shape ``(n_samples, m + 1)``, chunked like ``X``.
+
+    ``state`` holds ``W`` (n_features, k), ``intercept`` (k,) and, for random Fourier features,
+    ``omega`` (k, m), ``phase`` (m,) and ``bandwidth``.
+    """
+    whole, static = _feature_operands(state)
+    m = state["omega"].shape[1] if state.get("omega") is not None else state["W"].shape[1]
+    return _map_rows(K.decoder_features, X, whole=whole, static=static, out_cols=m + 1, dtype=state["W"].dtype,
+                     token="decoder-features")
+
+
+#: rows of a block turned into features at once (bounds the memory of a task to a few hundred MB)
+SUB_ROWS = 4096
+
+
+def _sub_rows(n_cols: int, budget: int = K.SCORE_BUDGET) -> int:
+    return max(1, min(SUB_ROWS, budget // max(n_cols, 1)))
+
+
+def _scores_kernel(Xb, W, intercept, Q, bias, omega=None, phase=None, bandwidth=1.0):
+    n = Xb.shape[0]
+    S = np.empty((n, Q.shape[1]), dtype=Q.dtype)
+    step = _sub_rows(Q.shape[0])
+    for a in range(0, n, step):
+        F = K.decoder_features(Xb[a:a + step], W, intercept, omega, phase, bandwidth)
+        np.matmul(F[:, :-1], Q, out=S[a:a + step])
+        S[a:a + step] += bias
+    return S
+
+
+def _topk_kernel(Xb, W, intercept, Q, bias, omega=None, phase=None, bandwidth=1.0, k=5, budget=K.SCORE_BUDGET):
+    n = Xb.shape[0]
+    out = np.empty((n, 2 * k), dtype=np.float64)
+    step = _sub_rows(max(Q.shape), budget)
+    for a in range(0, n, step):
+        F = K.decoder_features(Xb[a:a + step], W, intercept, omega, phase, bandwidth)
+        labels, scores = K.topk_scores(F[:, :-1], Q, bias, k, budget=budget)
+        out[a:a + step, :k], out[a:a + step, k:] = labels, scores
+    return out
+
+
+def decision_scores(X: da.Array, state: dict) -> da.Array:
+    """Lazy dense scores ``phi(X W + c) Q + bias``, shape ``(n_samples, n_labels)``, chunked like ``X``."""
+    whole, static = _feature_operands(state)
+    whole.update(Q=state["Q"], bias=state["bias"])
+    return _map_rows(_scores_kernel, X, whole=whole, static=static, out_cols=state["Q"].shape[1],
+                     dtype=state["Q"].dtype, token="decision-function")
+
+
+def topk(X: da.Array, state: dict, k: int, *, budget: int = K.SCORE_BUDGET) -> tuple[da.Array, da.Array]:
+    """Lazy top-``k`` labels (int32) and scores (float32), each ``(n_samples, k)``, best first.
+
+    One task per row block computes both (packed in one float64 block, sliced lazily): compute
+    ``labels`` and ``scores`` together (``dask.compute(labels, scores)``) to make one pass.
+    """
+    whole, static = _feature_operands(state)
+    whole.update(Q=state["Q"], bias=state["bias"])
+    packed = _map_rows(_topk_kernel, X, whole=whole, static={**static, "k": int(k), "budget": int(budget)},
+                       out_cols=2 * k, dtype=np.float64, token="predict-topk")
+    return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
+
+def _normal_block(Xb, Yb, mask, state):
+    """One block of the decoder's pass (see :func:`normal_equations`)."""
+    Yb = sp.csr_matrix(Yb, dtype=np.float32)
+    counts = np.diff(Yb.indptr)
+    held = np.flatnonzero(mask)
+    out = {"counts": (int(counts.min()) if counts.size else 2**62, int(counts.max()) if counts.size else 0),
+           "held": [(Xb[held], Yb[held])] if held.size else []}
+    keep = np.flatnonzero(~mask)
+    Xb, Yb = Xb[keep], Yb[keep]
+    m1 = (state["omega"].shape[1] if state.get("omega") is not None else state["W"].shape[1]) + 1
+    G = np.zeros((m1, m1))
+    FtY = np.zeros((m1, Yb.shape[1]))
+    step = _sub_rows(m1)
+    for a in range(0, keep.size, step):
+        F = K.decoder_features(Xb[a:a + step], state["W"], state["intercept"], state.get("omega"),
+                               state.get("phase"), state.get("bandwidth") or 1.0)
+        G += F.T @ F
+        FtY += (Yb[a:a + step].T @ F).T
+    out.update(G=G, FtY=FtY)
+    return out
+
+
+def _add(a, b):
+    return {"G": a["G"] + b["G"], "FtY": a["FtY"] + b["FtY"], "held": a["held"] + b["held"],
+            "counts": (min(a["counts"][0], b["counts"][0]), max(a["counts"][1], b["counts"][1]))}
+
+
+def normal_equations(X: da.Array, Y: da.Array, masks: list[np.ndarray], state: dict):
+    """One pass for the decoder's warm start: a delayed dict of
+
+    - ``G = F^T F`` and ``FtY = F^T Y`` (float64) over the rows outside ``masks``, with
+      ``F = [phi(X W + c), 1]`` formed in row sub-batches of at most :data:`SUB_ROWS` rows inside each
+      task and never stored;
+    - ``held``: the list of ``(X_b[mask_b], Y_b[mask_b])`` of the held-out rows;
+    - ``counts``: ``(min, max)`` over all rows of the number of labels per row.
+
+    One task per row block, then a pairwise tree sum.
+    """
+    st = dask.delayed(state, traverse=False)
+    parts = [dask.delayed(_normal_block)(X.blocks[b], Y.blocks[b], mask, st) for b, mask in enumerate(masks)]
+    while len(parts) > 1:
+        parts = [dask.delayed(_add)(*parts[i:i + 2]) if i + 1 < len(parts) else parts[i]
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
