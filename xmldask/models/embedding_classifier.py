@@ -706,7 +706,7 @@ class EmbeddingClassifier:
 
     # -- persistence ----------------------------------------------------------------------------
 
-    def save(self, url: str, *, overwrite: bool = False) -> str:
+    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
         """Write the parameters and the fitted model to a new Zarr store at ``url`` (atomically).
 
         Layout: a Zarr v3 group with attributes ``xmldask`` (``kind: "model"``, ``class``,
@@ -722,6 +722,9 @@ class EmbeddingClassifier:
             Path or fsspec URL.
         overwrite : bool, default False
             Replace an existing store (otherwise ``FileExistsError``).
+        meta : dict, optional
+            Extra JSON-serialisable facts recorded in the ``xmldask`` attribute (for example the
+            URL of the training data, ``{"train_url": ...}``).
 
         Returns
         -------
@@ -747,9 +750,9 @@ class EmbeddingClassifier:
                 array = group.create_array(name, shape=value.shape, dtype=value.dtype, chunks=chunks,
                                            compressors=compressors(), fill_value=0)
                 array[...] = value
-            meta = {"kind": "model", "class": type(self).__name__, "model_version": MODEL_VERSION,
+            info = {**(meta or {}), "kind": "model", "class": type(self).__name__, "model_version": MODEL_VERSION,
                     "layout_version": LAYOUT_VERSION, "complete": True}
-            group.attrs.update({ATTR: meta, "params": params, "fitted": fitted})
+            group.attrs.update({ATTR: info, "params": params, "fitted": fitted})
             _fs.publish(tmp, url, overwrite=overwrite)
         except BaseException:
             _fs.remove(tmp)

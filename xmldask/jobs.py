@@ -1,0 +1,149 @@
+"""Train, predict and evaluate from store URLs: the functions the command line and the flows call.
+
+Each job takes store URLs and small parameters, reads and writes Zarr stores, and returns a small
+JSON-serialisable dict describing what it did; arrays never leave the library.
+
+Examples
+--------
+>>> from xmldask import jobs                                              # doctest: +SKIP
+>>> jobs.train("storage/train.zarr", "storage/model.zarr", embedding="rembrandt", k=64)
+>>> jobs.predict("storage/model.zarr", "storage/test.zarr", "storage/pred.zarr", top_k=10)
+>>> jobs.evaluate("storage/pred.zarr", "storage/test.zarr")["P@1"]
+"""
+
+from __future__ import annotations
+
+import time
+
+from .store import _fs, open_dataset, open_predictions, write_predictions
+
+__all__ = ["KERNELS", "evaluate", "predict", "train"]
+
+#: command-line kernel names and the decoder's: ``none`` is the identity map, ``cauchy`` random
+#: features (Cauchy frequencies) for the Laplacian kernel
+KERNELS = {"none": "identity", "identity": "identity", "gaussian": "gaussian", "cauchy": "laplacian",
+           "laplacian": "laplacian"}
+
+
+def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50, kernel: str = "gaussian",
+          seed: int = 0, overwrite: bool = False, **params) -> dict:
+    """Fit an :class:`~xmldask.models.EmbeddingClassifier` on a dataset store and save it.
+
+    Parameters
+    ----------
+    train_url : str
+        Dataset store to train on.
+    out : str
+        Where to save the model (refused if it exists, unless ``overwrite``).
+    embedding : {"rembrandt", "cs", "plst", "pca"}
+        Label (or, for ``"pca"``, feature) embedding.
+    k : int
+        Embedding dimension.
+    kernel : {"none", "gaussian", "cauchy"}
+        Feature map of the embedded predictions (``identity``/``laplacian`` are accepted too).
+    seed : int
+        Random seed of every random step.
+    overwrite : bool
+        Replace an existing model store.
+    **params
+        Further :class:`~xmldask.models.EmbeddingClassifier` parameters.
+
+    Returns
+    -------
+    dict
+        ``model`` (URL), ``train`` (URL), ``seconds``, ``n_passes``, ``task``, the parameters and
+        the last held-out figures.
+    """
+    from .models import EmbeddingClassifier
+
+    if kernel not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(sorted(KERNELS))}, but is {kernel!r}")
+    if _fs.exists(out) and not overwrite:
+        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    data = open_dataset(train_url)
+    model = EmbeddingClassifier(embedding=embedding, n_components=k, kernel=KERNELS[kernel], random_state=seed,
+                                **params)
+    start = time.perf_counter()
+    model.fit(data.X, data.Y)
+    seconds = time.perf_counter() - start
+    model.save(out, overwrite=overwrite, meta={"train_url": train_url})
+    last = model.history_[-1] if getattr(model, "history_", None) else {}
+    return {
+        "model": out,
+        "train": train_url,
+        "seconds": round(seconds, 3),
+        "n_passes": int(getattr(model, "n_passes_", 0)),
+        "task": getattr(model, "task_", None),
+        "params": {"embedding": embedding, "k": k, "kernel": kernel, "seed": seed, **params},
+        "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
+    }
+
+
+def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwrite: bool = False,
+            progress: bool = False) -> dict:
+    """Top-``top_k`` labels and scores of every row of a dataset store into a prediction store.
+
+    Returns
+    -------
+    dict
+        The prediction store's attributes: ``n_samples``, ``top_k``, ``seconds``,
+        ``rows_per_second``, ``model``, ``data``, ``url``.
+    """
+    from .models import EmbeddingClassifier
+
+    if _fs.exists(out) and not overwrite:
+        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    model = EmbeddingClassifier.load(model_url)
+    data = open_dataset(data_url)
+    n_labels = int(model.R_.shape[0])
+    if data.X.shape[1] != model.W_.shape[0]:
+        raise ValueError(f"{data_url} has {data.X.shape[1]} features but the model {model_url} was trained on "
+                         f"{model.W_.shape[0]}; predict on data ingested like the training data")
+    if not 1 <= top_k <= n_labels:
+        raise ValueError(f"top_k must be between 1 and the model's {n_labels} labels, but is {top_k}")
+    labels, scores = model.predict_topk(data.X, k=top_k)
+    info = write_predictions(out, labels, scores, n_labels=n_labels, overwrite=overwrite, progress=progress,
+                             meta={"model": model_url, "data": data_url})
+    return {"url": out, **info}
+
+
+def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(1, 3, 5), A: float = 0.55,
+             B: float = 1.5) -> dict:
+    """Metrics of a prediction store against a dataset store's labels.
+
+    Propensities for ``PSP@k``/``PSnDCG@k`` (Jain et al. 2016, parameters ``A``, ``B``) come from the
+    label counts of ``train_url`` if given, else of the training set recorded in the model the
+    predictions came from, else of the evaluated data itself (``propensity_source`` says which).
+
+    Returns
+    -------
+    dict
+        Metric name to value (``"P@1"``, ``"P@3"``, ``"P@5"``, ``"nDCG@k"``, ``"PSP@k"``, ...), plus
+        ``n_samples`` and ``propensity_source``.
+    """
+    from . import metrics
+
+    preds = open_predictions(pred_url)
+    data = open_dataset(data_url)
+    if preds.labels.shape[0] != data.Y.shape[0]:
+        raise ValueError(f"{pred_url} holds predictions for {preds.labels.shape[0]} rows but {data_url} has "
+                         f"{data.Y.shape[0]}; predict on this dataset first (xmldask predict MODEL {data_url} ...)")
+    ks = tuple(k for k in ks if k <= preds.top_k)
+    source_url = train_url or _model_train_url(preds.meta.get("model"))
+    source = open_dataset(source_url) if source_url and _fs.exists(source_url) else data
+    if source.Y.shape[1] != data.Y.shape[1]:
+        raise ValueError(f"{source.url} has {source.Y.shape[1]} labels but {data_url} has {data.Y.shape[1]}")
+    propensities = metrics.propensity(source.label_counts, source.Y.shape[0], A=A, B=B)
+    results = metrics.evaluate(preds.labels, preds.scores, data.Y, ks=ks, propensities=propensities)
+    results["propensity_source"] = "train" if source is not data else "test"
+    return results
+
+
+def _model_train_url(model_url: str | None) -> str | None:
+    """The training dataset URL recorded in a model store, if any."""
+    if not model_url or not _fs.exists(model_url):
+        return None
+    import zarr
+
+    attrs = dict(zarr.open_group(_fs.zarr_store(model_url, read_only=True), mode="r").attrs)
+    return (attrs.get("xmldask") or {}).get("train_url")
