@@ -1,4 +1,4 @@
-"""The ``xmldask`` command line: ``ingest``, ``synth``, ``info`` and ``demo``.
+"""The ``xmldask`` command line: ``ingest``, ``synth``, ``info``, ``spectrum`` and ``demo``.
 
 Run ``xmldask COMMAND --help`` for the options of each command.
 """
@@ -131,6 +131,40 @@ def _cmd_info(args) -> int:
     return 0
 
 
+def _add_spectrum(sub) -> None:
+    p = sub.add_parser(
+        "spectrum",
+        help="estimate the spectrum of the label covariance Y^T Y (or of X^T X) by randomized PCA",
+        description="Estimate the top eigenvalues of Y^T Y (the empirical label covariance) or X^T X of a dataset "
+        "store with randomized PCA (Algorithm 1 of the Rembrandt paper: n-iter + 1 passes over the data), as in "
+        "the paper's Figure 1b. Writes spectrum.csv and spectrum.md (rank, eigenvalue, share of the trace) and "
+        "spectrum.png (log-scale plot) into --out.",
+    )
+    p.add_argument("url", metavar="DATA_URL", help="dataset store")
+    p.add_argument("--matrix", default="Y", choices=["Y", "X"], help="Y (labels, default) or X (features)")
+    p.add_argument("--k", type=_positive, default=100, help="eigenvalues to estimate (default 100)")
+    p.add_argument("--oversample", type=int, default=20, help="oversampling p (default 20)")
+    p.add_argument("--n-iter", type=int, default=1, help="power iterations q (default 1: two passes)")
+    p.add_argument("--center", action="store_true", help="centre the columns first (covariance)")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--out", required=True, metavar="DIR", help="directory for spectrum.csv, .md and .png")
+    p.add_argument("--no-plot", action="store_true", help="do not write spectrum.png")
+
+
+def _cmd_spectrum(args) -> int:
+    from .embedding.spectrum import compute_spectrum, write_spectrum
+
+    spectrum = compute_spectrum(args.url, matrix=args.matrix, n_components=args.k, oversample=args.oversample,
+                                n_iter=args.n_iter, center=args.center, random_state=args.seed)
+    paths = write_spectrum(spectrum, args.out, plot=not args.no_plot)
+    top = ", ".join(f"{v:.4g}" for v in spectrum.eigenvalues[:5])
+    print(f"{spectrum.matrix}: top eigenvalues {top} ... ({len(spectrum.eigenvalues)} in all, "
+          f"{spectrum.n_passes} passes, {spectrum.seconds:.1f} s)")
+    for path in paths.values():
+        print(f"wrote {path}")
+    return 0
+
+
 def _add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
@@ -179,12 +213,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xmldask {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_ingest, _add_synth, _add_info, _add_demo):
+    for add in (_add_ingest, _add_synth, _add_info, _add_spectrum, _add_demo):
         add(sub)
     return parser
 
 
-_COMMANDS = {"ingest": _cmd_ingest, "synth": _cmd_synth, "info": _cmd_info, "demo": _cmd_demo}
+_COMMANDS = {"ingest": _cmd_ingest, "synth": _cmd_synth, "info": _cmd_info, "spectrum": _cmd_spectrum,
+             "demo": _cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,63 @@
+"""Train -> predict -> evaluate from store URLs (the jobs the CLI and the flows call)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from xmldask import jobs, metrics
+from xmldask.datasets import make_synthetic
+from xmldask.models import EmbeddingClassifier
+from xmldask.store import open_dataset, open_predictions
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("jobs")
+    kw = dict(n_samples=3000, n_features=400, n_labels=80, seed=3, block_rows=700)
+    train = make_synthetic(str(root / "train.zarr"), **kw).url
+    test = make_synthetic(str(root / "test.zarr"), split="test", **{**kw, "n_samples": 900}).url
+    return root, train, test
+
+
+def test_train_predict_evaluate(data):
+    root, train, test = data
+    model_url, pred_url = str(root / "model.zarr"), str(root / "pred.zarr")
+    info = jobs.train(train, model_url, embedding="rembrandt", k=12, kernel="none", seed=5, max_epochs=3)
+    assert info["model"] == model_url and info["task"] == "multilabel" and info["n_passes"] > 0
+    pinfo = jobs.predict(model_url, test, pred_url, top_k=7)
+    assert (pinfo["n_samples"], pinfo["top_k"], pinfo["n_labels"]) == (900, 7, 80)
+    results = jobs.evaluate(pred_url, test)
+    assert results["propensity_source"] == "train"  # found through the model's recorded train_url
+    # the same numbers as the model's own predictions scored in memory
+    model = EmbeddingClassifier.load(model_url)
+    ds = open_dataset(test)
+    labels, _ = (a.compute() for a in model.predict_topk(ds.X, k=7))
+    np.testing.assert_array_equal(open_predictions(pred_url).labels.compute(), labels)
+    Y = ds.Y.compute()
+    Y = Y.tocsr() if hasattr(Y, "tocsr") else Y
+    for k in (1, 3, 5):
+        hits = [len(set(labels[i, :k]) & set(Y[i].indices)) / k for i in range(Y.shape[0])]
+        assert results[f"P@{k}"] == pytest.approx(np.mean(hits))
+    assert results["P@1"] > 5 / 80  # far above chance
+    p = metrics.propensity(open_dataset(train).label_counts, 3000)
+    assert results["PSP@1"] == pytest.approx(metrics.evaluate(labels, None, ds.Y, ks=(1,), propensities=p)["PSP@1"])
+
+
+def test_refusals(data):
+    root, train, test = data
+    model_url = str(root / "model2.zarr")
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        jobs.train(train, model_url, kernel="rbf")
+    jobs.train(train, model_url, embedding="cs", k=8, kernel="none", max_epochs=1)
+    with pytest.raises(FileExistsError, match="already exists"):
+        jobs.train(train, model_url, embedding="cs", k=8)
+    with pytest.raises(ValueError, match="top_k must be between 1 and the model's 80 labels"):
+        jobs.predict(model_url, test, str(root / "p.zarr"), top_k=81)
+    other = make_synthetic(str(root / "other.zarr"), n_samples=50, n_features=30, n_labels=80, seed=1).url
+    with pytest.raises(ValueError, match="has 30 features but the model"):
+        jobs.predict(model_url, other, str(root / "p.zarr"))
+    jobs.predict(model_url, test, str(root / "p.zarr"), top_k=3)
+    with pytest.raises(ValueError, match="predictions for 900 rows but"):
+        jobs.evaluate(str(root / "p.zarr"), other)
+    assert set(jobs.evaluate(str(root / "p.zarr"), test)) >= {"P@1", "P@3"}

@@ -1,0 +1,385 @@
+"""Rembrandt (Algorithm 2 of Mineiro & Karampatziakis) and the compressed-sensing baseline, out of core.
+
+Rembrandt embeds the labels with the top right singular vectors of ``Pi_X Y``, the predictions of
+the (ridge) least-squares model of ``Y`` on ``X``, equivalently the top eigenvectors of
+``M = Y^T Pi_X Y``. ``M`` is never formed: a product ``M Q`` costs one blocked least-squares solve
+``Z = argmin ||Y Q - X Z||^2 + lam ||Z||^2`` (:func:`xmldask.linalg.solvers.ridge_lstsq`, with the
+lazy right-hand side ``x_q(Y, Q)``) and one fused pass ``Y^T (X Z)`` (:func:`xmldask.linalg.yt_x_z`),
+inside the randomized range finder :func:`xmldask.linalg.randomized.randomized_eigh`.
+
+Passes over the data: ``q + 1`` products, each one solve (1 pass with Cholesky, ``1 + iterations``
+with CG) plus one ``Y^T X Z`` pass; plus one solve for the feature-side map when asked.
+
+References
+----------
+P. Mineiro and N. Karampatziakis, "Fast Label Embeddings via Randomized Linear Algebra", ECML PKDD
+2015, arXiv:1412.6547: Algorithm 2 (Rembrandt), Section 2.4 (compressed sensing as Algorithm 2
+with ``q = p = 0``), Algorithm 3 line 4 (the feature-side map).
+D. Hsu, S. Kakade, J. Langford and T. Zhang, "Multi-label prediction via compressed sensing",
+NIPS 2009.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.sparse as sp
+
+from ..linalg._kernels import working_dtype
+from ..linalg.passes import column_sums, dense_operand, x_q, yt_x_z
+from ..linalg.randomized import check_random_state, randomized_eigh
+from ._base import EmbeddingModel, check_columns, project
+
+__all__ = ["CompressedSensing", "Rembrandt", "RembrandtResult", "rembrandt"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RembrandtResult:
+    """Result of :func:`rembrandt`.
+
+    Attributes
+    ----------
+    embedding : ndarray, shape (n_labels, k), float64
+        ``V``: orthonormal columns, approximately the top right singular vectors of ``Pi_X Y``.
+    eigenvalues : ndarray, shape (k,), float64
+        ``Sigma`` of Algorithm 2: eigenvalues of ``Y^T Pi_X Y``, decreasing.
+    singular_values : ndarray, shape (k,), float64
+        ``sqrt(eigenvalues)``: singular values of ``Pi_X Y``.
+    alpha : float
+        The ridge ``lam`` used by the least-squares steps.
+    n_passes : int
+        Passes made over the data (solves included).
+    solver_passes : list of int
+        Passes of each least-squares solve.
+    converged : bool
+        Every solve converged.
+    feature_map : ndarray of shape (n_features, k) or None
+        ``W = argmin ||Y V - X W||^2 + lam ||W||^2`` (Algorithm 3 line 4) when asked.
+    intercept : ndarray of shape (k,) or None
+        The feature map's intercept (with ``center=True``).
+    start : ndarray, shape (n_labels, k + p)
+        The Gaussian start matrix (for reproducing the compressed-sensing embedding).
+    """
+
+    embedding: np.ndarray
+    eigenvalues: np.ndarray
+    singular_values: np.ndarray
+    alpha: float
+    n_passes: int
+    solver_passes: list = field(default_factory=list)
+    converged: bool = True
+    feature_map: np.ndarray | None = None
+    intercept: np.ndarray | None = None
+    start: np.ndarray | None = None
+
+
+def _check_pair(X, Y) -> None:
+    for name, A in (("X", X), ("Y", Y)):
+        if not isinstance(A, da.Array):
+            raise TypeError(f"{name} must be a dask array of row blocks (for example open_dataset(url).{name}), but "
+                            f"is a {type(A).__name__}; wrap an in-memory matrix A with "
+                            f"da.from_array(A, chunks=(block_rows, -1), asarray=False)")
+        if A.ndim != 2:
+            raise ValueError(f"{name} must be 2-D, but has shape {A.shape}")
+    if X.shape[0] != Y.shape[0]:
+        raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}; they must hold the same samples")
+
+
+def rembrandt(X, Y, n_components: int, *, oversample: int = 20, n_iter: int = 1, alpha: float = 1e-3,
+              scale_alpha: bool = True, solver: str = "auto", center: bool = False, tol: float = 1e-4,
+              max_iter: int = 30, feature_map: bool = False, random_state=None, split_every: int = 8
+              ) -> RembrandtResult:
+    """Label embedding by Rembrandt (Algorithm 2) over row blocks of ``X`` and ``Y``.
+
+    Parameters
+    ----------
+    X : dask.array.Array, shape (n_samples, n_features)
+        Feature row blocks (``scipy.sparse`` or dense), one column chunk, known chunk sizes.
+    Y : dask.array.Array, shape (n_samples, n_labels)
+        Label row blocks with ``X``'s row chunks: one-hot rows (multiclass) or binary rows (multilabel).
+    n_components : int
+        ``k``, the embedding dimension.
+    oversample : int, default 20
+        ``p``: the sketch has ``min(k + p, n_labels)`` columns.
+    n_iter : int, default 1
+        ``q``: range-finder iterations before the final product.
+    alpha : float, default 1e-3
+        Ridge of the least-squares steps, relative to the average per-feature second moment when
+        ``scale_alpha`` (as in the reference implementation); it is the bias/variance knob of Section 2.3.
+    scale_alpha : bool, default True
+    solver : {"auto", "cholesky", "cg"}, default "auto"
+        See :func:`xmldask.linalg.solvers.ridge_lstsq`.
+    center : bool, default False
+        Fit an unpenalised intercept in the least-squares steps (``Pi`` then projects onto the span
+        of ``[1, X]``).
+    tol, max_iter : float, int
+        CG tolerance and iteration limit of each solve.
+    feature_map : bool, default False
+        Also fit ``W = argmin ||Y V - X W||^2`` (one more solve).
+    random_state : None, int or numpy.random.Generator
+    split_every : int, default 8
+        Fan-in of the tree sums.
+
+    Returns
+    -------
+    RembrandtResult
+
+    References
+    ----------
+    Mineiro & Karampatziakis (2015), Algorithm 2; its least-squares step is equation (2).
+    """
+    _check_pair(X, Y)
+    rng = check_random_state(random_state)
+    dtype = working_dtype(X.dtype, Y.dtype)
+    from ..linalg.solvers import ridge_lstsq
+
+    solve_kw = {"alpha": alpha, "scale_alpha": scale_alpha, "solver": solver, "center": center, "tol": tol,
+                "max_iter": max_iter, "split_every": split_every}
+    state = {"passes": 0, "solver_passes": [], "converged": True, "alpha": None, "label_sums": None}
+
+    def solve(Q: np.ndarray):
+        Qd = dense_operand(np.asarray(Q, dtype=dtype), name="Q")
+        res = ridge_lstsq(X, x_q(Y, Qd), **solve_kw)
+        state["passes"] += res.n_passes
+        state["solver_passes"].append(res.n_passes)
+        state["converged"] &= bool(res.converged)
+        state["alpha"] = res.alpha
+        return res
+
+    def apply(Q: np.ndarray) -> np.ndarray:
+        res = solve(Q)
+        Z = np.asarray(res.coef, dtype=dtype)
+        psi = yt_x_z(Y, X, Z, split_every=split_every)
+        if center:
+            if state["label_sums"] is None:
+                psi, sums = dask.compute(psi, column_sums(Y, split_every=split_every))  # one pass
+                state["label_sums"] = np.asarray(sums, dtype=np.float64)
+            else:
+                psi = psi.compute()
+            # predictions are X Z + 1 intercept^T: add (Y^T 1) intercept^T
+            psi = np.asarray(psi, np.float64) + np.outer(state["label_sums"], np.asarray(res.intercept, np.float64))
+        else:
+            psi = psi.compute()
+        state["passes"] += 1
+        logger.debug("rembrandt: product done, %d passes so far", state["passes"])
+        return psi
+
+    # Algorithm 2 starts from the raw Gaussian matrix (line 4); with q = 0 that is compressed sensing.
+    V, eigenvalues, start = randomized_eigh(apply, Y.shape[1], n_components, oversample=oversample, n_iter=n_iter,
+                                            random_state=rng, dtype=dtype, orthonormalize_start=False)
+    W = intercept = None
+    if feature_map:
+        res = solve(V)
+        W = np.asarray(res.coef, dtype=np.float64)
+        intercept = None if res.intercept is None else np.asarray(res.intercept, dtype=np.float64)
+    if not state["converged"]:
+        logger.warning("rembrandt: a least-squares solve stopped before tol=%g (max_iter=%d); raise max_iter",
+                       tol, max_iter)
+    return RembrandtResult(embedding=V, eigenvalues=eigenvalues, singular_values=np.sqrt(eigenvalues),
+                           alpha=float(state["alpha"]), n_passes=int(state["passes"]),
+                           solver_passes=list(state["solver_passes"]), converged=bool(state["converged"]),
+                           feature_map=W, intercept=intercept, start=start)
+
+
+class Rembrandt(EmbeddingModel):
+    """Rembrandt label embedding (Algorithm 2), out of core on Dask arrays of row blocks.
+
+    Parameters
+    ----------
+    n_components : int, default 50
+        ``k``, the embedding dimension.
+    oversample : int, default 20
+        ``p``.
+    n_iter : int, default 1
+        ``q``.
+    alpha : float, default 1e-3
+        Ridge of the least-squares steps (relative to the average per-feature second moment when
+        ``scale_alpha``).
+    scale_alpha : bool, default True
+    solver : {"auto", "cholesky", "cg"}, default "auto"
+    center : bool, default False
+        Unpenalised intercept in the least-squares steps.
+    tol : float, default 1e-4
+    max_iter : int, default 30
+    feature_map : bool, default False
+        Also fit the feature-side map ``W`` (``feature_map_``), with ``X W ~ Y V``.
+    random_state : None, int or numpy.random.Generator
+    split_every : int, default 8
+
+    Attributes
+    ----------
+    embedding_ : ndarray, shape (n_labels, k)
+        ``V``; ``transform(Y) = Y V``.
+    eigenvalues_ : ndarray, shape (k,)
+        Eigenvalues of ``Y^T Pi_X Y`` (``Sigma`` of Algorithm 2).
+    singular_values_ : ndarray, shape (k,)
+        Singular values of ``Pi_X Y``.
+    feature_map_ : ndarray of shape (n_features, k) or None
+    intercept_ : ndarray of shape (k,) or None
+    alpha_ : float
+        The ridge ``lam`` used.
+    n_passes_ : int
+        Passes made over the data by ``fit``.
+    converged_ : bool
+    n_features_in_, n_labels_in_ : int
+
+    References
+    ----------
+    Mineiro & Karampatziakis, "Fast Label Embeddings via Randomized Linear Algebra" (2015), Algorithm 2.
+
+    Examples
+    --------
+    >>> import dask.array as da, numpy as np, scipy.sparse as sp
+    >>> rng = np.random.default_rng(0)
+    >>> A = sp.random(600, 30, density=0.3, format="csr", random_state=0)
+    >>> labels = np.asarray((A @ rng.normal(size=(30, 8))).argmax(axis=1)).ravel()
+    >>> L = sp.csr_matrix((np.ones(600), (np.arange(600), labels)), shape=(600, 8))
+    >>> X = da.from_array(A, chunks=(200, -1), asarray=False)
+    >>> Y = da.from_array(L, chunks=(200, -1), asarray=False)
+    >>> model = Rembrandt(n_components=3, random_state=0).fit(X, Y)
+    >>> model.embedding_.shape, model.n_passes_
+    ((8, 3), 4)
+    >>> model.transform(Y).shape
+    (600, 3)
+    """
+
+    _arrays = ("embedding", "eigenvalues", "singular_values", "feature_map", "intercept")
+    _scalars = ("alpha", "n_passes", "converged", "n_features_in", "n_labels_in")
+
+    def __init__(self, n_components: int = 50, *, oversample: int = 20, n_iter: int = 1, alpha: float = 1e-3,
+                 scale_alpha: bool = True, solver: str = "auto", center: bool = False, tol: float = 1e-4,
+                 max_iter: int = 30, feature_map: bool = False, random_state=None, split_every: int = 8):
+        self.n_components = n_components
+        self.oversample = oversample
+        self.n_iter = n_iter
+        self.alpha = alpha
+        self.scale_alpha = scale_alpha
+        self.solver = solver
+        self.center = center
+        self.tol = tol
+        self.max_iter = max_iter
+        self.feature_map = feature_map
+        self.random_state = random_state
+        self.split_every = split_every
+
+    def _fit_options(self) -> dict:
+        return {"oversample": self.oversample, "n_iter": self.n_iter}
+
+    def fit(self, X, Y):
+        """Fit the label embedding.
+
+        Parameters
+        ----------
+        X : dask.array.Array, shape (n_samples, n_features)
+        Y : dask.array.Array, shape (n_samples, n_labels)
+
+        Returns
+        -------
+        self
+        """
+        res = rembrandt(X, Y, self.n_components, alpha=self.alpha, scale_alpha=self.scale_alpha, solver=self.solver,
+                        center=self.center, tol=self.tol, max_iter=self.max_iter, feature_map=self.feature_map,
+                        random_state=self.random_state, split_every=self.split_every, **self._fit_options())
+        self.embedding_ = res.embedding
+        self.eigenvalues_ = res.eigenvalues
+        self.singular_values_ = res.singular_values
+        self.feature_map_ = res.feature_map
+        self.intercept_ = res.intercept
+        self.alpha_ = res.alpha
+        self.n_passes_ = res.n_passes
+        self.converged_ = res.converged
+        self.n_features_in_ = int(X.shape[1])
+        self.n_labels_in_ = int(Y.shape[1])
+        self.result_ = res
+        return self
+
+    def transform(self, Y):
+        """Embed label rows: ``Y V``.
+
+        Parameters
+        ----------
+        Y : dask.array.Array, scipy.sparse matrix or ndarray, shape (n_samples, n_labels)
+
+        Returns
+        -------
+        dask.array.Array or ndarray, shape (n_samples, k)
+            Lazy with ``Y``'s row chunks for a Dask input; in ``Y``'s working dtype.
+        """
+        self._check_fitted()
+        check_columns(Y, self.embedding_.shape[0], "Y", "labels")
+        return project(Y, self.embedding_)
+
+    def fit_transform(self, X, Y):
+        """``fit(X, Y).transform(Y)``."""
+        return self.fit(X, Y).transform(Y)
+
+    def inverse_transform(self, E):
+        """Map embedded rows back to label scores: ``E V^T`` (the squared-loss optimal decoder).
+
+        Parameters
+        ----------
+        E : ndarray or dask.array.Array, shape (n_samples, k)
+
+        Returns
+        -------
+        ndarray or dask.array.Array, shape (n_samples, n_labels)
+        """
+        self._check_fitted()
+        V = self.embedding_
+        if isinstance(E, da.Array):
+            return E @ V.T.astype(working_dtype(E.dtype))
+        E = E.toarray() if sp.issparse(E) else np.asarray(E)
+        return E @ V.T
+
+    def predict_embedding(self, X):
+        """Predicted embedding ``X W (+ intercept)`` from the fitted feature-side map (``feature_map=True``).
+
+        Parameters
+        ----------
+        X : dask.array.Array, scipy.sparse matrix or ndarray, shape (n_samples, n_features)
+
+        Returns
+        -------
+        dask.array.Array or ndarray, shape (n_samples, k)
+        """
+        self._check_fitted()
+        if self.feature_map_ is None:
+            raise ValueError(f"{type(self).__name__} was fitted without the feature-side map; "
+                             f"refit with feature_map=True")
+        check_columns(X, self.feature_map_.shape[0], "X", "features")
+        out = project(X, self.feature_map_)
+        if self.intercept_ is not None:
+            out = out + np.asarray(self.intercept_, dtype=out.dtype)
+        return out
+
+
+class CompressedSensing(Rembrandt):
+    """Compressed-sensing label embedding: Algorithm 2 with ``q = 0`` and ``p = 0``.
+
+    The embedding is the whitened random projection ``V = (M G) (G^T M^2 G)^{-1/2}`` (up to a
+    rotation: ``V = M G U Sigma^{-1}``) of the Gaussian sensing matrix ``G = randn(n_labels, k)``
+    through ``M = Y^T Pi_X Y``: one least-squares solve and one pass. Same parameters and
+    attributes as :class:`Rembrandt` (without ``oversample`` and ``n_iter``).
+
+    References
+    ----------
+    Mineiro & Karampatziakis (2015), Section 2.4; Hsu, Kakade, Langford & Zhang, "Multi-label
+    prediction via compressed sensing", NIPS 2009.
+    """
+
+    def __init__(self, n_components: int = 50, *, alpha: float = 1e-3, scale_alpha: bool = True,
+                 solver: str = "auto", center: bool = False, tol: float = 1e-4, max_iter: int = 30,
+                 feature_map: bool = False, random_state=None, split_every: int = 8):
+        super().__init__(n_components, oversample=0, n_iter=0, alpha=alpha, scale_alpha=scale_alpha, solver=solver,
+                         center=center, tol=tol, max_iter=max_iter, feature_map=feature_map,
+                         random_state=random_state, split_every=split_every)
+        del self.oversample, self.n_iter
+
+    def _fit_options(self) -> dict:
+        return {"oversample": 0, "n_iter": 0}
