@@ -1,0 +1,266 @@
+"""The cluster helper: local clusters, existing schedulers, BLAS limits, reports, command-line options.
+
+Every cluster here has no dashboard or one on a free port, so parallel test runs never clash on 8787.
+Most use threads in this process (fast to start); one module-scoped cluster of worker processes
+checks what only real worker processes show (environment, memory limits, BLAS in another process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import socket
+import time
+
+import numpy as np
+import pytest
+from distributed import Client, LocalCluster
+
+import xmldask.cluster as xc
+from xmldask.cluster import (
+    BLAS_ENV_VARS,
+    ENV_SCHEDULER,
+    add_cluster_arguments,
+    cluster,
+    cluster_from_args,
+    default_layout,
+    parse_memory_limit,
+    worker_blas_threads,
+)
+
+
+@pytest.fixture(autouse=True)
+def _no_scheduler_from_environment(monkeypatch):
+    monkeypatch.delenv(ENV_SCHEDULER, raising=False)
+
+
+@pytest.fixture(scope="module")
+def process_cluster():
+    """Two single-threaded worker processes with a 300 MB limit each, through the helper."""
+    with cluster(n_workers=2, threads_per_worker=1, memory_limit="300MB", dashboard_address=None,
+                 processes=True) as client:
+        yield client
+
+
+@pytest.fixture
+def running_scheduler():
+    """A scheduler (with one worker thread) started outside the helper, on TCP."""
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                      dashboard_address=":0") as lc:
+        yield lc
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _blas_pools(info: list[dict]) -> list[dict]:
+    return [pool for pool in info if pool["user_api"] == "blas"]
+
+
+# --------------------------------------------------------------------------------------------------
+# local clusters
+
+
+def test_local_cluster_has_the_requested_workers_threads_and_memory_limit(process_cluster):
+    workers = process_cluster.scheduler_info(n_workers=-1)["workers"]
+    assert len(workers) == 2
+    assert all(w["nthreads"] == 1 for w in workers.values())
+    assert all(w["memory_limit"] == 300_000_000 for w in workers.values())
+    pids = process_cluster.run(os.getpid)
+    assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
+
+
+def test_blas_is_limited_inside_every_worker_process(process_cluster):
+    infos = worker_blas_threads(process_cluster)
+    assert len(infos) == 2
+    for address, info in infos.items():
+        pools = _blas_pools(info)
+        # NumPy and SciPy each bring their own OpenBLAS: both must be limited
+        assert len({pool["filepath"] for pool in pools}) >= 2, (address, info)
+        assert all(pool["num_threads"] == 1 for pool in info), (address, info)
+    environments = process_cluster.run(lambda: {name: os.environ.get(name) for name in BLAS_ENV_VARS})
+    assert all(env == dict.fromkeys(BLAS_ENV_VARS, "1") for env in environments.values()), environments
+
+
+def test_blas_threads_and_plugin_in_a_threaded_cluster():
+    with cluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None, blas_threads=2) as client:
+        (info,) = worker_blas_threads(client).values()
+        assert all(pool["num_threads"] == 2 for pool in _blas_pools(info))
+        assert client.submit(np.add, 1, 2).result() == 3
+
+
+def test_defaults_follow_the_documented_layout(monkeypatch):
+    n_workers, threads, processes = default_layout()
+    assert (n_workers, processes) == (1, True)
+    assert threads == len(os.sched_getaffinity(0))
+    assert default_layout(4) == (1, 4, True)
+    captured = {}
+
+    class Stop(Exception):
+        pass
+
+    def fake_local_cluster(**kwargs):
+        captured.update(kwargs)
+        raise Stop
+
+    monkeypatch.setattr("distributed.LocalCluster", fake_local_cluster)
+    with pytest.raises(Stop), cluster(dashboard_address=None):
+        pass
+    assert (captured["n_workers"], captured["threads_per_worker"], captured["processes"]) == default_layout()
+    assert captured["memory_limit"] == "auto"
+    assert captured["env"] == dict.fromkeys(BLAS_ENV_VARS, "1")
+    assert captured["scheduler_kwargs"] == {"dashboard": False}
+
+
+def test_dashboard_link_is_logged_and_exposed(caplog):
+    with caplog.at_level(logging.INFO, logger="xmldask.cluster"):
+        with cluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as client:
+            link = client.dashboard_link
+    assert link.startswith("http://") and not link.endswith(":8787/status")
+    assert f"Dask dashboard: {link}" in caplog.text
+
+
+def test_no_dashboard_is_logged(caplog):
+    with caplog.at_level(logging.INFO, logger="xmldask.cluster"):
+        with cluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None):
+            pass
+    assert "Dask dashboard: disabled" in caplog.text
+
+
+def test_performance_report_is_written(tmp_path):
+    import dask.array as da
+
+    path = tmp_path / "reports" / "nested" / "pass.html"
+    with cluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None,
+                 performance_report=path) as client:
+        assert client.compute(da.ones((100, 100), chunks=50).sum()).result() == 10_000
+        assert not path.exists()  # written on leaving the block
+    text = path.read_text()
+    assert path.stat().st_size > 1000 and "<html" in text.lower()
+
+
+# --------------------------------------------------------------------------------------------------
+# an existing scheduler
+
+
+def test_connects_to_a_running_scheduler_and_leaves_it_running(running_scheduler):
+    address = running_scheduler.scheduler_address
+    assert address.startswith("tcp://")
+    with cluster(address, dashboard_address=None) as client:
+        assert client.scheduler.address == address
+        assert client.submit(np.add, 2, 3).result() == 5
+        assert client.dashboard_link
+    assert client.status == "closed"
+    assert running_scheduler.status.name == "running"
+    with Client(running_scheduler) as other:  # the scheduler and its worker still serve
+        assert other.submit(np.add, 1, 1).result() == 2
+        assert len(other.scheduler_info()["workers"]) == 1
+
+
+def test_address_without_protocol_means_tcp(running_scheduler):
+    bare = running_scheduler.scheduler_address.removeprefix("tcp://")
+    with cluster(bare, blas_threads=None) as client:
+        assert client.scheduler.address == running_scheduler.scheduler_address
+
+
+def test_scheduler_address_from_environment(running_scheduler, monkeypatch):
+    monkeypatch.setenv(ENV_SCHEDULER, running_scheduler.scheduler_address)
+    with cluster() as client:
+        assert client.scheduler.address == running_scheduler.scheduler_address
+    assert running_scheduler.status.name == "running"
+
+
+def test_unreachable_scheduler_fails_fast_with_the_address_and_the_fix():
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    start = time.perf_counter()
+    with pytest.raises(ConnectionError) as info:
+        with cluster(address, timeout=2):
+            pass
+    assert time.perf_counter() - start < 10
+    message = str(info.value)
+    assert address in message and "dask scheduler" in message and ENV_SCHEDULER in message
+
+
+def test_unreachable_scheduler_from_environment(monkeypatch):
+    address = f"tcp://127.0.0.1:{_closed_port()}"
+    monkeypatch.setenv(ENV_SCHEDULER, address)
+    with pytest.raises(ConnectionError, match=address), cluster(timeout=1):
+        pass
+
+
+@pytest.mark.parametrize("address", ["", "   ", "foo://host:8786", "tcp://host", "tcp://host:notaport",
+                                     "tcp://:8786", "host:99999"])
+def test_malformed_address_is_a_value_error(address):
+    with pytest.raises(ValueError, match="address"), cluster(address):
+        pass
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"n_workers": 0}, "n_workers"),
+    ({"threads_per_worker": 1.5}, "threads_per_worker"),
+    ({"blas_threads": 0}, "blas_threads"),
+    ({"timeout": 0}, "timeout"),
+    ({"memory_limit": "lots"}, "memory_limit"),
+])
+def test_bad_options_are_value_errors(options, match):
+    with pytest.raises(ValueError, match=match), cluster(processes=False, dashboard_address=None, **options):
+        pass
+
+
+# --------------------------------------------------------------------------------------------------
+# memory limits and the command line
+
+
+@pytest.mark.parametrize("value, expected", [
+    ("2GB", 2_000_000_000), ("512MiB", 512 * 2**20), ("auto", "auto"), ("AUTO", "auto"), (None, None),
+    ("none", None), (0, None), ("0", None), (0.25, 0.25), ("0.5", 0.5), (10**9, 10**9), ("1e9", 10**9),
+])
+def test_parse_memory_limit(value, expected):
+    assert parse_memory_limit(value) == expected
+
+
+@pytest.mark.parametrize("value", ["lots", "-1GB", -5, True, [1]])
+def test_parse_memory_limit_rejects(value):
+    with pytest.raises(ValueError, match="memory_limit"):
+        parse_memory_limit(value)
+
+
+def test_argparse_options_round_trip(monkeypatch):
+    parser = argparse.ArgumentParser()
+    add_cluster_arguments(parser)
+    args = parser.parse_args(["--scheduler", "tcp://10.0.0.1:8786", "--workers", "3", "--threads-per-worker", "2",
+                              "--memory-limit", "2GB", "--performance-report", "out/report.html"])
+    assert (args.scheduler, args.workers, args.threads_per_worker) == ("tcp://10.0.0.1:8786", 3, 2)
+    assert (args.memory_limit, args.performance_report) == (2_000_000_000, "out/report.html")
+    defaults = parser.parse_args([])
+    assert (defaults.scheduler, defaults.workers, defaults.threads_per_worker) == (None, None, None)
+    assert (defaults.memory_limit, defaults.performance_report) == ("auto", None)
+
+    calls = []
+    monkeypatch.setattr(xc, "cluster", lambda address, **kwargs: calls.append((address, kwargs)) or "cm")
+    assert cluster_from_args(args, dashboard_address=None) == "cm"
+    assert calls == [("tcp://10.0.0.1:8786", {"n_workers": 3, "threads_per_worker": 2, "memory_limit": 2_000_000_000,
+                                              "performance_report": "out/report.html", "dashboard_address": None})]
+
+
+@pytest.mark.parametrize("argv", [["--workers", "0"], ["--workers", "two"], ["--threads-per-worker", "-1"],
+                                  ["--memory-limit", "lots"]])
+def test_argparse_rejects_bad_values(argv, capsys):
+    parser = argparse.ArgumentParser()
+    add_cluster_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(argv)
+    assert argv[0] in capsys.readouterr().err
+
+
+def test_cluster_from_args_connects(running_scheduler):
+    parser = argparse.ArgumentParser()
+    add_cluster_arguments(parser)
+    args = parser.parse_args(["--scheduler", running_scheduler.scheduler_address])
+    with cluster_from_args(args) as client:
+        assert client.submit(np.multiply, 2, 3).result() == 6
+    assert running_scheduler.status.name == "running"

@@ -1,0 +1,94 @@
+"""A pass over a store several times larger than the workers' total memory limit completes, and is right.
+
+Two worker processes of :func:`xmldask.cluster.cluster` with a 240 MB limit each (a worker uses about
+160 MB after its imports; measured peaks during this pass: 200-212 MB) run ``xt_x_q`` over a synthetic
+store whose CSR matrix ``X`` alone is more than 3x their 480 MB total. Dask's memory manager is set to
+restart (kill) a worker at 95% of its limit and not to pause or spill first: a worker that ever
+held much more than one row block would be killed, the pass would fail with ``KilledWorker`` or the
+worker processes would change; both are checked, as is each worker's peak RSS (``VmHWM``).
+"""
+
+from __future__ import annotations
+
+import resource
+
+import dask
+import numpy as np
+import pytest
+
+from xmldask import open_dataset
+from xmldask.cluster import cluster
+from xmldask.datasets import make_synthetic
+from xmldask.linalg import xt_x_q
+
+N_WORKERS = 2
+MEMORY_LIMIT = 240_000_000  # bytes per worker
+N_FEATURES, K = 50_000, 8
+N_SAMPLES = 1_700_000  # about 110 nonzeros per row: X is about 1.5 GB as an in-memory CSR matrix
+BLOCK_ROWS = 4_096  # about 0.45 M nonzeros, 3.6 MB per row block
+#: the memory manager: no spilling or pausing (a worker uses 2/3 of its limit at rest), restart at 95%
+MEMORY_CONFIG = {"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False,
+                 "distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": 0.95}
+
+
+@pytest.fixture(scope="module")
+def big_store(tmp_path_factory):
+    url = str(tmp_path_factory.mktemp("memory-limit") / "big.zarr")
+    # background tokens only and a flat feature law: the generator's cheapest settings per nonzero
+    make_synthetic(url, n_samples=N_SAMPLES, n_features=N_FEATURES, n_labels=64, multiclass=True, rank=4,
+                   avg_features=110, background=1.0, feature_exponent=0.5, block_rows=BLOCK_ROWS, seed=3)
+    return url
+
+
+def _pid_and_peak_rss():
+    """This process's id and peak RSS in bytes: ``VmHWM`` (``ru_maxrss`` would include the RSS of the
+    process that spawned it, which Linux keeps across ``exec``)."""
+    import os
+
+    try:
+        with open("/proc/self/status") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return os.getpid(), kib * 1024
+
+
+@pytest.mark.slow
+def test_pass_over_store_three_times_total_worker_memory(big_store):
+    ds = open_dataset(big_store)
+    X = ds.X
+    nnz, n_samples = ds.meta["nnz"], ds.n_samples
+    csr_bytes = nnz * (X.dtype.itemsize + 4) + (n_samples + 1) * 8  # data + int32 indices + int64 indptr
+    assert csr_bytes >= 3 * N_WORKERS * MEMORY_LIMIT, (csr_bytes, nnz)
+    Q = np.random.default_rng(0).uniform(0.0, 1.0, (N_FEATURES, K)).astype(np.float32)
+
+    with dask.config.set(MEMORY_CONFIG), \
+            cluster(n_workers=N_WORKERS, threads_per_worker=1, processes=True, memory_limit=MEMORY_LIMIT,
+                    dashboard_address=None) as client:
+        before = client.run(_pid_and_peak_rss)
+        result = xt_x_q(X, Q).compute()
+        after = client.run(_pid_and_peak_rss)
+        limits = {w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values()}
+    assert limits == {MEMORY_LIMIT}
+    assert {a: pid for a, (pid, _) in after.items()} == {a: pid for a, (pid, _) in before.items()}, "a worker restarted"
+    peaks = [peak for _, peak in after.values()]
+    assert max(peaks) < 0.95 * MEMORY_LIMIT, [p / 2**20 for p in peaks]
+
+    # reference: block by block in this process, float64 accumulation
+    Q64 = Q.astype(np.float64)
+    reference = np.zeros((N_FEATURES, K))
+    max_row_nnz = 0
+    for i in range(X.numblocks[0]):
+        block = X.blocks[i].compute(scheduler="sync").astype(np.float64)
+        reference += block.T @ (block @ Q64)
+        max_row_nnz = max(max_row_nnz, int(np.diff(block.indptr).max(initial=0)))
+    assert result.dtype == np.float32 and result.shape == (N_FEATURES, K)
+    # X >= 0 and Q >= 0, so the reference is also the product of the absolute values, which bounds the
+    # rounding error (Higham, Accuracy and Stability of Numerical Algorithms, eq. 3.5): an entry is a
+    # length-(row nnz) dot product inside a length-(block rows) sum inside a tree sum of at most
+    # n_blocks terms, in float32; the observed error is far below this worst case.
+    terms = max_row_nnz + BLOCK_ROWS + X.numblocks[0]
+    bound = 2 * terms * np.finfo(np.float32).eps * reference
+    error = np.abs(result.astype(np.float64) - reference)
+    assert np.all(error <= bound + 1e-30), float((error / np.maximum(bound, 1e-30)).max())
+    assert np.linalg.norm(error) <= 1e-5 * np.linalg.norm(reference)

@@ -1,0 +1,487 @@
+"""One way to get a Dask ``distributed.Client`` for the command line, the flows and the benchmarks.
+
+:func:`cluster` is a context manager that yields a ``distributed.Client``:
+
+- connected to an existing scheduler when an address is given (``address=`` or ``--scheduler``,
+  else the environment variable ``XMLDASK_SCHEDULER``); leaving the ``with`` block closes only the
+  client, never that scheduler or its workers;
+- otherwise on a new ``distributed.LocalCluster`` on this machine, closed on exit.
+
+Either way it logs the dashboard link (logger ``xmldask.cluster``; also ``client.dashboard_link``),
+limits the BLAS/OpenMP thread pools of every worker to ``blas_threads`` (a worker plugin calling
+``threadpoolctl.threadpool_limits``; local worker processes also get ``OMP_NUM_THREADS``,
+``OPENBLAS_NUM_THREADS`` and ``MKL_NUM_THREADS`` before they start), and can write a Dask
+performance report (an HTML page of the task stream, worker profiles and bandwidth) of the body.
+
+Default layout of a local cluster
+---------------------------------
+**One worker process using every core as a thread** (``processes=True``, ``n_workers=1``,
+``threads_per_worker = cores``), with ``memory_limit="auto"`` (all of the machine's memory).
+
+Why (measured on this 2-core machine, November 2026, while other jobs loaded it: load average 2 to 11;
+one fused ``X^T (X Q)`` pass, k = 64, float32, 1.7e7 nonzeros, 1e5 features, 16 row blocks; 9 runs
+each, median / best): scipy in one process on the whole matrix 4.40 / 1.00 s; one worker, one thread
+5.18 / 3.17 s; **one worker process, two threads 4.23 / 2.51 s**; two worker processes, one thread each
+6.68 / 3.36 s; two threads inside the client process 4.62 / 2.56 s. On the idle machine ``STACK.md``
+reports 2 threads 1.78x one thread, 2 processes 1.6x. Threads win because the per-block kernels
+(SciPy's sparse products, Zarr's decompression) release the GIL, and one process holds one copy of
+``Q`` and sums the ``(d, k)`` block results in place, where two processes exchange them (25.6 MB each
+here) over TCP. The worker is still a separate process watched by a nanny, so its ``memory_limit``
+is enforced (spill at 60%, pause at 80%, restart at 95%), unlike threads of the client process
+(``processes=False``, for small data and debugging). Past a handful of cores the GIL-holding parts
+(task bookkeeping, Python glue) start to matter: pass ``n_workers`` to split the cores among processes.
+
+Examples
+--------
+>>> from xmldask.cluster import cluster
+>>> with cluster(n_workers=1, threads_per_worker=1, dashboard_address=None) as client:  # doctest: +SKIP
+...     G = xt_x_q(X, Q).compute()
+
+From the command line, the same options for every command::
+
+    parser = argparse.ArgumentParser()
+    add_cluster_arguments(parser)
+    args = parser.parse_args()
+    with cluster_from_args(args) as client:
+        ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from distributed import WorkerPlugin
+
+__all__ = [
+    "BLAS_ENV_VARS",
+    "DEFAULT_TIMEOUT",
+    "ENV_SCHEDULER",
+    "BlasThreadLimit",
+    "add_cluster_arguments",
+    "cluster",
+    "cluster_from_args",
+    "default_layout",
+    "parse_memory_limit",
+    "worker_blas_threads",
+]
+
+logger = logging.getLogger(__name__)
+
+#: environment variable holding the address of an existing scheduler to connect to
+ENV_SCHEDULER = "XMLDASK_SCHEDULER"
+#: seconds to wait for a scheduler before giving up
+DEFAULT_TIMEOUT = 10.0
+#: environment variables read by OpenMP, OpenBLAS and MKL when a process starts
+BLAS_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+#: the schemes a scheduler address may use
+_SCHEMES = ("tcp", "tls", "inproc", "ucx", "ws", "wss")
+_FIX = (
+    "start a scheduler there (`dask scheduler`, then `dask worker ADDRESS` on each machine), correct the "
+    f"address, or leave out --scheduler / unset ${ENV_SCHEDULER} to start a local cluster"
+)
+
+
+def default_layout(n_cores: int | None = None) -> tuple[int, int, bool]:
+    """The default ``(n_workers, threads_per_worker, processes)`` of a local cluster.
+
+    Parameters
+    ----------
+    n_cores : int, optional
+        Cores to use; default the cores this process may run on.
+
+    Returns
+    -------
+    tuple of (int, int, bool)
+        One worker process with one thread per core (see the module documentation for why).
+    """
+    if n_cores is None:
+        n_cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return 1, max(1, int(n_cores)), True
+
+
+def parse_memory_limit(value):
+    """Check a worker memory limit and normalise it for ``distributed``.
+
+    Parameters
+    ----------
+    value : str, int, float or None
+        ``"auto"`` (the machine's memory divided among the workers), a size such as ``"2GB"``,
+        ``"512 MiB"`` or a number of bytes, a fraction of the machine's memory such as ``0.25``, or
+        ``None`` / ``0`` / ``"none"`` for no limit.
+
+    Returns
+    -------
+    str, int, float or None
+        ``"auto"``, a number of bytes (int), a fraction (float in (0, 1]) or ``None``.
+
+    Raises
+    ------
+    ValueError
+        For anything else, with the accepted forms in the message.
+    """
+    from dask.utils import parse_bytes
+
+    if value is None or (isinstance(value, str) and value.strip().lower() in ("none", "0", "")):
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"memory_limit must be 'auto', a size like '2GB', a number of bytes or None, not {value!r}")
+    if isinstance(value, str):
+        text = value.strip()
+        if text.lower() == "auto":
+            return "auto"
+        try:
+            number = float(text)
+        except ValueError:
+            number = None
+        if number is not None and 0 < number <= 1:
+            return number
+        try:
+            value = parse_bytes(text)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"memory_limit {value!r} is not a size: use 'auto', a size like '2GB' or '512MiB', "
+                             f"a number of bytes, a fraction of the machine's memory like 0.25, or 'none'") from exc
+    if isinstance(value, float) and 0 < value <= 1:
+        return value
+    if isinstance(value, (int, float)) and value >= 0:
+        return int(value) or None
+    raise ValueError(f"memory_limit must be 'auto', a size like '2GB', a number of bytes, a fraction in (0, 1] or "
+                     f"None, but is {value!r}")
+
+
+def _positive_int(name: str, value) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer or None, but is {value!r}")
+    return value
+
+
+def _normalise_address(address: str) -> str:
+    """``host:port`` becomes ``tcp://host:port``; a malformed address is a ``ValueError``."""
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(f"a scheduler address must be a non-empty string like tcp://host:8786, not {address!r}")
+    address = address.strip()
+    if "://" not in address:
+        address = "tcp://" + address
+    scheme, _, location = address.partition("://")
+    if scheme not in _SCHEMES:
+        raise ValueError(f"invalid Dask scheduler address {address!r}: unknown protocol {scheme!r} (expected one of "
+                         f"{', '.join(_SCHEMES)}), for example tcp://host:8786")
+    if scheme in ("tcp", "tls", "ws", "wss"):
+        host, sep, port = location.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"invalid Dask scheduler address {address!r}: expected {scheme}://HOST:PORT, "
+                             f"for example {scheme}://127.0.0.1:8786")
+    return address
+
+
+class BlasThreadLimit(WorkerPlugin):
+    """Worker plugin: limit the BLAS and OpenMP thread pools of each worker with ``threadpoolctl``.
+
+    Every library ``threadpoolctl`` finds is limited (here two OpenBLAS copies: NumPy's and SciPy's).
+    The controller is kept on the plugin and the previous limits are restored on teardown.
+
+    Parameters
+    ----------
+    n_threads : int
+        Threads per pool.
+    """
+
+    name = "xmldask-blas-threads"
+    idempotent = False
+
+    def __init__(self, n_threads: int):
+        self.n_threads = int(n_threads)
+        self.controller = None
+
+    def __getstate__(self):
+        return {"n_threads": self.n_threads, "controller": None}
+
+    def setup(self, worker=None):
+        """Apply the limit in this worker's process."""
+        from threadpoolctl import threadpool_limits
+
+        try:  # load SciPy's own BLAS now, so that it is limited too (threadpoolctl sees loaded libraries only)
+            import scipy.linalg  # noqa: F401
+        except ImportError:
+            pass
+        self.controller = threadpool_limits(limits=self.n_threads)
+
+    def teardown(self, worker=None):
+        """Restore the limits found at setup."""
+        if self.controller is not None:
+            self.controller.restore_original_limits()
+            self.controller = None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(n_threads={self.n_threads})"
+
+
+def worker_blas_threads(client) -> dict[str, list[dict]]:
+    """The thread pools ``threadpoolctl`` sees in each worker: ``{worker address: threadpool_info()}``.
+
+    Parameters
+    ----------
+    client : distributed.Client
+
+    Returns
+    -------
+    dict
+        One list of dicts per worker, with keys such as ``internal_api``, ``filepath`` and
+        ``num_threads``.
+    """
+    from threadpoolctl import threadpool_info
+
+    return client.run(threadpool_info)
+
+
+def _connect(address: str, timeout: float):
+    from distributed import Client
+
+    start = time.perf_counter()
+    try:
+        return Client(address, timeout=timeout, set_as_default=True)
+    except (OSError, TimeoutError) as exc:
+        waited = time.perf_counter() - start
+        raise ConnectionError(f"could not connect to the Dask scheduler at {address} (gave up after {waited:.1f} s, "
+                              f"timeout {timeout:g} s: {exc}); {_FIX}") from exc
+
+
+def _describe_limit(limit) -> str:
+    from dask.utils import format_bytes
+
+    if limit is None:
+        return "none"
+    if isinstance(limit, str):
+        return limit
+    return f"{limit:.0%} of RAM" if isinstance(limit, float) else format_bytes(limit)
+
+
+def _dashboard(client, enabled: bool) -> str | None:
+    if not enabled:
+        return None
+    try:
+        link = client.dashboard_link
+    except Exception:  # noqa: BLE001 - no dashboard service, or no bokeh: just no link
+        return None
+    return link or None
+
+
+@contextlib.contextmanager
+def cluster(address: str | None = None, *, n_workers: int | None = None, threads_per_worker: int | None = None,
+            processes: bool | None = None, memory_limit="auto", dashboard_address: str | int | None = ":8787",
+            performance_report: str | os.PathLike | None = None, blas_threads: int | None = 1,
+            silence_logs: int | bool = logging.WARNING, timeout: float = DEFAULT_TIMEOUT,
+            **cluster_kwargs) -> Iterator:
+    """A ``distributed.Client`` on an existing scheduler or on a new local cluster.
+
+    Parameters
+    ----------
+    address : str, optional
+        Address of a running scheduler, such as ``tcp://host:8786`` (``host:8786`` means TCP).
+        Default: the environment variable ``XMLDASK_SCHEDULER``; if that is unset or empty, a
+        ``LocalCluster`` is started. On exit only the client is closed, never that scheduler.
+    n_workers, threads_per_worker : int, optional
+        Local cluster only. Default :func:`default_layout`: one worker with a thread per core
+        (with only ``n_workers`` given, the cores are shared among them; with only
+        ``threads_per_worker``, ``cores // threads_per_worker`` workers).
+    processes : bool, optional
+        Local cluster only: workers in their own processes (default) or as threads of this process.
+    memory_limit : str, int, float or None, default "auto"
+        Local cluster only: limit per worker (:func:`parse_memory_limit`), e.g. ``"2GB"``. Dask
+        spills to disk past 60% of it, pauses the worker at 80% and restarts it at 95%.
+    dashboard_address : str, int or None, default ":8787"
+        Local cluster only: where to serve the dashboard; ``0`` or ``":0"`` for a free port (if
+        8787 is taken, Dask also picks a free port), ``None`` for no dashboard.
+    performance_report : str or path-like, optional
+        Write a Dask performance report (HTML) of everything computed inside the ``with`` block
+        to this file; its parent directories are created.
+    blas_threads : int or None, default 1
+        Threads of each BLAS/OpenMP pool inside every worker (``None``: leave them alone). One
+        thread per pool avoids oversubscription when every core already runs a task.
+    silence_logs : int or bool, default logging.WARNING
+        Local cluster only: level of the scheduler's and workers' log messages shown.
+    timeout : float, default 10
+        Seconds to wait for an existing scheduler (or for the local cluster to start).
+    **cluster_kwargs
+        Passed on to ``distributed.LocalCluster`` (e.g. ``local_directory``, ``scheduler_port``).
+
+    Yields
+    ------
+    distributed.Client
+        The client, set as the default scheduler of ``dask.compute`` inside the block; its
+        ``dashboard_link`` is logged at start (``None`` without a dashboard).
+
+    Raises
+    ------
+    ValueError
+        A malformed address or option, with the accepted forms.
+    ConnectionError
+        No scheduler answered at ``address`` within ``timeout`` seconds.
+    """
+    from distributed import Client, LocalCluster
+
+    if timeout is None or not timeout > 0:
+        raise ValueError(f"timeout must be a positive number of seconds, but is {timeout!r}")
+    blas_threads = _positive_int("blas_threads", blas_threads)
+    source = "address"
+    if address is None:
+        address = os.environ.get(ENV_SCHEDULER) or None
+        source = f"${ENV_SCHEDULER}"
+    with contextlib.ExitStack() as stack:
+        if address is not None:
+            address = _normalise_address(address)
+            local_only = {"n_workers": n_workers, "threads_per_worker": threads_per_worker, "processes": processes}
+            ignored = [name for name, value in local_only.items() if value is not None] + sorted(cluster_kwargs)
+            if ignored:
+                logger.warning("connecting to the scheduler at %s (from %s): ignoring the local-cluster options %s",
+                               address, source, ", ".join(ignored))
+            client = stack.enter_context(_connect(address, timeout))
+            dashboard_on = True
+            logger.info("connected to the Dask scheduler at %s (%d workers)", address,
+                        len(client.scheduler_info(n_workers=-1).get("workers", {})))
+        else:
+            layout = default_layout()
+            n_workers = _positive_int("n_workers", n_workers)
+            threads_per_worker = _positive_int("threads_per_worker", threads_per_worker)
+            processes = layout[2] if processes is None else bool(processes)
+            cores = layout[0] * layout[1]
+            if n_workers is None and threads_per_worker is None:
+                n_workers, threads_per_worker = layout[0], layout[1]
+            elif n_workers is None:
+                n_workers = max(1, cores // threads_per_worker)
+            elif threads_per_worker is None:
+                threads_per_worker = max(1, cores // n_workers)
+            kwargs = dict(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
+                          memory_limit=parse_memory_limit(memory_limit), silence_logs=silence_logs)
+            dashboard_on = dashboard_address is not None
+            if not dashboard_on:
+                # the scheduler serves HTTP (health, metrics) anyway: on a free port, so no clash with 8787
+                kwargs["dashboard_address"] = ":0"
+                kwargs["scheduler_kwargs"] = {"dashboard": False, **cluster_kwargs.pop("scheduler_kwargs", {})}
+            else:
+                kwargs["dashboard_address"] = (f":{dashboard_address}" if isinstance(dashboard_address, int)
+                                               else dashboard_address)
+            if processes and blas_threads is not None:
+                env = {name: str(blas_threads) for name in BLAS_ENV_VARS}
+                kwargs["env"] = {**env, **cluster_kwargs.pop("env", {})}
+            kwargs.update(cluster_kwargs)
+            import dask
+
+            spawn_env = ({f"distributed.nanny.pre-spawn-environ.{name}": blas_threads for name in BLAS_ENV_VARS}
+                         if processes and blas_threads is not None else {})
+            with dask.config.set(spawn_env):
+                local = stack.enter_context(LocalCluster(**kwargs))
+            client = stack.enter_context(Client(local, timeout=timeout, set_as_default=True))
+            limit = kwargs["memory_limit"]
+            logger.info("started a local Dask cluster: %d worker(s) x %d thread(s) (%s), memory limit %s per worker",
+                        n_workers, threads_per_worker, "worker processes" if processes else "threads of this process",
+                        _describe_limit(limit))
+        if blas_threads is not None:
+            client.register_plugin(BlasThreadLimit(blas_threads), name=BlasThreadLimit.name)
+        link = _dashboard(client, dashboard_on)
+        if link:
+            logger.info("Dask dashboard: %s", link)
+        else:
+            logger.info("Dask dashboard: disabled")
+        if performance_report is not None:
+            from distributed import performance_report as report
+
+            path = Path(performance_report).expanduser()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            stack.enter_context(_logged_report(report, path))
+        yield client
+
+
+@contextlib.contextmanager
+def _logged_report(report, path: Path):
+    with report(filename=str(path)):
+        yield
+    logger.info("wrote the Dask performance report %s", path)
+
+
+# --------------------------------------------------------------------------------------------------
+# command line
+
+
+def _memory_limit_arg(text: str):
+    try:
+        return parse_memory_limit(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int_arg(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, not {text!r}")
+    return value
+
+
+def add_cluster_arguments(parser: argparse.ArgumentParser) -> argparse._ArgumentGroup:
+    """Add the Dask cluster options shared by the commands to ``parser``.
+
+    Adds ``--scheduler ADDRESS``, ``--workers N``, ``--threads-per-worker N``, ``--memory-limit SIZE``
+    and ``--performance-report FILE``; :func:`cluster_from_args` turns the parsed values into a
+    :func:`cluster`.
+
+    Parameters
+    ----------
+    parser : argparse.ArgumentParser
+
+    Returns
+    -------
+    argparse._ArgumentGroup
+        The group holding the options.
+    """
+    workers, threads, _ = default_layout()
+    group = parser.add_argument_group("Dask cluster")
+    group.add_argument("--scheduler", metavar="ADDRESS", default=None,
+                       help=f"address of a running Dask scheduler, e.g. tcp://host:8786 (default ${ENV_SCHEDULER}; "
+                            "if unset, start a local cluster)")
+    group.add_argument("--workers", metavar="N", type=_positive_int_arg, default=None,
+                       help=f"local cluster: worker processes (default {workers})")
+    group.add_argument("--threads-per-worker", metavar="N", type=_positive_int_arg, default=None,
+                       help=f"local cluster: threads per worker (default: the cores shared among the workers; "
+                            f"{threads} with one worker)")
+    group.add_argument("--memory-limit", metavar="SIZE", type=_memory_limit_arg, default="auto",
+                       help="local cluster: memory limit per worker, e.g. 2GB, or 'auto' (RAM / workers, the "
+                            "default) or 'none'")
+    group.add_argument("--performance-report", metavar="FILE", default=None,
+                       help="write a Dask performance report (HTML) of the run to FILE")
+    return group
+
+
+def cluster_from_args(args: argparse.Namespace, **kwargs):
+    """:func:`cluster` configured by the options of :func:`add_cluster_arguments`.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+        Parsed arguments (missing attributes take the defaults).
+    **kwargs
+        Further arguments of :func:`cluster` (e.g. ``dashboard_address``), overriding ``args``.
+
+    Returns
+    -------
+    contextlib.AbstractContextManager
+        Use as ``with cluster_from_args(args) as client:``.
+    """
+    options = {
+        "address": getattr(args, "scheduler", None),
+        "n_workers": getattr(args, "workers", None),
+        "threads_per_worker": getattr(args, "threads_per_worker", None),
+        "memory_limit": getattr(args, "memory_limit", "auto"),
+        "performance_report": getattr(args, "performance_report", None),
+    }
+    options.update(kwargs)
+    return cluster(options.pop("address"), **options)
