@@ -16,8 +16,8 @@ then, for ``n`` rows and for ``n / 10`` rows (same features and density), times 
 the system's (a speedup). Peak RSS is ``VmHWM`` (a true peak, not a sample) of the scipy process
 or of each worker process (the largest worker is reported).
 
-    python bench/passes.py [--rows 1000000] [--features 100000] [--avg-features 130] [--k 64]
-                           [--block-rows 16384] [--repeat 3] [--json FILE] [--quick]
+    python bench/passes.py [--rows 1200000] [--features 100000] [--avg-features 130] [--k 64]
+                           [--block-rows 65536] [--repeat 3] [--json FILE] [--quick]
 """
 
 from __future__ import annotations
@@ -139,13 +139,15 @@ def run_child(spec: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000, help="rows n of the large store (default 1000000)")
+    parser.add_argument("--rows", type=int, default=1_200_000,
+                        help="rows n of the large store (default 1200000: about 1e8 nonzeros)")
     parser.add_argument("--factor", type=int, default=10, help="the small store has n / factor rows (default 10)")
     parser.add_argument("--features", type=int, default=100_000, help="columns d (default 100000)")
     parser.add_argument("--avg-features", type=float, default=130.0,
                         help="feature tokens per row of the generator (default 130: about 100 nonzeros per row)")
     parser.add_argument("--k", type=int, default=64, help="columns of Q (default 64)")
-    parser.add_argument("--block-rows", type=int, default=16_384, help="rows per row block (default 16384)")
+    parser.add_argument("--block-rows", type=int, default=65_536,
+                        help="rows per row block (default 65536, the stores' default)")
     parser.add_argument("--repeat", type=int, default=3, help="timed passes per system (default 3; median)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))

@@ -94,3 +94,42 @@ def test_help_mentions_every_command(capsys):
     out = capsys.readouterr().out
     for command in ("ingest", "synth", "info", "demo"):
         assert command in out
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    """A running in-process scheduler for the commands' --scheduler option (faster than a cluster each)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as c:
+        yield c.scheduler_address
+
+
+def test_train_predict_evaluate(tmp_path, capsys, scheduler):
+    """The contract: train TRAIN --out MODEL, predict MODEL DATA --out PRED, evaluate PRED DATA --json."""
+    common = ["--n-features", "300", "--n-labels", "40", "--seed", "2", "--no-progress"]
+    train, test = str(tmp_path / "train.zarr"), str(tmp_path / "test.zarr")
+    assert main(["synth", "--out", train, "--n-samples", "2000", *common]) == 0
+    assert main(["synth", "--out", test, "--n-samples", "500", "--split", "test", *common]) == 0
+    model, pred = str(tmp_path / "model.zarr"), str(tmp_path / "pred.zarr")
+    capsys.readouterr()
+    assert main(["train", train, "--out", model, "--embedding", "rembrandt", "--k", "8", "--kernel", "none",
+                 "--max-epochs", "2", "--seed", "1", "--scheduler", scheduler]) == 0
+    out = capsys.readouterr()
+    assert f"wrote {model}" in out.out and "Dask dashboard: http" in out.err
+    assert main(["predict", model, test, "--out", pred, "--top-k", "5", "--no-progress",
+                 "--scheduler", scheduler]) == 0
+    assert "500 rows x top 5" in capsys.readouterr().out
+    assert main(["evaluate", pred, test, "--json"]) == 0
+    results = json.loads(capsys.readouterr().out)
+    assert {"P@1", "P@3", "P@5", "nDCG@5", "PSP@5"} <= set(results)
+    assert 40 / 2000 < results["P@1"] <= 1  # far above a random guess
+    assert main(["evaluate", pred, test]) == 0
+    assert "| P@1 |" in capsys.readouterr().out
+    # refusals: an existing model, a top-k beyond the labels, a bad --ks
+    assert main(["train", train, "--out", model, "--scheduler", scheduler]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert main(["predict", model, test, "--out", str(tmp_path / "p2.zarr"), "--top-k", "41",
+                 "--scheduler", scheduler]) == 2
+    assert "top_k must be between 1 and the model's 40 labels" in capsys.readouterr().err
+    assert main(["evaluate", pred, test, "--ks", "1,x"]) == 2
+    assert "--ks must be comma-separated integers" in capsys.readouterr().err

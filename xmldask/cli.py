@@ -1,4 +1,5 @@
-"""The ``xmldask`` command line: ``ingest``, ``synth``, ``info``, ``spectrum`` and ``demo``.
+"""The ``xmldask`` command line: ``ingest``, ``synth``, ``info``, ``spectrum``, ``train``, ``predict``,
+``evaluate`` and ``demo``.
 
 Run ``xmldask COMMAND --help`` for the options of each command.
 """
@@ -6,6 +7,7 @@ Run ``xmldask COMMAND --help`` for the options of each command.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
@@ -165,6 +167,126 @@ def _cmd_spectrum(args) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _cluster_context(args):
+    """The Dask cluster of a command (``--scheduler`` / ``$XMLDASK_SCHEDULER``, or a local cluster); prints
+    the dashboard link."""
+    from .cluster import cluster_from_args
+
+    with cluster_from_args(args) as client:
+        if client.dashboard_link:
+            print(f"Dask dashboard: {client.dashboard_link}", file=sys.stderr)
+        yield client
+
+
+def _add_train(sub) -> None:
+    from .cluster import add_cluster_arguments
+
+    p = sub.add_parser(
+        "train",
+        help="fit a label-embedding classifier (Rembrandt Alg. 3) on a dataset store and save it",
+        description="Embed the labels (rembrandt, cs, plst) or the features (pca), regress onto the embedding, "
+        "optionally map through random Fourier features, and fit a softmax/logistic decoder early-stopped on "
+        "a held-out slice of the training rows. Writes a model store.",
+    )
+    p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
+    p.add_argument("--out", required=True, metavar="MODEL_URL", help="model store to write")
+    p.add_argument("--embedding", default="rembrandt", choices=["rembrandt", "cs", "plst", "pca"],
+                   help="embedding (default rembrandt)")
+    p.add_argument("--k", type=_positive, default=50, help="embedding dimension (default 50)")
+    p.add_argument("--kernel", default="gaussian", choices=["none", "gaussian", "cauchy"],
+                   help="random Fourier features of the embedded predictions: none (linear), gaussian (default) "
+                   "or cauchy (the Laplacian kernel)")
+    p.add_argument("--n-random-features", type=_positive, default=None, metavar="M",
+                   help="random features (default 2000)")
+    p.add_argument("--alpha", type=float, default=None, help="ridge of the regression onto the embedding")
+    p.add_argument("--max-epochs", type=_positive, default=None, help="decoder epochs at most (default 10)")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing model store")
+    p.add_argument("--json", action="store_true", help="print the training summary as JSON")
+    add_cluster_arguments(p)
+
+
+def _cmd_train(args) -> int:
+    from . import jobs
+
+    extra = {name: value for name, value in (("n_random_features", args.n_random_features),
+                                             ("alpha", args.alpha), ("max_epochs", args.max_epochs))
+             if value is not None}
+    with _cluster_context(args):
+        info = jobs.train(args.train_url, args.out, embedding=args.embedding, k=args.k, kernel=args.kernel,
+                          seed=args.seed, overwrite=args.overwrite, **extra)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        held = ", ".join(f"{key} {value:.4g}" for key, value in info["held_out"].items() if isinstance(value, float))
+        print(f"wrote {info['model']} in {info['seconds']:.1f} s ({info['task']}, {info['n_passes']} passes; "
+              f"held out: {held})")
+    return 0
+
+
+def _add_predict(sub) -> None:
+    from .cluster import add_cluster_arguments
+
+    p = sub.add_parser(
+        "predict",
+        help="top-k labels and scores of every row of a dataset store, into a prediction store",
+        description="Stream the rows of a dataset store through a model, block by block, into a prediction "
+        "store holding the Zarr arrays labels (int32, n x top_k, best first) and scores (float32).",
+    )
+    p.add_argument("model_url", metavar="MODEL_URL")
+    p.add_argument("data_url", metavar="DATA_URL")
+    p.add_argument("--out", required=True, metavar="PRED_URL", help="prediction store to write")
+    p.add_argument("--top-k", type=_positive, default=10, help="labels per row (default 10)")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing prediction store")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_cluster_arguments(p)
+
+
+def _cmd_predict(args) -> int:
+    from . import jobs
+
+    with _cluster_context(args):
+        info = jobs.predict(args.model_url, args.data_url, args.out, top_k=args.top_k, overwrite=args.overwrite,
+                            progress=not args.no_progress)
+    print(f"wrote {info['url']}: {info['n_samples']:,} rows x top {info['top_k']} in {info['seconds']:.1f} s "
+          f"({info['rows_per_second']:,.0f} rows/s)")
+    return 0
+
+
+def _add_evaluate(sub) -> None:
+    p = sub.add_parser(
+        "evaluate",
+        help="P@k, nDCG@k, PSP@k, recall, accuracy of a prediction store against a dataset's labels",
+        description="Score a prediction store against the labels of a dataset store in one pass. Propensities "
+        "(Jain et al. 2016) come from the training set's label counts: --train, else the training data "
+        "recorded in the model, else the evaluated data.",
+    )
+    p.add_argument("pred_url", metavar="PRED_URL")
+    p.add_argument("data_url", metavar="DATA_URL")
+    p.add_argument("--train", default=None, metavar="TRAIN_URL", help="training dataset for the propensities")
+    p.add_argument("--ks", default="1,3,5", help="comma-separated k of the @k metrics (default 1,3,5)")
+    p.add_argument("--propensity-a", type=float, default=0.55, metavar="A", help="default 0.55")
+    p.add_argument("--propensity-b", type=float, default=1.5, metavar="B", help="default 1.5")
+    p.add_argument("--json", action="store_true", help='print JSON (keys include "P@1", "P@3", "P@5")')
+
+
+def _cmd_evaluate(args) -> int:
+    from . import jobs, metrics
+
+    try:
+        ks = tuple(int(k) for k in args.ks.split(","))
+    except ValueError:
+        raise ValueError(f"--ks must be comma-separated integers such as 1,3,5, but is {args.ks!r}") from None
+    results = jobs.evaluate(args.pred_url, args.data_url, train_url=args.train, ks=ks, A=args.propensity_a,
+                            B=args.propensity_b)
+    if args.json:
+        print(json.dumps(results, indent=2, default=float))
+    else:
+        print(metrics.report(results, title=f"{args.pred_url} on {args.data_url}"))
+    return 0
+
+
 def _add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
@@ -213,13 +335,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xmldask {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_ingest, _add_synth, _add_info, _add_spectrum, _add_demo):
+    for add in (_add_ingest, _add_synth, _add_info, _add_spectrum, _add_train, _add_predict, _add_evaluate,
+                _add_demo):
         add(sub)
     return parser
 
 
 _COMMANDS = {"ingest": _cmd_ingest, "synth": _cmd_synth, "info": _cmd_info, "spectrum": _cmd_spectrum,
-             "demo": _cmd_demo}
+             "train": _cmd_train, "predict": _cmd_predict, "evaluate": _cmd_evaluate, "demo": _cmd_demo}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -228,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         return _COMMANDS[args.command](args)
-    except (ParseError, StoreError, FileExistsError, FileNotFoundError, ValueError) as exc:
+    except (ParseError, StoreError, FileExistsError, FileNotFoundError, ValueError, ConnectionError) as exc:
         print(f"xmldask {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

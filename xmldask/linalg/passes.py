@@ -138,7 +138,7 @@ def dense_operand(A, *, name: str = "operand") -> da.Array:
     client = _scatter_target(A.nbytes)
     if client is not None:
         logger.debug("scattering %s (%d bytes) to %s", name, A.nbytes, client)
-        future = client.scatter(A, hash=True)
+        future = client.scatter(A, hash=False)
         try:
             return da.from_delayed(future, shape=A.shape, dtype=A.dtype, meta=np.empty((0,) * A.ndim, A.dtype))
         except NotImplementedError:  # dask's array-expression engine has no from_delayed (yet): embed
@@ -154,7 +154,7 @@ def _rows_from_memory(A: np.ndarray, row_chunks: tuple[int, ...]) -> da.Array:
         return da.from_array(A, chunks=chunks)
     bounds = np.cumsum((0,) + tuple(row_chunks))
     pieces = [A[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
-    futures = client.scatter(pieces, hash=True)
+    futures = client.scatter(pieces, hash=False)
     meta = np.empty((0,) * A.ndim, A.dtype)
     try:
         blocks = [da.from_delayed(f, shape=p.shape, dtype=A.dtype, meta=meta) for f, p in zip(futures, pieces)]
