@@ -17,6 +17,7 @@ comparing with Algorithm 2 run in memory from the same start.
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 
 import dask
@@ -44,6 +45,8 @@ from xmldask.embedding._base import NotFittedError
 from xmldask.linalg.randomized import eigh_from_sketch, orthonormalize
 from xmldask.store import StoreError
 
+rembrandt_module = importlib.import_module("xmldask.embedding.rembrandt")  # the package exports the function
+
 BLOCKS = (300, 300, 250, 150, 37)  # uneven row blocks
 N = sum(BLOCKS)
 DTYPES = [np.float32, np.float64]
@@ -62,6 +65,14 @@ def _problem(kind: str, *, d: int = 12, c: int = 30, seed: int = 0):
     else:
         Ym = sp.csr_matrix((S > np.quantile(S, 0.9)).astype(np.float64))
     return A, Ym
+
+
+@pytest.fixture(params=["one-pass", "passes"])
+def path(request, monkeypatch):
+    """Rembrandt's two paths: X^T X and X^T Y kept in memory after one pass, or a pass per product."""
+    if request.param == "passes":
+        monkeypatch.setattr(rembrandt_module, "MAX_CROSS_ENTRIES", 0)
+    return request.param
 
 
 def _dask(A, dtype):
@@ -87,7 +98,7 @@ def _ridge_operator(A, Ym, lam):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_rembrandt_matches_exact_svd_of_projected_labels(kind, dtype):
+def test_rembrandt_matches_exact_svd_of_projected_labels(kind, dtype, path):
     k = 4
     A, Ym = _problem(kind)
     model = Rembrandt(n_components=k, oversample=10, n_iter=1, alpha=1e-9, random_state=0)
@@ -103,14 +114,14 @@ def test_rembrandt_matches_exact_svd_of_projected_labels(kind, dtype):
     assert _sin_angle(model.embedding_, Vt[:k].T) <= tol
     np.testing.assert_allclose(model.singular_values_, s[:k], rtol=tol)
     np.testing.assert_allclose(model.eigenvalues_, s[:k] ** 2, rtol=2 * tol)
-    # two products, each a one-pass Cholesky solve plus one Y^T X Z pass: 2 (q + 1)
-    assert model.n_passes_ == 4 and model.converged_
-    assert model.result_.solver_passes == [1, 1]
+    # one pass in all; or two products, each a one-pass Cholesky solve plus one Y^T X Z pass: 2 (q + 1)
+    assert model.n_passes_ == (1 if path == "one-pass" else 4) and model.converged_
+    assert model.result_.solver_passes == ([1] if path == "one-pass" else [1, 1])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", KINDS)
-def test_rembrandt_matches_algorithm_2_in_memory(kind, dtype):
+def test_rembrandt_matches_algorithm_2_in_memory(kind, dtype, path):
     """A sketch narrower than the range (d > k + p): same as the dense algorithm from the same start."""
     k, p, q = 3, 4, 1
     A, Ym = _problem(kind, d=40, c=25, seed=1)
@@ -128,14 +139,14 @@ def test_rembrandt_matches_algorithm_2_in_memory(kind, dtype):
     assert np.all(res.eigenvalues <= lam[:k] * (1 + tol))
 
 
-def test_compressed_sensing_is_a_whitened_random_projection():
+def test_compressed_sensing_is_a_whitened_random_projection(path):
     k = 5
     A, Ym = _problem("multilabel", d=40, c=25, seed=2)
     X, Y = _dask(A, np.float64), _dask(Ym, np.float64)
     cs = CompressedSensing(n_components=k, alpha=1e-3, random_state=4).fit(X, Y)
     same = Rembrandt(n_components=k, oversample=0, n_iter=0, alpha=1e-3, random_state=4).fit(X, Y)
     np.testing.assert_array_equal(cs.embedding_, same.embedding_)
-    assert cs.n_passes_ == 2  # one solve, one Y^T X Z pass
+    assert cs.n_passes_ == (1 if path == "one-pass" else 2)  # one solve, one Y^T X Z pass
     G = np.random.default_rng(4).standard_normal((Ym.shape[1], k))  # the sensing matrix
     MG = _ridge_operator(A, Ym, cs.alpha_) @ G
     whitened = MG @ scipy.linalg.sqrtm(np.linalg.inv(MG.T @ MG)).real  # (M G)(G^T M^2 G)^{-1/2}
@@ -149,13 +160,13 @@ def test_compressed_sensing_is_a_whitened_random_projection():
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_rembrandt_feature_map_and_intercept(dtype):
+def test_rembrandt_feature_map_and_intercept(dtype, path):
     k = 3
     A, Ym = _problem("multiclass", seed=3)
     X, Y = _dask(A, dtype), _dask(Ym, dtype)
     model = Rembrandt(n_components=k, oversample=10, alpha=1e-2, center=True, feature_map=True,
                       random_state=0).fit(X, Y)
-    assert model.n_passes_ == 5  # 2 x (solve + pass) + 1 solve
+    assert model.n_passes_ == (1 if path == "one-pass" else 5)  # 2 x (solve + pass) + 1 solve
     Ad, Yd = A.toarray(), Ym.toarray()
     # Pi onto span([1, X]) with a ridge on X only: exact reference by centring
     mu, ybar = Ad.mean(axis=0), Yd.mean(axis=0)
@@ -234,7 +245,7 @@ def test_same_seed_same_result_with_one_or_two_workers():
     kwargs = {"n_components": 4, "oversample": 5, "solver": "cg", "max_iter": 5, "random_state": 9}
     with dask.config.set(scheduler="synchronous"):
         local = Rembrandt(**kwargs).fit(X, Y)
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster, \
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=":0") as cluster, \
             Client(cluster):
         two = Rembrandt(**kwargs).fit(X, Y)
         pca_two = PLST(n_components=3, random_state=1).fit(None, Y)

@@ -8,7 +8,10 @@ lazy right-hand side ``x_q(Y, Q)``) and one fused pass ``Y^T (X Z)`` (:func:`xml
 inside the randomized range finder :func:`xmldask.linalg.randomized.randomized_eigh`.
 
 Passes over the data: ``q + 1`` products, each one solve (1 pass with Cholesky, ``1 + iterations``
-with CG) plus one ``Y^T X Z`` pass; plus one solve for the feature-side map when asked.
+with CG) plus one ``Y^T X Z`` pass; plus one solve for the feature-side map when asked. When the
+solve is by Cholesky (few features) and ``X^T Y`` is small (at most :data:`MAX_CROSS_ENTRIES`
+entries), one pass accumulates ``X^T X``, ``X^T Y`` and the label sums instead, and every product
+``M Q = (X^T Y)^T (X^T X + lam I)^{-1} (X^T Y) Q`` is then computed in memory: **one pass in all**.
 
 References
 ----------
@@ -27,16 +30,21 @@ from dataclasses import dataclass, field
 import dask
 import dask.array as da
 import numpy as np
+import scipy.linalg
 import scipy.sparse as sp
 
 from ..linalg._kernels import working_dtype
-from ..linalg.passes import column_sums, dense_operand, x_q, yt_x_z
+from ..linalg.passes import column_mean, column_sums, dense_operand, gram, x_q, xt_b, yt_x_z
 from ..linalg.randomized import check_random_state, randomized_eigh
 from ._base import EmbeddingModel, check_columns, project
 
-__all__ = ["CompressedSensing", "Rembrandt", "RembrandtResult", "rembrandt"]
+__all__ = ["MAX_CROSS_ENTRIES", "CompressedSensing", "Rembrandt", "RembrandtResult", "rembrandt"]
 
 logger = logging.getLogger(__name__)
+
+#: With a Cholesky solve, Rembrandt keeps ``X^T Y`` (dense, float64) in memory when it has at most
+#: this many entries (128 MiB), and then makes a single pass over the data.
+MAX_CROSS_ENTRIES = 1 << 24
 
 
 @dataclass(frozen=True)
@@ -170,6 +178,16 @@ def rembrandt(X, Y, n_components: int, *, oversample: int = 20, n_iter: int = 1,
         logger.debug("rembrandt: product done, %d passes so far", state["passes"])
         return psi
 
+    from ..linalg import solvers
+
+    d, n_labels = X.shape[1], Y.shape[1]
+    cholesky = solver == "cholesky" or (solver == "auto" and d <= solvers.MAX_GRAM_FEATURES)
+    if cholesky and d * n_labels <= MAX_CROSS_ENTRIES:
+        in_memory = _InMemoryNormal(X, Y, alpha=alpha, scale_alpha=scale_alpha, center=center,
+                                    split_every=split_every)
+        state.update(passes=1, solver_passes=[1], alpha=in_memory.lam)
+        solve, apply = in_memory.solve, in_memory.apply
+
     # Algorithm 2 starts from the raw Gaussian matrix (line 4); with q = 0 that is compressed sensing.
     V, eigenvalues, start = randomized_eigh(apply, Y.shape[1], n_components, oversample=oversample, n_iter=n_iter,
                                             random_state=rng, dtype=dtype, orthonormalize_start=False)
@@ -185,6 +203,49 @@ def rembrandt(X, Y, n_components: int, *, oversample: int = 20, n_iter: int = 1,
                            alpha=float(state["alpha"]), n_passes=int(state["passes"]),
                            solver_passes=list(state["solver_passes"]), converged=bool(state["converged"]),
                            feature_map=W, intercept=intercept, start=start)
+
+
+class _InMemoryNormal:
+    """``X^T X``, ``X^T Y`` and the label sums from one pass; least squares and products in memory.
+
+    ``solve(Q)`` returns what :func:`~xmldask.linalg.solvers.ridge_lstsq` of ``Y Q`` on ``X`` would
+    (``coef``, ``intercept``) and ``apply(Q)`` returns ``Y^T (X Z + 1 intercept^T)``, both without
+    touching the data again (float64 throughout).
+    """
+
+    def __init__(self, X, Y, *, alpha, scale_alpha, center, split_every):
+        f64 = np.float64
+        lazy = [gram(X, center=center, dtype=f64, split_every=split_every),
+                xt_b(X, Y, center=center, split_every=split_every), column_sums(Y, split_every=split_every)]
+        if center:
+            lazy.append(column_mean(X, split_every=split_every))
+        computed = [np.asarray(a, dtype=f64) for a in dask.compute(*lazy)]
+        G, self.C, self.label_sums = computed[:3]
+        self.mean = computed[3] if center else None
+        d = G.shape[0]
+        self.lam = float(alpha * np.trace(G) / d if scale_alpha else alpha)
+        try:
+            self.factor = scipy.linalg.cho_factor(G + self.lam * np.eye(d), lower=True)
+        except np.linalg.LinAlgError:
+            raise ValueError(f"X^T X + lam I ({d} x {d}, lam = {self.lam:.3g}) is not positive definite: the "
+                             f"features are collinear or empty; fix: pass alpha > 0 (e.g. alpha=1e-6)") from None
+        self.label_means = self.label_sums / X.shape[0]
+
+    def solve(self, Q):
+        from types import SimpleNamespace
+
+        Q = np.asarray(Q, dtype=np.float64)
+        Z = scipy.linalg.cho_solve(self.factor, self.C @ Q)
+        intercept = None if self.mean is None else self.label_means @ Q - self.mean @ Z
+        return SimpleNamespace(coef=Z, intercept=intercept, n_passes=0, converged=True, alpha=self.lam)
+
+    def apply(self, Q):
+        # Y^T (X Z + 1 b^T) = C^T Z + s (ybar^T Q) with C = X_c^T Y (X centred when fitting an intercept)
+        res = self.solve(Q)
+        Psi = self.C.T @ res.coef
+        if self.mean is not None:
+            Psi += np.outer(self.label_sums, self.label_means @ np.asarray(Q, dtype=np.float64))
+        return Psi
 
 
 class Rembrandt(EmbeddingModel):
