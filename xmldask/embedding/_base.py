@@ -8,8 +8,7 @@ A saved model is a Zarr v3 group::
         fitted    the fitted scalar attributes (n_passes_, alpha_, ...)
     <group>/<name>      one array per fitted array attribute (embedding, eigenvalues, ...)
 
-It is written under a hidden temporary name beside the target and moved into place when complete
-(:func:`xmldask.store._fs.temporary_sibling` / :func:`~xmldask.store._fs.publish`), like every store.
+Written and read by :mod:`xmldask.store.models` (atomically, like every store).
 """
 
 from __future__ import annotations
@@ -20,10 +19,9 @@ import numbers
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
-import zarr
 
-from ..store import _fs
-from ..store.layout import ATTR, LAYOUT_VERSION, StoreError, compressors
+from ..store.layout import StoreError
+from ..store.models import jsonable, open_model_store, write_model_store
 
 __all__ = ["MODEL_VERSION", "EmbeddingModel", "NotFittedError", "load_model"]
 
@@ -35,16 +33,6 @@ _REGISTRY: dict[str, type] = {}
 
 class NotFittedError(ValueError, AttributeError):
     """The estimator is used before ``fit``."""
-
-
-def _jsonable(value):
-    if isinstance(value, np.random.Generator | np.random.SeedSequence):
-        return None
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, tuple):
-        return list(value)
-    return value
 
 
 class EmbeddingModel:
@@ -106,30 +94,11 @@ class EmbeddingModel:
             ``url``.
         """
         self._check_fitted()
-        if _fs.exists(url) and not overwrite:
-            raise FileExistsError(f"{url} already exists; pass overwrite=True to replace it")
-        params = {name: _jsonable(value) for name, value in self.get_params().items()}
-        fitted = {name: _jsonable(getattr(self, name + "_", None)) for name in self._scalars}
-        tmp = _fs.temporary_sibling(url)
-        try:
-            group = zarr.open_group(_fs.zarr_store(tmp), mode="w")
-            for name in self._arrays:
-                value = getattr(self, name + "_", None)
-                if value is None:
-                    continue
-                value = np.ascontiguousarray(value)
-                chunks = tuple(max(1, min(s, 1 << 16)) for s in value.shape) if value.ndim else ()
-                array = group.create_array(name, shape=value.shape, dtype=value.dtype, chunks=chunks or None,
-                                           compressors=compressors(), fill_value=0)
-                array[...] = value
-            meta = {"kind": "model", "class": type(self).__name__, "model_version": MODEL_VERSION,
-                    "layout_version": LAYOUT_VERSION, "complete": True}
-            group.attrs.update({ATTR: meta, "params": params, "fitted": fitted})
-            _fs.publish(tmp, url, overwrite=overwrite)
-        except BaseException:
-            _fs.remove(tmp)
-            raise
-        return url
+        return write_model_store(
+            url, class_name=type(self).__name__, model_version=MODEL_VERSION,
+            params={name: jsonable(value) for name, value in self.get_params().items()},
+            fitted={name: jsonable(getattr(self, name + "_", None)) for name in self._scalars},
+            arrays={name: getattr(self, name + "_", None) for name in self._arrays}, overwrite=overwrite)
 
     @classmethod
     def load(cls, url: str):
@@ -144,10 +113,8 @@ class EmbeddingModel:
         EmbeddingModel
             An instance of ``cls``, fitted.
         """
-        group, meta = _open_model(url)
-        if meta.get("class") != cls.__name__:
-            raise StoreError(f"{url} holds a {meta.get('class')} model, not a {cls.__name__}; "
-                             f"load it with {meta.get('class')}.load(url) or xmldask.embedding.load_model(url)")
+        group, _ = open_model_store(url, model_version=MODEL_VERSION, class_name=cls.__name__,
+                                    hint=" or xmldask.embedding.load_model(url)")
         return cls._from_group(group)
 
     @classmethod
@@ -162,22 +129,6 @@ class EmbeddingModel:
         return model
 
 
-def _open_model(url: str):
-    try:
-        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-    except FileNotFoundError as exc:
-        raise StoreError(f"no model store at {url}") from exc
-    meta = dict(group.attrs).get(ATTR)
-    if not meta or meta.get("kind") != "model":
-        kind = None if not meta else meta.get("kind")
-        raise StoreError(f"{url} is not a saved xmldask model (kind {kind!r})")
-    if meta.get("model_version") != MODEL_VERSION:
-        raise StoreError(f"{url} has model version {meta.get('model_version')}; this xmldask reads {MODEL_VERSION}")
-    if not meta.get("complete"):
-        raise StoreError(f"{url} is incomplete (its write did not finish); write it again")
-    return group, meta
-
-
 def load_model(url: str) -> EmbeddingModel:
     """Load any saved embedding model, whatever its class.
 
@@ -189,7 +140,7 @@ def load_model(url: str) -> EmbeddingModel:
     -------
     EmbeddingModel
     """
-    group, meta = _open_model(url)
+    group, meta = open_model_store(url, model_version=MODEL_VERSION)
     cls = _REGISTRY.get(meta.get("class"))
     if cls is None:
         raise StoreError(f"{url} holds a {meta.get('class')!r} model, which this xmldask does not know")

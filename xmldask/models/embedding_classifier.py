@@ -27,7 +27,6 @@ preconditioning of the log-loss gradient.
 from __future__ import annotations
 
 import importlib
-import json
 import logging
 import math
 import numbers
@@ -40,11 +39,9 @@ import dask.array as da
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
-import zarr
 
 from ..linalg import ridge_lstsq, x_q
-from ..store import _fs
-from ..store.layout import ATTR, LAYOUT_VERSION, StoreError, compressors
+from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
 from . import _kernels as K
 
@@ -117,18 +114,6 @@ def _seed_of(random_state) -> int:
         return int(random_state.generate_state(1, np.uint64)[0] >> 1)
     raise ValueError(f"random_state must be None, an int, a SeedSequence or a numpy Generator, "
                      f"but is {random_state!r}")
-
-
-def _jsonable(value):
-    if isinstance(value, np.ndarray):
-        return "ndarray"
-    if isinstance(value, np.random.Generator | np.random.SeedSequence):
-        return None
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, str | numbers.Number | bool | type(None) | list | dict):
-        return value
-    return type(value).__name__
 
 
 class EmbeddingClassifier:
@@ -732,32 +717,12 @@ class EmbeddingClassifier:
             ``url``.
         """
         self._check_fitted()
-        if _fs.exists(url) and not overwrite:
-            raise FileExistsError(f"{url} already exists; pass overwrite=True to replace it")
-        params = {name: _jsonable(value) for name, value in self.get_params().items()}
+        params = {name: jsonable(value) for name, value in self.get_params().items()}
         params["dtype"] = np.dtype(self.dtype).name
-        fitted = {name: _jsonable(getattr(self, name + "_", None)) for name in _SCALARS}
-        fitted = json.loads(json.dumps(fitted, default=float))  # NaN/inf -> JSON-compatible by zarr
-        tmp = _fs.temporary_sibling(url)
-        try:
-            group = zarr.open_group(_fs.zarr_store(tmp), mode="w")
-            for name in _ARRAYS:
-                value = getattr(self, name + "_", None)
-                if value is None:
-                    continue
-                value = np.ascontiguousarray(value)
-                chunks = tuple(max(1, min(s, 1 << 12)) for s in value.shape)
-                array = group.create_array(name, shape=value.shape, dtype=value.dtype, chunks=chunks,
-                                           compressors=compressors(), fill_value=0)
-                array[...] = value
-            info = {**(meta or {}), "kind": "model", "class": type(self).__name__, "model_version": MODEL_VERSION,
-                    "layout_version": LAYOUT_VERSION, "complete": True}
-            group.attrs.update({ATTR: info, "params": params, "fitted": fitted})
-            _fs.publish(tmp, url, overwrite=overwrite)
-        except BaseException:
-            _fs.remove(tmp)
-            raise
-        return url
+        return write_model_store(
+            url, class_name=type(self).__name__, model_version=MODEL_VERSION, params=params,
+            fitted={name: jsonable(getattr(self, name + "_", None)) for name in _SCALARS},
+            arrays={name: getattr(self, name + "_", None) for name in _ARRAYS}, meta=meta, overwrite=overwrite)
 
     @classmethod
     def load(cls, url: str) -> EmbeddingClassifier:
@@ -778,22 +743,8 @@ class EmbeddingClassifier:
         StoreError
             No model at ``url``, an incomplete or newer store, or a model of another class.
         """
-        try:
-            group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-        except FileNotFoundError as exc:
-            raise StoreError(f"no model store at {url}") from exc
+        group, _ = open_model_store(url, model_version=MODEL_VERSION, class_name=cls.__name__)
         attrs = dict(group.attrs)
-        meta = attrs.get(ATTR) or {}
-        if meta.get("kind") != "model":
-            raise StoreError(f"{url} is not a saved xmldask model (kind {meta.get('kind')!r})")
-        if meta.get("class") != cls.__name__:
-            raise StoreError(f"{url} holds a {meta.get('class')} model, not a {cls.__name__}; load it with "
-                             f"{meta.get('class')}.load(url)")
-        if meta.get("model_version") != MODEL_VERSION:
-            raise StoreError(f"{url} has model version {meta.get('model_version')}; this xmldask reads "
-                             f"{MODEL_VERSION}")
-        if not meta.get("complete"):
-            raise StoreError(f"{url} is incomplete (its write did not finish); write it again")
         params = {k: v for k, v in attrs["params"].items() if k in cls._param_names}
         arrays = {name: group[name][...] if name in group else None for name in _ARRAYS}
         params["embedding"] = arrays["R"]
