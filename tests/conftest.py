@@ -36,6 +36,15 @@ def shared_xc_files() -> list[Path]:
     return sorted(p for p in root.rglob("*.txt.gz") if p.name not in NOT_XC)
 
 
+@pytest.fixture(scope="session")
+def prefect_harness():
+    """A temporary Prefect database and API for the flow tests (started once, about 7 s)."""
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness():
+        yield
+
+
 @pytest.fixture
 def shared_data() -> Path:
     """Path of the real benchmark data; skips the test where that directory is absent."""

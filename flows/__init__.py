@@ -1,0 +1,26 @@
+"""Prefect flows over a Dask cluster: the xmldask pipeline as flow runs, its report, and scheduled data refresh.
+
+Modules
+-------
+stages
+    Content fingerprints and the stage runner that reuses finished stages (no Prefect imports).
+report
+    Plots and the Markdown report of a run.
+pipeline
+    Stage tasks and the ``pipeline`` flow; ``python -m flows.pipeline`` is the entry point.
+refresh
+    The ``refresh`` flow: ingest new files exactly once, retrain, promote the model if it is not worse.
+deploy
+    Serve the refresh flow on a cron schedule (``flow.serve``).
+
+Importing this package sets quiet, offline Prefect defaults (no telemetry, no logs sent to the API)
+unless the environment already sets them; Prefect reads them when it is first imported.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _name, _value in (("PREFECT_SERVER_ANALYTICS_ENABLED", "false"), ("DO_NOT_TRACK", "1"),
+                      ("PREFECT_LOGGING_TO_API_ENABLED", "false")):
+    os.environ.setdefault(_name, _value)

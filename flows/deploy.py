@@ -1,0 +1,52 @@
+"""Serve the refresh flow on a cron schedule with ``flow.serve``.
+
+``flow.serve`` registers a deployment with the Prefect API and runs its scheduled runs in this process
+until it is stopped (Ctrl-C). The schedule is kept by the API server: start one first and point the
+client at it::
+
+    prefect server start &                                   # the UI at http://127.0.0.1:4200
+    export PREFECT_API_URL=http://127.0.0.1:4200/api
+    python -m flows.deploy --test storage/refresh/test.zarr --cron "0 * * * *"
+
+Files dropped into ``<storage>/refresh/incoming/`` are then picked up at every scheduled run (see
+:mod:`flows.refresh`); ``prefect deployment run 'xmldask-refresh/xmldask-refresh'`` starts one now.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+__all__ = ["main", "serve"]
+
+
+def serve(*, cron: str, test: list[str], name: str = "xmldask-refresh", **parameters) -> None:
+    """Serve :func:`flows.refresh.refresh` on ``cron`` with these default parameters (blocks)."""
+    from .refresh import refresh
+
+    refresh.serve(name=name, cron=cron, parameters={"test": list(test), **parameters},
+                  description="Ingest new files of the incoming folder once, retrain, promote if not worse.")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m flows.deploy", description="Serve the xmldask refresh flow on "
+                                     "a cron schedule (needs a Prefect API: prefect server start).")
+    parser.add_argument("--cron", default="0 * * * *", help="cron schedule (default hourly: '0 * * * *')")
+    parser.add_argument("--test", nargs="+", required=True, metavar="SOURCE_OR_URL", help="held-out test set")
+    parser.add_argument("--name", default="xmldask-refresh", help="deployment name")
+    parser.add_argument("--storage", help="storage root (default $XMLDASK_STORAGE or storage/)")
+    parser.add_argument("--incoming", help="folder of new files (default <storage>/refresh/incoming)")
+    parser.add_argument("--scheduler", help="running Dask scheduler, e.g. tcp://host:8786")
+    parser.add_argument("--k", type=int, default=64, help="embedding dimension")
+    parser.add_argument("--metric", default="P@1", help="held-out metric of the promotion rule")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = vars(build_parser().parse_args(argv))
+    parameters = {key: value for key, value in args.items() if value is not None and key not in ("cron", "name")}
+    serve(cron=args["cron"], name=args["name"], **parameters)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,137 @@
+"""The report of a pipeline run: metric table, timing and memory per stage, plots (matplotlib, Agg backend)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+__all__ = ["TABLE_KS", "plot_label_frequency", "plot_precision_at_k", "write_report"]
+
+#: the k shown in the report's metric table (metrics.json holds every k computed)
+TABLE_KS = (1, 3, 5)
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_label_frequency(label_counts, path: Path, *, title: str = "Label frequency") -> Path:
+    """Rows per label against the label's frequency rank, log-log (the long tail of XMC data)."""
+    plt = _pyplot()
+    counts = np.sort(np.asarray(label_counts))[::-1]
+    counts = counts[counts > 0]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    try:
+        ax.loglog(np.arange(1, len(counts) + 1), counts, marker=".", linestyle="none", markersize=2)
+        ax.set_xlabel("label rank")
+        ax.set_ylabel("rows with the label")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def plot_precision_at_k(metrics: dict, path: Path, *, title: str = "Precision at k") -> Path:
+    """``P@k`` (and ``PSP@k`` where present) for every ``k`` in ``metrics``."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    try:
+        for family in ("P", "PSP", "nDCG"):
+            ks = sorted(int(name.split("@")[1]) for name in metrics
+                        if name.startswith(f"{family}@") and name.split("@")[1].isdigit())
+            if ks:
+                ax.plot(ks, [metrics[f"{family}@{k}"] for k in ks], marker="o", label=f"{family}@k")
+        ax.set_xlabel("k")
+        ax.set_ylabel("value")
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def table_metrics(metrics: dict) -> dict:
+    """The metrics shown in the report's table: the ranking metrics at ``TABLE_KS`` and every single figure."""
+    shown = {}
+    for name, value in metrics.items():
+        family, sep, k = name.partition("@")
+        if sep and k.isdigit() and int(k) not in TABLE_KS:
+            continue
+        shown[name] = value
+    return shown
+
+
+def _stage_rows(stages: dict[str, dict]) -> list[str]:
+    rows = ["| stage | status | seconds | peak memory (MB) | fingerprint | outputs |", "|---|---|---:|---:|---|---|"]
+    for name, rec in stages.items():
+        status = "reused" if rec.get("reused") else "computed"
+        outputs = ", ".join(f"`{url}`" for url in rec.get("outputs", {}).values())
+        rows.append(f"| {name} | {status} | {rec.get('seconds', 0):.1f} | {rec.get('peak_rss_mb', float('nan')):.0f} "
+                    f"| `{rec.get('fingerprint', '')}` | {outputs} |")
+    return rows
+
+
+def write_report(run_dir: Path, *, metrics: dict, stages: dict[str, dict], title: str, dashboard: str | None,
+                 notes: list[str] | None = None, plots: dict[str, Path] | None = None) -> str:
+    """Write ``report.md``, ``metrics.json``, ``stages.json`` and the plots into ``run_dir``; returns the Markdown.
+
+    Parameters
+    ----------
+    run_dir : Path
+    metrics : dict
+        From :func:`xmldask.jobs.evaluate` (all k).
+    stages : dict
+        Stage name to its record (:func:`flows.stages.run_stage`).
+    title : str
+    dashboard : str or None
+        The Dask dashboard link of the run.
+    notes : list of str, optional
+        Lines added under the title (for instance the promotion decision of a refresh).
+    plots : dict, optional
+        Caption to an existing PNG: copied into ``run_dir`` and linked from the report.
+    """
+    from xmldask import metrics as xm
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
+    (run_dir / "stages.json").write_text(json.dumps(stages, indent=2, default=str) + "\n")
+    images = []
+    for caption, src in (plots or {}).items():
+        src = Path(src)
+        if not src.is_file():
+            continue
+        dst = run_dir / src.name
+        if src.resolve() != dst.resolve():
+            shutil.copyfile(src, dst)
+        images.append(f"![{caption}]({dst.name})")
+    lines = [f"# {title}", ""]
+    lines += [*(notes or []), ""] if notes else []
+    lines += [f"Run directory: `{run_dir}`", f"Dask dashboard: {dashboard or 'none'}", "", "## Metrics", "",
+              xm.report(table_metrics(metrics)), "## Stages", "", *_stage_rows(stages), "",
+              "Seconds and peak memory (this process and its local Dask workers) are those of the run that computed "
+              "the stage; a reused stage cost nothing now. Each computed stage keeps a Dask performance report "
+              "(`performance.html`) beside its outputs.", ""]
+    reports = [f"- {name}: `{rec['performance_report']}`" for name, rec in stages.items()
+               if rec.get("performance_report")]
+    if reports:
+        lines += ["Performance reports:", "", *reports, ""]
+    if images:
+        lines += ["## Plots", "", *[f"{img}\n" for img in images]]
+    text = "\n".join(lines).rstrip() + "\n"
+    (run_dir / "report.md").write_text(text)
+    return text
