@@ -50,6 +50,9 @@ def test_refusals(data):
     with pytest.raises(ValueError, match="kernel must be one of"):
         jobs.train(train, model_url, kernel="rbf")
     jobs.train(train, model_url, embedding="cs", k=8, kernel="none", max_epochs=1)
+    pca_url = str(root / "pca.zarr")  # a feature embedding: no label embedding R in the model
+    jobs.train(train, pca_url, embedding="pca", k=8, kernel="none", max_epochs=1)
+    assert jobs.predict(pca_url, test, str(root / "pca-pred.zarr"), top_k=3)["n_labels"] == 80
     with pytest.raises(FileExistsError, match="already exists"):
         jobs.train(train, model_url, embedding="cs", k=8)
     with pytest.raises(ValueError, match="top_k must be between 1 and the model's 80 labels"):

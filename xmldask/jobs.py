@@ -95,7 +95,7 @@ def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwri
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
     model = EmbeddingClassifier.load(model_url)
     data = open_dataset(data_url)
-    n_labels = int(model.R_.shape[0])
+    n_labels = int(model.n_labels_)
     if data.X.shape[1] != model.W_.shape[0]:
         raise ValueError(f"{data_url} has {data.X.shape[1]} features but the model {model_url} was trained on "
                          f"{model.W_.shape[0]}; predict on data ingested like the training data")

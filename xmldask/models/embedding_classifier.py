@@ -55,7 +55,7 @@ MODEL_VERSION = 1
 _TASKS = ("auto", "multiclass", "multilabel")
 _STOP_METRICS = ("loss", "p@1")
 #: names accepted for ``embedding=`` and the class looked up in :mod:`xmldask.embedding` at fit time
-_EMBEDDING_CLASSES = {"rembrandt": "Rembrandt", "cs": "CompressedSensing", "plst": "PLST", "pca": "PCA"}
+_EMBEDDING_CLASSES = {"rembrandt": "Rembrandt", "cs": "CompressedSensing", "plst": "PLST", "pca": "PCAEmbedding"}
 #: fitted arrays written by :meth:`EmbeddingClassifier.save`
 _ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R")
 _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
