@@ -58,6 +58,7 @@ import numpy as np
 import scipy.sparse as sp
 from dask.base import get_scheduler
 
+from ..store.csr import block_reader
 from . import _kernels as K
 from ._kernels import working_dtype
 
@@ -284,14 +285,20 @@ def _check_split_every(split_every) -> int:
 # graph building
 
 
-def _apply(*args, _func, _names, _stack, _static):
-    """Call a kernel on one row block's operands (blockwise passes contracted axes as 1-item lists)."""
+def _apply(*args, _func, _names, _stack, _static, _readers=None):
+    """Call a kernel on one row block's operands (blockwise passes contracted axes as 1-item lists).
+
+    An operand in ``_readers`` arrives as its block's row bounds and is read here, in this task.
+    """
     kwargs = dict(_static)
     for name, value in zip(_names, args):
         while isinstance(value, list):
             if len(value) != 1:
                 raise RuntimeError(f"expected one chunk of {name}, got {len(value)}")
             value = value[0]
+        if _readers and name in _readers:
+            start, stop = (int(v) for v in np.asarray(value).ravel())
+            value = _readers[name].read_rows(start, stop)
         kwargs[name] = value
     out = _func(**kwargs)
     return out[None] if _stack else out
@@ -307,10 +314,19 @@ def _per_block(func, operands, *, tail: tuple[int, ...], dtype, token: str, stac
     literal keyword arguments for the kernel. With ``stack`` the result has shape
     ``(n_blocks, *tail)``, one slice per block; otherwise ``(n_samples, *tail)`` chunked like ``X``.
     """
-    args, names = [], []
+    args, names, readers, row_chunks = [], [], {}, None
     for j, (name, value, kind) in enumerate(operands):
         if value is None:
             continue
+        reader = block_reader(value) if kind == _ROWS else None
+        if kind == _ROWS:
+            row_chunks = tuple(value.chunks[0])
+        if reader is not None:
+            # a store-backed operand: its blocks are read inside the kernel's task (no task of their
+            # own, no intermediate result to hold), from the block bounds
+            bounds = np.cumsum((0,) + tuple(value.chunks[0]))
+            pairs = np.stack([bounds[:-1], bounds[1:]], axis=1)
+            value, readers[name] = da.from_array(pairs, chunks=(1, 2)), reader
         dims = tuple(f"{name}{j}_{m}" for m in range(value.ndim))
         args += [value, ("i",) + dims[1:] if kind == _ROWS else dims]
         names.append(name)
@@ -323,10 +339,11 @@ def _per_block(func, operands, *, tail: tuple[int, ...], dtype, token: str, stac
         _names=tuple(names),
         _stack=stack,
         _static=dict(static or {}),
+        _readers=readers or None,
         token=token,
         dtype=dtype,
         new_axes={f"out_{m}": size for m, size in enumerate(tail)},
-        adjust_chunks={"i": 1} if stack else None,
+        adjust_chunks={"i": 1} if stack else ({"i": row_chunks} if readers else None),
         concatenate=False,
         align_arrays=False,
         meta=np.empty((0,) * len(out_ind), dtype=dtype),

@@ -265,12 +265,24 @@ class CSRBlockReader:
         return block
 
 
+#: readers of the arrays made by :func:`csr_from_group`, by Dask name: a pass may read a block inside
+#: the task that uses it instead of in a task of its own (see :func:`block_reader`)
+_READERS: dict[str, CSRBlockReader] = {}
+
+
+def block_reader(x) -> CSRBlockReader | None:
+    """The store reader behind a Dask array returned by :func:`open_csr` / ``open_dataset`` (unchanged
+    since), or ``None``. ``reader.read_rows(a, b)`` gives the rows of a block."""
+    return _READERS.get(getattr(x, "name", None))
+
+
 def csr_from_group(url: str, path: str, *, n_rows: int, n_cols: int, row_blocks: list[int],
                    generation: str, dtype=DATA_DTYPE) -> da.Array:
     """Dask array of ``csr_matrix`` row blocks for the CSR group ``path`` inside the store ``url``."""
     chunks = (tuple(int(b - a) for a, b in zip(row_blocks[:-1], row_blocks[1:])) or (0,), (int(n_cols),))
     reader = CSRBlockReader(url, path, (n_rows, n_cols), dtype)
     name = f"csr-{tokenize(str(url), path, generation, row_blocks, str(np.dtype(dtype)))}"
+    _READERS[name] = reader
     return da.from_array(
         reader,
         chunks=chunks,
