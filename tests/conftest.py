@@ -36,6 +36,19 @@ def shared_xc_files() -> list[Path]:
     return sorted(p for p in root.rglob("*.txt.gz") if p.name not in NOT_XC)
 
 
+@pytest.fixture(scope="module")
+def client():
+    """A LocalCluster of two single-threaded worker processes (one per test module that asks for it)."""
+    distributed = pytest.importorskip("distributed")
+    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
+    client = distributed.Client(cluster, set_as_default=False)
+    try:
+        yield client
+    finally:
+        client.close()
+        cluster.close()
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """A temporary Prefect database and API for the flow tests (started once, about 7 s)."""

@@ -397,18 +397,6 @@ def test_input_errors_say_what_and_how_to_fix(stores):
 # a two-worker LocalCluster gives the same answers
 
 
-@pytest.fixture(scope="module")
-def client():
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
-    client = distributed.Client(cluster, set_as_default=False)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
-
-
 def _compute_all(graphs, scheduler):
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

@@ -195,18 +195,6 @@ def test_same_answer_for_any_chunking_of_the_same_blocks_and_any_split():
     np.testing.assert_allclose(other.coef, one.coef, rtol=1e-8, atol=1e-12)
 
 
-@pytest.fixture(scope="module")
-def client():
-    distributed = pytest.importorskip("distributed")
-    cluster = distributed.LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0")
-    client = distributed.Client(cluster, set_as_default=False)
-    try:
-        yield client
-    finally:
-        client.close()
-        cluster.close()
-
-
 @pytest.mark.parametrize("solver", ["cholesky", "cg"])
 def test_two_worker_cluster_gives_the_synchronous_answer(solver, client, tmp_path):
     X = open_csr(write_csr(str(tmp_path / "x.zarr"), A.astype(np.float32), block_rows=100))
