@@ -202,6 +202,11 @@ def _add_train(sub) -> None:
     p.add_argument("--alpha", type=float, default=None, help="ridge of the regression onto the embedding")
     p.add_argument("--max-epochs", type=_positive, default=None, help="decoder epochs at most (default 10)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--search", action="append", default=[], metavar="NAME=V1,V2,...",
+                   help="choose NAME among the values by held-out P@1 on the training rows (repeatable), e.g. "
+                   "--search k=50,150 --search alpha=0.001,0.03,1 --search kernel=none,gaussian")
+    p.add_argument("--search-strategy", default="coordinate", choices=["coordinate", "grid"],
+                   help="coordinate (default): one parameter at a time, in the order given; grid: every combination")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model store")
     p.add_argument("--json", action="store_true", help="print the training summary as JSON")
     add_cluster_arguments(p)
@@ -209,18 +214,25 @@ def _add_train(sub) -> None:
 
 def _cmd_train(args) -> int:
     from . import jobs
+    from .model_selection import parse_grid
 
     extra = {name: value for name, value in (("n_random_features", args.n_random_features),
                                              ("alpha", args.alpha), ("max_epochs", args.max_epochs))
              if value is not None}
+    search = parse_grid(args.search, aliases={"n-random-features": "n_random_features",
+                                              "max-epochs": "max_epochs"}) if args.search else None
     with _cluster_context(args):
         info = jobs.train(args.train_url, args.out, embedding=args.embedding, k=args.k, kernel=args.kernel,
-                          seed=args.seed, overwrite=args.overwrite, **extra)
+                          seed=args.seed, overwrite=args.overwrite, search=search,
+                          search_strategy=args.search_strategy, **extra)
     if args.json:
         print(json.dumps(info, indent=2))
     else:
         held = ", ".join(f"{key} {value:.4g}" for key, value in info["held_out"].items() if isinstance(value, float))
-        print(f"wrote {info['model']} in {info['seconds']:.1f} s ({info['task']}, {info['n_passes']} passes; "
+        for row in info.get("search", []):
+            print(f"  held-out P@1 {row['val_p@1']:.4f}  {row['params']}  ({row['seconds']:.1f} s)")
+        chosen = f"chose {info['params']}; " if "search" in info else ""
+        print(f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, {info['n_passes']} passes; "
               f"held out: {held})")
     return 0
 

@@ -26,7 +26,8 @@ KERNELS = {"none": "identity", "identity": "identity", "gaussian": "gaussian", "
 
 
 def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50, kernel: str = "gaussian",
-          seed: int = 0, overwrite: bool = False, **params) -> dict:
+          seed: int = 0, overwrite: bool = False, search: dict | None = None, search_strategy: str = "coordinate",
+          **params) -> dict:
     """Fit an :class:`~xmldask.models.EmbeddingClassifier` on a dataset store and save it.
 
     Parameters
@@ -45,6 +46,13 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
         Random seed of every random step.
     overwrite : bool
         Replace an existing model store.
+    search : dict, optional
+        Candidate values to choose among on the held-out slice of the training rows
+        (:class:`~xmldask.model_selection.HeldOutSearch`), e.g. ``{"k": [50, 150], "alpha": [1e-3, 1]}``;
+        ``k`` and ``kernel`` take the names above, other keys are classifier parameters. The values
+        given directly are where the search starts only if they are also listed.
+    search_strategy : {"coordinate", "grid"}
+        One parameter at a time, or every combination.
     **params
         Further :class:`~xmldask.models.EmbeddingClassifier` parameters.
 
@@ -52,7 +60,8 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
     -------
     dict
         ``model`` (URL), ``train`` (URL), ``seconds``, ``n_passes``, ``task``, the parameters and
-        the last held-out figures.
+        the last held-out figures; with ``search``, also ``search`` (every candidate's held-out
+        score) and ``params`` holds the chosen values.
     """
     from .models import EmbeddingClassifier
 
@@ -63,10 +72,26 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
     data = open_dataset(train_url)
     model = EmbeddingClassifier(embedding=embedding, n_components=k, kernel=KERNELS[kernel], random_state=seed,
                                 **params)
+    grid = _search_grid(search) if search else None
     start = time.perf_counter()
-    model.fit(data.X, data.Y)
+    if grid:
+        from .model_selection import HeldOutSearch
+
+        fitted = HeldOutSearch(model, grid, strategy=search_strategy).fit(data.X, data.Y)
+        model = fitted.best_estimator_
+        chosen = {_PUBLIC.get(name, name): value for name, value in fitted.best_params_.items()}
+        if "kernel" in chosen:
+            chosen["kernel"] = _PUBLIC_KERNELS[chosen["kernel"]]
+        k, kernel = chosen.pop("k", k), chosen.pop("kernel", kernel)
+        params = {**params, **chosen}
+    else:
+        model.fit(data.X, data.Y)
     seconds = time.perf_counter() - start
-    model.save(out, overwrite=overwrite, meta={"train_url": train_url})
+    meta = {"train_url": train_url}
+    if grid:
+        fitted.save(out, overwrite=overwrite, meta=meta)
+    else:
+        model.save(out, overwrite=overwrite, meta=meta)
     last = model.history_[-1] if getattr(model, "history_", None) else {}
     return {
         "model": out,
@@ -76,7 +101,28 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
         "task": getattr(model, "task_", None),
         "params": {"embedding": embedding, "k": k, "kernel": kernel, "seed": seed, **params},
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
+        **({"search": [{**r, "params": {_PUBLIC.get(n, n): v for n, v in r["params"].items()}}
+                       for r in fitted.results_]} if grid else {}),
     }
+
+
+#: the job's names of classifier parameters and kernels
+_PUBLIC = {"n_components": "k"}
+_PUBLIC_KERNELS = {"identity": "none", "gaussian": "gaussian", "laplacian": "cauchy"}
+
+
+def _search_grid(search: dict) -> dict:
+    """The classifier's names for a search given in the job's names (``k``, ``kernel`` = none|gaussian|cauchy)."""
+    grid = {}
+    for name, values in search.items():
+        values = list(values) if isinstance(values, (list, tuple)) else [values]
+        if name == "kernel":
+            bad = [v for v in values if v not in KERNELS]
+            if bad:
+                raise ValueError(f"kernel must be one of {', '.join(sorted(KERNELS))}, but the search lists {bad}")
+            values = [KERNELS[v] for v in values]
+        grid["n_components" if name == "k" else name] = values
+    return grid
 
 
 def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwrite: bool = False,

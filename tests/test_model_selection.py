@@ -1,0 +1,117 @@
+"""Held-out parameter search: candidates, the choice, the saved record, the job and the command line."""
+
+from __future__ import annotations
+
+import json
+
+import dask
+import numpy as np
+import pytest
+
+from xmldask import jobs
+from xmldask.cli import main as cli_main
+from xmldask.datasets import make_synthetic
+from xmldask.model_selection import HeldOutSearch, held_out_score, parse_grid
+from xmldask.models import EmbeddingClassifier, NotFittedError
+from xmldask.models.embedding_classifier import MODEL_VERSION
+from xmldask.store import open_dataset
+from xmldask.store.models import open_model_store
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("search")
+    kw = dict(n_samples=2400, n_features=300, n_labels=60, seed=7, block_rows=500)
+    train = make_synthetic(str(root / "train.zarr"), **kw).url
+    return root, train
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    with dask.config.set(scheduler="threads"):
+        yield
+
+
+def _template(**kw):
+    return EmbeddingClassifier(embedding="rembrandt", n_components=8, kernel="identity", max_epochs=2,
+                               random_state=3, **kw)
+
+
+def test_coordinate_search_keeps_the_best_held_out_candidate(data):
+    ds = open_dataset(data[1])
+    search = HeldOutSearch(_template(), {"n_components": [4, 16], "alpha": [1e-3, 1.0, 100.0]}).fit(ds.X, ds.Y)
+    # coordinate: 2 values of n_components, then 3 of alpha of which one is the setting already fitted
+    assert len(search.results_) == 4
+    scores = [r["score"] for r in search.results_]
+    assert search.best_score_ == max(scores)
+    best = search.results_[int(np.argmax(scores))]
+    assert search.best_params_ == best["params"]
+    # the kept estimator is that candidate, fitted with those values
+    assert held_out_score(search.best_estimator_) == pytest.approx(search.best_score_)
+    for name, value in search.best_params_.items():
+        assert search.best_estimator_.get_params()[name] == value
+    # the second coordinate started from the first coordinate's winner
+    first = search.results_[:2]
+    winner = max(first, key=lambda r: r["score"])["params"]["n_components"]
+    assert all(r["params"]["n_components"] == winner for r in search.results_[2:])
+    # refitting the chosen setting alone gives the same held-out score (same held-out rows, same seed)
+    again = _template().set_params(**search.best_params_).fit(ds.X, ds.Y)
+    assert held_out_score(again) == pytest.approx(search.best_score_)
+    labels, _ = search.predict_topk(ds.X[:50], k=3)
+    assert labels.compute().shape == (50, 3)
+
+
+def test_grid_search_fits_every_combination(data):
+    ds = open_dataset(data[1])
+    search = HeldOutSearch(_template(), {"n_components": [4, 8], "kernel": ["identity", "gaussian"]},
+                           strategy="grid", scoring="loss").fit(ds.X, ds.Y)
+    assert [tuple(r["params"].values()) for r in search.results_] == [
+        (4, "identity"), (4, "gaussian"), (8, "identity"), (8, "gaussian")]
+    assert search.best_score_ == max(-r["val_loss"] for r in search.results_)
+
+
+def test_search_refusals(data):
+    ds = open_dataset(data[1])
+    with pytest.raises(ValueError, match="unknown parameter 'k'"):
+        HeldOutSearch(_template(), {"k": [4]}).fit(ds.X, ds.Y)
+    with pytest.raises(ValueError, match="has no values"):
+        HeldOutSearch(_template(), {"alpha": []}).fit(ds.X, ds.Y)
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        HeldOutSearch(_template(), {"alpha": [1]}, strategy="random").fit(ds.X, ds.Y)
+    with pytest.raises(ValueError, match="holds out no rows"):
+        HeldOutSearch(_template(validation_fraction=0.0), {"alpha": [1]}).fit(ds.X, ds.Y)
+    with pytest.raises(NotFittedError):
+        HeldOutSearch(_template(), {"alpha": [1]}).predict_topk(ds.X, 3)
+
+
+def test_parse_grid():
+    grid = parse_grid(["k=50,150", "alpha=0.001, 1", "kernel=none,gaussian"], aliases={"k": "n_components"})
+    assert grid == {"n_components": [50, 150], "alpha": [0.001, 1], "kernel": ["none", "gaussian"]}
+    assert isinstance(grid["alpha"][0], float) and isinstance(grid["n_components"][0], int)
+    for bad in (["alpha"], ["=1,2"], ["alpha="]):
+        with pytest.raises(ValueError, match="must look like NAME=V1,V2"):
+            parse_grid(bad)
+    with pytest.raises(ValueError, match="given twice"):
+        parse_grid(["alpha=1", "alpha=2"])
+
+
+def test_train_job_and_command_line_search(data, capsys):
+    root, train = data
+    url = str(root / "searched.zarr")
+    info = jobs.train(train, url, k=8, kernel="none", seed=3, max_epochs=1,
+                      search={"kernel": ["none", "gaussian"], "alpha": [1e-3, 10.0]})
+    assert len(info["search"]) == 3 and {"kernel", "alpha"} <= set(info["search"][0]["params"])
+    best = max(info["search"], key=lambda r: r["val_p@1"])
+    assert info["params"]["kernel"] == best["params"]["kernel"]
+    assert info["params"]["alpha"] == best["params"]["alpha"]
+    _, attrs = open_model_store(url, model_version=MODEL_VERSION, class_name="EmbeddingClassifier")
+    assert attrs["search"]["best_params"]["alpha"] == best["params"]["alpha"]
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        jobs.train(train, str(root / "x.zarr"), search={"kernel": ["rbf"]})
+
+    out = str(root / "cli.zarr")
+    assert cli_main(["train", train, "--out", out, "--k", "6", "--kernel", "none", "--max-epochs", "1",
+                     "--search", "k=4,6", "--json", "--workers", "1"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert [r["params"]["k"] for r in printed["search"]] == [4, 6]
+    assert printed["params"]["k"] == max(printed["search"], key=lambda r: r["val_p@1"])["params"]["k"]

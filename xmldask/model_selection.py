@@ -1,0 +1,206 @@
+"""Choose an estimator's parameters on the held-out slice of the training rows.
+
+:class:`HeldOutSearch` fits one :class:`~xmldask.models.EmbeddingClassifier` per candidate setting and
+keeps the one whose held-out P@1 (or loss) is best. Every candidate holds out the same rows (the split
+is seeded by ``random_state`` and depends only on the row blocks), so the candidates are compared on
+the same data, and no test row is ever seen: this is how the benchmarks choose ``k``, the ridge
+``alpha`` and the kernel. The chosen estimator is the fitted candidate itself (no refit).
+
+Two strategies:
+
+- ``"grid"``: every combination of the values (``prod(len(values))`` fits);
+- ``"coordinate"`` (default): one parameter at a time, in the order given, each tried with the others
+  at their best values so far (about ``sum(len(values))`` fits; settings already fitted are not
+  fitted again).
+
+Examples
+--------
+>>> from xmldask.models import EmbeddingClassifier                          # doctest: +SKIP
+>>> from xmldask.model_selection import HeldOutSearch
+>>> search = HeldOutSearch(EmbeddingClassifier(embedding="rembrandt", random_state=0),
+...                        {"kernel": ["identity", "gaussian"], "alpha": [1e-3, 0.03, 1.0]}).fit(X, Y)
+>>> search.best_params_, search.best_score_
+>>> labels, scores = search.predict_topk(X_test, k=5)
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+
+__all__ = ["HeldOutSearch", "held_out_score", "parse_grid"]
+
+logger = logging.getLogger("xmldask.model_selection")
+
+_SCORINGS = ("p@1", "loss")
+_STRATEGIES = ("coordinate", "grid")
+
+
+def held_out_score(estimator, scoring: str = "p@1") -> float:
+    """The held-out figure of a fitted estimator's kept decoder (larger is better).
+
+    The kept decoder is the epoch its ``early_stopping`` metric chose; ``scoring="p@1"`` returns that
+    epoch's held-out P@1, ``"loss"`` minus its held-out loss.
+    """
+    history = getattr(estimator, "history_", None)
+    if not history or history[0].get("val_loss") is None or math.isnan(history[0]["val_loss"]):
+        raise ValueError("the estimator has no held-out figures; fit it with validation_fraction > 0")
+    if getattr(estimator, "early_stopping", "loss") == "p@1":
+        kept = max(history, key=lambda h: h["val_p@1"])
+    else:
+        kept = min(history, key=lambda h: h["val_loss"])
+    return float(kept["val_p@1"]) if scoring == "p@1" else -float(kept["val_loss"])
+
+
+def parse_grid(items: list[str], aliases: dict[str, str] | None = None) -> dict[str, list]:
+    """``["alpha=0.001,0.1", "kernel=identity,gaussian"]`` -> ``{"alpha": [0.001, 0.1], "kernel": [...]}``.
+
+    Values are read as int, else float, else kept as strings; ``aliases`` renames parameters (e.g.
+    ``{"k": "n_components"}``).
+    """
+    def value(text: str):
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    grid = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not values.strip():
+            raise ValueError(f"a search item must look like NAME=V1,V2,... but is {item!r}")
+        name = (aliases or {}).get(name, name)
+        if name in grid:
+            raise ValueError(f"parameter {name!r} is given twice in the search")
+        grid[name] = [value(v.strip()) for v in values.split(",") if v.strip()]
+    return grid
+
+
+class HeldOutSearch:
+    """Pick parameters of an estimator by its held-out score on the training rows.
+
+    Parameters
+    ----------
+    estimator : EmbeddingClassifier
+        The template; candidates are ``clone(estimator).set_params(**setting)``. Needs
+        ``validation_fraction > 0``.
+    param_grid : dict
+        Parameter name to the list of values to try (in order: under ``"coordinate"`` the first
+        value of each is where the search starts).
+    strategy : {"coordinate", "grid"}, default "coordinate"
+    scoring : {"p@1", "loss"}, default "p@1"
+        Held-out P@1 (larger is better) or held-out loss (smaller is better) of each candidate's
+        kept decoder. Ties keep the earlier candidate.
+
+    Attributes
+    ----------
+    best_estimator_ : the fitted candidate with the best score
+    best_params_ : dict
+    best_score_ : float
+        Its held-out score (P@1, or minus the loss).
+    results_ : list of dict
+        One per fitted candidate, in fitting order: ``params``, ``score``, ``val_p@1``,
+        ``val_loss``, ``seconds``.
+    """
+
+    def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1"):
+        self.estimator = estimator
+        self.param_grid = param_grid
+        self.strategy = strategy
+        self.scoring = scoring
+
+    def _validated(self) -> dict[str, list]:
+        if self.strategy not in _STRATEGIES:
+            raise ValueError(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))}, but is {self.strategy!r}")
+        if self.scoring not in _SCORINGS:
+            raise ValueError(f"scoring must be one of {', '.join(map(repr, _SCORINGS))}, but is {self.scoring!r}")
+        if not isinstance(self.param_grid, dict) or not self.param_grid:
+            raise ValueError("param_grid must be a non-empty dict of parameter name to a list of values")
+        known = set(self.estimator.get_params())
+        grid = {}
+        for name, values in self.param_grid.items():
+            if name not in known:
+                raise ValueError(f"unknown parameter {name!r} in param_grid; parameters are {', '.join(sorted(known))}")
+            values = list(values) if isinstance(values, (list, tuple)) else [values]
+            if not values:
+                raise ValueError(f"param_grid[{name!r}] has no values")
+            grid[name] = values
+        if not self.estimator.get_params().get("validation_fraction"):
+            raise ValueError("the estimator holds out no rows (validation_fraction=0): nothing to choose by")
+        return grid
+
+    def _fit_one(self, setting: dict, X, Y) -> tuple[float, object]:
+        key = tuple(sorted((name, repr(value)) for name, value in setting.items()))
+        if key in self._done:
+            return self._done[key]
+        params = {**self.estimator.get_params(), **setting}
+        start = time.perf_counter()
+        model = type(self.estimator)(**params).fit(X, Y)
+        score = held_out_score(model, self.scoring)
+        kept = max(model.history_, key=lambda h: h["val_p@1"]) if model.early_stopping == "p@1" else \
+            min(model.history_, key=lambda h: h["val_loss"])
+        self.results_.append({"params": dict(setting), "score": score, "val_p@1": float(kept["val_p@1"]),
+                              "val_loss": float(kept["val_loss"]), "seconds": round(time.perf_counter() - start, 3)})
+        logger.info("held-out search: %s -> %s %.4f (%.1f s)", setting, self.scoring, abs(score),
+                    self.results_[-1]["seconds"])
+        # keep only the best fitted model in memory
+        if self._best is None or score > self._best[0]:
+            self._best = (score, model, dict(setting))
+        self._done[key] = (score, None)
+        return score, model
+
+    def fit(self, X, Y) -> HeldOutSearch:
+        """Fit the candidates on ``X``, ``Y`` (row blocks, as for the estimator) and keep the best.
+
+        Returns
+        -------
+        HeldOutSearch
+            ``self``, with ``best_estimator_``, ``best_params_``, ``best_score_``, ``results_``.
+        """
+        grid = self._validated()
+        self.results_, self._done, self._best = [], {}, None
+        if self.strategy == "grid":
+            for values in itertools.product(*grid.values()):
+                self._fit_one(dict(zip(grid, values)), X, Y)
+        else:
+            current = {name: values[0] for name, values in grid.items()}
+            for name, values in grid.items():
+                scores = {}
+                for value in values:
+                    setting = {**current, name: value}
+                    scores[repr(value)] = self._fit_one(setting, X, Y)[0]
+                current[name] = max(values, key=lambda v: scores[repr(v)])  # first of the ties
+        score, model, setting = self._best
+        self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
+        del self._done, self._best
+        return self
+
+    def _check_fitted(self):
+        if getattr(self, "best_estimator_", None) is None:
+            from .models import NotFittedError
+
+            raise NotFittedError("this HeldOutSearch is not fitted yet; call fit(X, Y) first")
+        return self.best_estimator_
+
+    def predict_topk(self, X, k: int = 5):
+        """``best_estimator_.predict_topk(X, k)``."""
+        return self._check_fitted().predict_topk(X, k)
+
+    def decision_function(self, X):
+        """``best_estimator_.decision_function(X)``."""
+        return self._check_fitted().decision_function(X)
+
+    def predict(self, X):
+        """``best_estimator_.predict(X)``."""
+        return self._check_fitted().predict(X)
+
+    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
+        """Save ``best_estimator_`` with the search's results in its ``meta`` (``search``)."""
+        search = {"strategy": self.strategy, "scoring": self.scoring, "best_params": self.best_params_,
+                  "best_score": self.best_score_, "results": self.results_}
+        return self._check_fitted().save(url, overwrite=overwrite, meta={**(meta or {}), "search": search})
