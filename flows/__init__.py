@@ -3,11 +3,14 @@
 Modules
 -------
 stages
-    Content fingerprints and the stage runner that reuses finished stages (no Prefect imports).
+    Content fingerprints, store locations (paths or fsspec URLs) and the stage writer (no Prefect imports).
+stage_flows
+    One flow per stage (ingest, spectrum, train, predict, evaluate, report) over a thin task cached by
+    Prefect on the stage fingerprint; the Dask client helper.
 report
     Plots and the Markdown report of a run.
 pipeline
-    Stage tasks and the ``pipeline`` flow; ``python -m flows.pipeline`` is the entry point.
+    The ``pipeline`` flow chaining the stage flows; ``python -m flows.pipeline`` is the entry point.
 refresh
     The ``refresh`` flow: ingest new files exactly once, retrain, promote the model if it is not worse.
 deploy

@@ -16,15 +16,30 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["main", "serve"]
+__all__ = ["build_deployment", "deployment_options", "main", "serve"]
+
+
+def deployment_options(*, cron: str, test: list[str], name: str = "xmldask-refresh", **parameters) -> dict:
+    """The deployment of :func:`flows.refresh.refresh`: name, cron schedule, default parameters, description.
+
+    :func:`serve` passes these to ``refresh.serve`` and :func:`build_deployment` to ``refresh.to_deployment``.
+    """
+    return {"name": name, "cron": cron, "parameters": {"test": list(test), **parameters}, "tags": ["xmldask"],
+            "description": "Ingest new files of the incoming folder once, retrain, promote if not worse."}
+
+
+def build_deployment(*, cron: str, test: list[str], name: str = "xmldask-refresh", **parameters):
+    """The refresh deployment as a ``RunnerDeployment`` (no API call): inspect it, or ``prefect.serve`` it."""
+    from .refresh import refresh
+
+    return refresh.to_deployment(**deployment_options(cron=cron, test=test, name=name, **parameters))
 
 
 def serve(*, cron: str, test: list[str], name: str = "xmldask-refresh", **parameters) -> None:
-    """Serve :func:`flows.refresh.refresh` on ``cron`` with these default parameters (blocks)."""
+    """Serve :func:`flows.refresh.refresh` on ``cron`` with these default parameters (blocks; ``flow.serve``)."""
     from .refresh import refresh
 
-    refresh.serve(name=name, cron=cron, parameters={"test": list(test), **parameters},
-                  description="Ingest new files of the incoming folder once, retrain, promote if not worse.")
+    refresh.serve(**deployment_options(cron=cron, test=test, name=name, **parameters))
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,6 +1,6 @@
 """Scheduled data refresh: ingest new files exactly once, retrain, promote the new model only if it is not worse.
 
-Layout under ``<storage>/refresh/`` (each overridable):
+Layout under ``<storage>/refresh/`` (each overridable; paths or fsspec URLs):
 
 - ``incoming/``: drop new text files here (any format :func:`xmldask.io.ingest` reads).
 - ``train.zarr``: the growing training dataset (created by the first file).
@@ -9,41 +9,43 @@ Layout under ``<storage>/refresh/`` (each overridable):
   file seen twice (under any name) is appended once.
 - ``quarantine/``: files that failed validation, moved here with ``<name>.error.txt``; nothing of them
   is appended (an append that fails leaves the dataset as it was).
-- ``current.json``: the promoted model (URL, fingerprint, held-out metrics, time).
+- ``models/<fingerprint>.zarr``: a copy of each promoted model (kept when old run directories are
+  deleted); ``current.json``: the promoted model (URL, fingerprint, held-out metrics, time).
 
-After the pick-up the downstream stages of :mod:`flows.pipeline` run (reused where nothing changed);
-the new model and the current one are evaluated on the same held-out test set and the new one is
-promoted iff ``new[metric] >= current[metric]``. The report says which model is current and why.
+After the pick-up the stage flows of :mod:`flows.pipeline` run (Prefect cache hits where nothing
+changed); the new model and the current one are evaluated on the same held-out test set and the new
+one is promoted iff ``new[metric] >= current[metric]``. The report says which model is current and why.
 """
 
 from __future__ import annotations
 
 import datetime as _dt
-import json
-import os
-import shutil
-from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
+from fsspec.core import url_to_fs
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from pydantic import Field
 
-from xmldask.cluster import cluster
-from xmldask.store import exists, open_dataset, storage_root
+from xmldask.store import _fs, exists, open_dataset
 
-from .pipeline import (
+from .pipeline import run_downstream, summary
+from .stage_flows import (
     Embedding,
+    Format,
     Kernel,
+    LocalClusterOptions,
+    Normalize,
     PositiveInt,
-    evaluate_stage,
-    ingest_stage,
+    dask_client,
+    evaluate_flow,
+    ingest_flow,
     new_run_dir,
-    predict_stage,
-    report_stage,
-    run_downstream,
+    output,
+    predict_flow,
+    report_flow,
 )
-from .stages import file_sha256
+from .stages import file_sha256, join, read_json, root_url, write_json
 
 __all__ = ["pick_up", "refresh"]
 
@@ -52,15 +54,26 @@ def _now() -> str:
     return _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds")
 
 
-def _write_json(path: Path, obj) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+def _files(folder: str) -> list[str]:
+    """URLs of the files directly in ``folder`` (hidden ones left out), by name; none if it does not exist."""
+    fs, path = url_to_fs(folder)
+    if not fs.isdir(path):
+        return []
+    names = sorted(info["name"] for info in fs.ls(path, detail=True) if info["type"] == "file")
+    names = [name for name in names if not name.rstrip("/").rpartition("/")[2].startswith(".")]
+    return names if _fs.is_local(folder) else [fs.unstrip_protocol(name) for name in names]
 
 
-def _read_json(path: Path, default):
-    return json.loads(path.read_text()) if path.is_file() else default
+def _quarantine(url: str, folder: str, error: str) -> str:
+    """Move the file ``url`` into ``folder`` beside ``<name>.error.txt``; returns its new URL."""
+    name = url.rstrip("/").rpartition("/")[2]
+    target = join(folder, name)
+    fs, path = url_to_fs(url)
+    fs.makedirs(url_to_fs(folder)[1], exist_ok=True)
+    fs.mv(path, url_to_fs(target)[1])
+    with fs.open(url_to_fs(join(folder, f"{name}.error.txt"))[1], "w") as f:
+        f.write(error + "\n")
+    return target
 
 
 @task(name="pick-up", retries=2, retry_delay_seconds=1, cache_policy=NONE)
@@ -79,42 +92,46 @@ def pick_up(incoming: str, dataset: str, *, ledger: str, quarantine: str, format
     from xmldask.io import ingest
 
     log = get_run_logger()
-    ledger_path, quarantine_dir = Path(ledger), Path(quarantine)
-    book = _read_json(ledger_path, {"files": {}})
+    book = read_json(ledger, {"files": {}})
     out = {"ingested": [], "skipped": [], "quarantined": []}
-    folder = Path(incoming)
-    files = sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")) if folder.is_dir() else []
-    for path in files:
-        sha = file_sha256(str(path))
+    for url in _files(incoming):
+        name = url.rpartition("/")[2]
+        sha = file_sha256(url)
         known = {s.get("sha256") for s in open_dataset(dataset).meta.get("sources", [])} if exists(dataset) else set()
         entry = book["files"].get(sha)
         if sha in known or (entry and entry["status"] == "ingested"):
-            log.info("skipping %s: already ingested (sha256 %s)", path.name, sha[:12])
-            out["skipped"].append({"name": path.name, "sha256": sha})
+            log.info("skipping %s: already ingested (sha256 %s)", name, sha[:12])
+            out["skipped"].append({"name": name, "sha256": sha})
             continue
         try:
-            if exists(dataset):
-                ds = ingest(str(path), dataset, append=True, format=format, one_based=one_based, normalize=normalize)
-            else:
-                ds = ingest(str(path), dataset, format=format, one_based=one_based, normalize=normalize)
+            ds = ingest(url, dataset, append=exists(dataset), format=format, one_based=one_based, normalize=normalize)
         except Exception as exc:  # noqa: BLE001 - any failure quarantines the file; the dataset is unchanged
-            quarantine_dir.mkdir(parents=True, exist_ok=True)
-            target = quarantine_dir / path.name
-            shutil.move(str(path), target)
-            (quarantine_dir / f"{path.name}.error.txt").write_text(f"{type(exc).__name__}: {exc}\n")
-            entry = {"name": path.name, "sha256": sha, "status": "quarantined", "error": f"{type(exc).__name__}: {exc}",
-                     "moved_to": str(target), "at": _now()}
-            log.warning("quarantined %s: %s", path.name, entry["error"])
+            error = f"{type(exc).__name__}: {exc}"
+            entry = {"name": name, "sha256": sha, "status": "quarantined", "error": error,
+                     "moved_to": _quarantine(url, quarantine, error), "at": _now()}
+            log.warning("quarantined %s: %s", name, error)
             out["quarantined"].append(entry)
         else:
             rows = next((s["rows"] for s in reversed(ds.meta["sources"]) if s["sha256"] == sha), None)
-            entry = {"name": path.name, "path": str(path), "sha256": sha, "status": "ingested", "rows": rows,
-                     "at": _now(), "n_samples_after": ds.n_samples}
-            log.info("ingested %s: %s rows (dataset now %d rows)", path.name, rows, ds.n_samples)
+            entry = {"name": name, "path": url, "sha256": sha, "status": "ingested", "rows": rows, "at": _now(),
+                     "n_samples_after": ds.n_samples}
+            log.info("ingested %s: %s rows (dataset now %d rows)", name, rows, ds.n_samples)
             out["ingested"].append(entry)
         book["files"][sha] = entry
-        _write_json(ledger_path, book)
+        write_json(ledger, book)
     return out
+
+
+@task(name="promote", retries=2, retry_delay_seconds=1, cache_policy=NONE)
+def promote(model: dict, *, models: str) -> str:
+    """Copy the model store ``model["url"]`` to ``<models>/<fingerprint>.zarr`` (kept if present); returns its URL."""
+    target = join(models, f"{model['fingerprint']}.zarr")
+    if not exists(target):
+        fs, src = url_to_fs(model["url"])
+        tmp = _fs.temporary_sibling(target)
+        fs.copy(src, url_to_fs(tmp)[1], recursive=True)
+        _fs.publish(tmp, target)
+    return target
 
 
 def _decide(new: dict, current: dict | None, metric: str) -> tuple[bool, str]:
@@ -132,12 +149,11 @@ def _decide(new: dict, current: dict | None, metric: str) -> tuple[bool, str]:
 def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None = None,
             storage: str | None = None, scheduler: str | None = None, n_workers: PositiveInt | None = None,
             threads_per_worker: PositiveInt | None = None, processes: bool | None = None,
-            dashboard_address: str | None = ":8787", format: Literal["auto", "xc", "libsvm", "vw"] = "auto",
-            one_based: bool = False, normalize: Literal["none", "l2", "l1", "sqrt"] = "none",
-            embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian", seed: int = 0,
-            n_random_features: PositiveInt = 2000, max_epochs: PositiveInt = 10,
-            top_k: Annotated[int, Field(ge=10)] = 10, spectrum_components: PositiveInt | None = 50,
-            metric: str = "P@1") -> dict:
+            dashboard_address: str | None = ":8787", format: Format = "auto", one_based: bool = False,
+            normalize: Normalize = "none", embedding: Embedding = "rembrandt", k: PositiveInt = 64,
+            kernel: Kernel = "gaussian", seed: int = 0, n_random_features: PositiveInt = 2000,
+            max_epochs: PositiveInt = 10, top_k: Annotated[int, Field(ge=10)] = 10,
+            spectrum_components: PositiveInt | None = 50, metric: str = "P@1") -> dict:
     """Pick up new files, append them once, retrain, and promote the new model if it is not worse.
 
     Parameters
@@ -159,45 +175,50 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
         ``current`` (the current model record), ``metrics`` (of the new model), ``stages``, ``run_dir``.
     """
     log = get_run_logger()
-    base = Path(storage_root(storage)) / "refresh"
-    incoming = incoming or str(base / "incoming")
-    dataset = dataset or str(base / "train.zarr")
-    current_path = base / "current.json"
-    with cluster(scheduler, n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
-                 dashboard_address=dashboard_address) as client:
-        dashboard = client.dashboard_link if dashboard_address is not None or scheduler else None
-        log.info("Dask dashboard: %s", dashboard or "none")
-        picked = pick_up(incoming, dataset, ledger=str(base / "ledger.json"), quarantine=str(base / "quarantine"),
+    base = join(root_url(storage), "refresh")
+    incoming = incoming or join(base, "incoming")
+    dataset = dataset or join(base, "train.zarr")
+    current_path = join(base, "current.json")
+    run_dir = new_run_dir(storage)
+    local = LocalClusterOptions(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
+                                dashboard_address=dashboard_address)
+    with dask_client(scheduler, local) as (_, dashboard):
+        picked = pick_up(incoming, dataset, ledger=join(base, "ledger.json"), quarantine=join(base, "quarantine"),
                          format=format, one_based=one_based, normalize=normalize)
         if not exists(dataset):
             raise FileNotFoundError(f"no training data yet: {dataset} does not exist and {incoming} held no valid "
                                     "file; drop text files into the incoming folder")
-        stages = {"ingest-train": ingest_stage([dataset], split="train", storage=storage)}
-        stages["ingest-test"] = ingest_stage(list(test), split="test", like=stages["ingest-train"], storage=storage,
-                                             format=format, one_based=one_based, normalize=normalize)
-        stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], storage=storage,
-                                     embedding=embedding, k=k, kernel=kernel, seed=seed,
-                                     n_random_features=n_random_features, max_epochs=max_epochs, top_k=top_k,
-                                     spectrum_components=spectrum_components))
+        where = {"storage": storage, "run_dir": run_dir}
+        stages = {"ingest-train": ingest_flow([dataset], split="train", **where)}
+        stages["ingest-test"] = ingest_flow(list(test), split="test", like=dataset, format=format,
+                                            one_based=one_based, normalize=normalize, **where)
+        stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], embedding=embedding, k=k,
+                                     kernel=kernel, seed=seed, n_random_features=n_random_features,
+                                     max_epochs=max_epochs, top_k=top_k, spectrum_components=spectrum_components,
+                                     **where))
         new_metrics = stages["evaluate"]["result"]
-        current = _read_json(current_path, None)
+        new_model = output(stages["train"], "model")
+        current = read_json(current_path)
         current_metrics = None
-        if current is not None and current["fingerprint"] == stages["train"]["fingerprint"]:
-            promote, decision = False, f"unchanged: the current model is this one ({metric} {new_metrics[metric]:.4f})"
+        if current is not None and current["fingerprint"] == new_model["fingerprint"]:
+            promote_it = False
+            decision = f"unchanged: the current model is this one ({metric} {new_metrics[metric]:.4f})"
         else:
             if current is not None:  # evaluate the current model on the same test set and propensities
-                model = {"outputs": {"model": current["model"]},
-                         "output_fingerprints": {"model": current["fingerprint"]}}
-                old_pred = predict_stage(model, stages["ingest-test"], storage=storage, top_k=top_k)
-                old_eval = evaluate_stage(old_pred, stages["ingest-test"], stages["ingest-train"], storage=storage)
+                model = {"url": current["model"], "fingerprint": current["fingerprint"]}
+                test_data, train_data = output(stages["ingest-test"], "data"), output(stages["ingest-train"], "data")
+                old_pred = predict_flow(model, test_data, top_k=top_k, name="predict-current", **where)
+                old_eval = evaluate_flow(output(old_pred, "predictions"), test_data, train_data,
+                                         name="evaluate-current", **where)
                 current_metrics = old_eval["result"]
                 stages["predict-current"], stages["evaluate-current"] = old_pred, old_eval
-            promote, decision = _decide(new_metrics, current_metrics, metric)
-        if promote:
-            current = {"model": stages["train"]["outputs"]["model"], "fingerprint": stages["train"]["fingerprint"],
+            promote_it, decision = _decide(new_metrics, current_metrics, metric)
+        if promote_it:
+            current = {"model": promote(new_model, models=join(base, "models")),
+                       "fingerprint": new_model["fingerprint"], "trained_in": new_model["url"],
                        "train": stages["ingest-train"]["outputs"]["data"], "metric": metric,
                        "metrics": {key: new_metrics[key] for key in new_metrics if "@" in key}, "promoted_at": _now()}
-            _write_json(current_path, current)
+            write_json(current_path, current)
         log.info("%s", decision)
         notes = [f"**Model decision:** {decision}.", "",
                  f"Current model: `{current['model']}`", "",
@@ -205,10 +226,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
                  f"skipped (seen before): {', '.join(f['name'] for f in picked['skipped']) or 'none'}; "
                  f"quarantined: {', '.join(f['name'] for f in picked['quarantined']) or 'none'}."]
         notes += [f"- quarantined `{f['name']}`: {f['error']}" for f in picked["quarantined"]]
-        run_dir = new_run_dir(storage, {name: rec["fingerprint"] for name, rec in stages.items()})
-        out = report_stage(str(run_dir), stages=stages, title=f"xmldask refresh of {dataset}", dashboard=dashboard,
-                           notes=notes, artifact_key="xmldask-refresh-report")
-    return {**picked, **out, "promoted": promote, "decision": decision, "current": current,
-            "metrics": new_metrics, "current_metrics": current_metrics,
-            "stages": {name: {key: rec.get(key) for key in ("reused", "fingerprint", "dir")}
-                       for name, rec in stages.items()}}
+        out = report_flow(stages, title=f"xmldask refresh of {dataset}", dashboard=dashboard, notes=notes,
+                          artifact_key="xmldask-refresh-report", run_dir=run_dir)
+    return {**picked, **out, "promoted": promote_it, "decision": decision, "current": current,
+            "metrics": new_metrics, "current_metrics": current_metrics, "stages": summary(stages)}

@@ -80,18 +80,22 @@ def _stage_rows(stages: dict[str, dict]) -> list[str]:
     for name, rec in stages.items():
         status = "reused" if rec.get("reused") else "computed"
         outputs = ", ".join(f"`{url}`" for url in rec.get("outputs", {}).values())
-        rows.append(f"| {name} | {status} | {rec.get('seconds', 0):.1f} | {rec.get('peak_rss_mb', float('nan')):.0f} "
+        peak = "" if rec.get("peak_rss_mb") is None else f"{rec['peak_rss_mb']:.0f}"
+        rows.append(f"| {name} | {status} | {rec.get('seconds') or 0:.1f} | {peak} "
                     f"| `{rec.get('fingerprint', '')}` | {outputs} |")
     return rows
 
 
-def write_report(run_dir: Path, *, metrics: dict, stages: dict[str, dict], title: str, dashboard: str | None,
-                 notes: list[str] | None = None, plots: dict[str, Path] | None = None) -> str:
-    """Write ``report.md``, ``metrics.json``, ``stages.json`` and the plots into ``run_dir``; returns the Markdown.
+def write_report(out_dir: Path, *, run_dir: str, metrics: dict, stages: dict[str, dict], title: str,
+                 dashboard: str | None, notes: list[str] | None = None, plots: dict[str, Path] | None = None) -> str:
+    """Write ``report.md``, ``metrics.json``, ``stages.json`` and the plots into ``out_dir``; returns the Markdown.
 
     Parameters
     ----------
-    run_dir : Path
+    out_dir : Path
+        A local directory (the flows copy it into the run directory afterwards).
+    run_dir : str
+        The run directory the report is for (path or fsspec URL), named in the report.
     metrics : dict
         From :func:`xmldask.jobs.evaluate` (all k).
     stages : dict
@@ -102,20 +106,20 @@ def write_report(run_dir: Path, *, metrics: dict, stages: dict[str, dict], title
     notes : list of str, optional
         Lines added under the title (for instance the promotion decision of a refresh).
     plots : dict, optional
-        Caption to an existing PNG: copied into ``run_dir`` and linked from the report.
+        Caption to a local PNG: copied into ``out_dir`` and linked from the report.
     """
     from xmldask import metrics as xm
 
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
-    (run_dir / "stages.json").write_text(json.dumps(stages, indent=2, default=str) + "\n")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
+    (out_dir / "stages.json").write_text(json.dumps(stages, indent=2, default=str) + "\n")
     images = []
     for caption, src in (plots or {}).items():
         src = Path(src)
         if not src.is_file():
             continue
-        dst = run_dir / src.name
+        dst = out_dir / src.name
         if src.resolve() != dst.resolve():
             shutil.copyfile(src, dst)
         images.append(f"![{caption}]({dst.name})")
@@ -124,7 +128,8 @@ def write_report(run_dir: Path, *, metrics: dict, stages: dict[str, dict], title
     lines += [f"Run directory: `{run_dir}`", f"Dask dashboard: {dashboard or 'none'}", "", "## Metrics", "",
               xm.report(table_metrics(metrics)), "## Stages", "", *_stage_rows(stages), "",
               "Seconds and peak memory (this process and its local Dask workers) are those of the run that computed "
-              "the stage; a reused stage cost nothing now. Each computed stage keeps a Dask performance report "
+              "the stage; a reused stage (a Prefect cache hit) cost nothing now and its outputs stay in the run "
+              "directory that computed them. Each computed stage keeps a Dask performance report "
               "(`performance.html`) beside its outputs.", ""]
     reports = [f"- {name}: `{rec['performance_report']}`" for name, rec in stages.items()
                if rec.get("performance_report")]
@@ -133,5 +138,5 @@ def write_report(run_dir: Path, *, metrics: dict, stages: dict[str, dict], title
     if images:
         lines += ["## Plots", "", *[f"{img}\n" for img in images]]
     text = "\n".join(lines).rstrip() + "\n"
-    (run_dir / "report.md").write_text(text)
+    (out_dir / "report.md").write_text(text)
     return text

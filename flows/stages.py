@@ -1,13 +1,13 @@
-"""Content fingerprints and the stage runner: a finished stage with the same inputs and parameters is reused.
+"""Content fingerprints, store locations and the stage writer (no Prefect, no Dask at import time).
 
-A stage's output directory is content-addressed: ``<storage>/stages/<stage>-<fingerprint>/``, where the
-fingerprint hashes the stage name, its version, its parameters and the fingerprints of its inputs. The
-directory is written under a hidden temporary name and renamed into place only once complete, with its
-record ``stage.json`` (inputs with their URLs and fingerprints, parameters, outputs, seconds, peak memory,
-the Dask performance report). A stage whose directory exists is therefore finished and is reused; a
-changed input or parameter gives another fingerprint, so only the stages that depend on it run again.
+A stage writes its outputs into one directory, ``<storage>/runs/<run>/<stage>/`` (any fsspec URL):
+first under a hidden temporary name beside it, then moved into place, and last its record
+``stage.json`` (inputs with their URLs and content fingerprints, parameters, outputs, seconds, peak
+memory, the Dask performance report). A directory without a record is unfinished and never reused.
 
-This module imports neither Prefect nor Dask at import time: the flows wrap :func:`run_stage` in tasks.
+Reuse is the flows' business (:mod:`flows.stage_flows`: Prefect's cache, keyed on
+:func:`cache_key`); :func:`outputs_complete` tells them whether a cached record still points at
+outputs that exist.
 """
 
 from __future__ import annotations
@@ -17,24 +17,81 @@ import datetime as _dt
 import hashlib
 import json
 import logging
-import os
-import shutil
+import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from fsspec.core import url_to_fs
+
 from xmldask.store import _fs, open_dataset, storage_root
 
-__all__ = ["STAGE_VERSION", "dataset_fingerprint", "file_sha256", "fingerprint", "is_dataset_store", "run_stage",
-           "stage_dir"]
+__all__ = ["RECORD", "STAGE_VERSION", "cache_key", "dataset_fingerprint", "file_sha256", "fingerprint",
+           "is_dataset_store", "join", "outputs_complete", "read_json", "root_url", "run_stage", "store_ref",
+           "write_json"]
 
 logger = logging.getLogger(__name__)
 
-#: bump to invalidate every stored stage (for instance when a stage's outputs change meaning)
-STAGE_VERSION = 1
+#: bump to invalidate every cached stage (for instance when a stage's outputs change meaning)
+STAGE_VERSION = 2
 RECORD = "stage.json"
+
+
+# --------------------------------------------------------------------------------------------------
+# locations: local paths and fsspec URLs alike
+
+
+def root_url(storage: str | None = None) -> str:
+    """The storage root (:func:`xmldask.store.storage_root`); a local one as an absolute path."""
+    root = storage_root(storage).rstrip("/")
+    if _fs.is_local(root):
+        return str(Path(url_to_fs(root)[1]).resolve())
+    return root
+
+
+def join(base: str, *names: str) -> str:
+    """``base/name/...`` for a local path or an fsspec URL."""
+    return "/".join([str(base).rstrip("/"), *(str(n).strip("/") for n in names)])
+
+
+def read_json(url: str, default=None):
+    """The JSON document at ``url``, or ``default`` if there is none (or it is unreadable)."""
+    fs, path = url_to_fs(url)
+    try:
+        with fs.open(path, "r") as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return default
+
+
+def write_json(url: str, obj) -> None:
+    """Write ``obj`` as JSON to ``url`` (atomically on a local disk: a temporary file renamed into place)."""
+    text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
+    fs, path = url_to_fs(url)
+    parent = path.rsplit("/", 1)[0]
+    if parent:
+        fs.makedirs(parent, exist_ok=True)
+    if _fs.is_local(url):
+        tmp = Path(path).with_name(f".{Path(path).name}.tmp")
+        tmp.write_text(text)
+        tmp.replace(path)
+    else:
+        with fs.open(path, "w") as f:
+            f.write(text)
+
+
+def upload(local_dir: Path, url: str) -> None:
+    """Copy the files of ``local_dir`` (not its subdirectories) into the directory ``url``."""
+    fs, path = url_to_fs(url)
+    fs.makedirs(path, exist_ok=True)
+    for file in sorted(Path(local_dir).iterdir()):
+        if file.is_file():
+            fs.put_file(str(file), f"{path.rstrip('/')}/{file.name}")
+
+
+# --------------------------------------------------------------------------------------------------
+# fingerprints
 
 
 def _digest(obj) -> str:
@@ -47,12 +104,22 @@ def fingerprint(stage: str, params: dict, inputs: dict[str, str]) -> str:
     return _digest({"stage": stage, "version": STAGE_VERSION, "params": params, "inputs": inputs})[:16]
 
 
+def cache_key(context, parameters: dict) -> str:
+    """Prefect ``cache_key_fn`` of a stage task ``task(inputs, params, out)``: ``<stage>-<fingerprint>``.
+
+    The key is the stage name and its :func:`fingerprint` (parameters and the content fingerprints of
+    the inputs); where the outputs go (``out``) is not part of it.
+    """
+    stage = context.task.name
+    inputs = {name: item["fingerprint"] for name, item in parameters["inputs"].items()}
+    return f"{stage}-{fingerprint(stage, parameters['params'], inputs)}"
+
+
 def file_sha256(path: str) -> str:
     """sha256 of a file's bytes (local path or fsspec URL)."""
-    import fsspec
-
+    fs, p = url_to_fs(path)
     digest = hashlib.sha256()
-    with fsspec.open(path, "rb") as f:
+    with fs.open(p, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             digest.update(chunk)
     return digest.hexdigest()
@@ -83,13 +150,38 @@ def dataset_fingerprint(url: str) -> str:
     return _digest(content)[:16]
 
 
-def stage_dir(stage: str, fp: str, *, storage: str | None = None) -> Path:
-    """Where the stage with fingerprint ``fp`` keeps its outputs: ``<storage>/stages/<stage>-<fp>``."""
-    root = storage_root(storage)
-    if not _fs.is_local(root):
-        raise ValueError(f"the flows keep stage outputs and reports on a local disk; {root!r} is not a local path "
-                         "(give --storage a directory)")
-    return Path(root) / "stages" / f"{stage}-{fp}"
+def _listing_fingerprint(url: str) -> str:
+    """Fingerprint of any store from its file names, sizes and root metadata (reads no chunk)."""
+    fs, path = url_to_fs(url)
+    base = path.rstrip("/")
+    files = fs.find(base, detail=True)
+    listing = sorted((name[len(base):], info.get("size")) for name, info in files.items())
+    root = f"{base}/zarr.json"
+    meta = fs.cat_file(root).decode() if root in files else None
+    return _digest({"files": listing, "zarr.json": meta})[:16]
+
+
+def store_ref(value: str | dict) -> dict[str, str]:
+    """``{"url", "fingerprint"}`` of a store given by its URL (or such a dict, returned as it is).
+
+    The fingerprint of a stage's output is the one its record (``stage.json`` beside it) holds; a
+    dataset store's is :func:`dataset_fingerprint`; any other store's comes from its file listing.
+    """
+    if isinstance(value, dict):
+        return {"url": value["url"], "fingerprint": value["fingerprint"]}
+    url = str(value).rstrip("/")
+    parent, _, name = url.rpartition("/")
+    record = read_json(join(parent, RECORD)) if parent else None
+    for key, output in ((record or {}).get("outputs") or {}).items():
+        if output.rstrip("/").rpartition("/")[2] == name:
+            return {"url": url, "fingerprint": record["output_fingerprints"][key]}
+    if not _fs.exists(url):
+        raise FileNotFoundError(f"no store at {url}: give the URL of an existing store (or its stage record)")
+    return {"url": url, "fingerprint": dataset_fingerprint(url) if is_dataset_store(url) else _listing_fingerprint(url)}
+
+
+# --------------------------------------------------------------------------------------------------
+# the stage writer
 
 
 def _now() -> str:
@@ -146,20 +238,17 @@ def _performance_report(path: Path):
         yield path
 
 
-def read_record(directory: Path) -> dict | None:
-    """The ``stage.json`` of a finished stage directory, or None."""
-    path = Path(directory) / RECORD
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
+def outputs_complete(record: dict | None) -> bool:
+    """Whether a stage record's directory still holds its record and every output it names."""
+    if not record or not record.get("dir"):
+        return False
+    urls = [join(record["dir"], RECORD), *record.get("outputs", {}).values()]
+    return all(_fs.exists(url) for url in urls)
 
 
-def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Callable[[Path], dict],
-              storage: str | None = None, log: logging.Logger | logging.LoggerAdapter | None = None) -> dict:
-    """Run a stage unless a finished one with the same fingerprint exists; returns its record.
+def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Callable[[str, Path], dict], out: str,
+              log: logging.Logger | logging.LoggerAdapter | None = None) -> dict:
+    """Compute a stage into the directory ``out`` (path or fsspec URL) and return its record.
 
     Parameters
     ----------
@@ -170,53 +259,50 @@ def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Cal
     inputs : dict
         ``{name: {"url": ..., "fingerprint": ...}}`` of what the stage consumes.
     compute : callable
-        ``compute(workdir) -> dict`` writes the outputs into ``workdir`` and returns
-        ``{"outputs": {name: file name in workdir}, "result": small dict, "fingerprints": {name: fp}}``
+        ``compute(work, scratch) -> dict`` writes stores under the URL ``work`` and small files (plots,
+        JSON) into the local directory ``scratch`` (copied into ``work`` afterwards); it returns
+        ``{"outputs": {name: file name in work}, "result": small dict, "fingerprints": {name: fp}}``
         (``fingerprints`` optional: content fingerprints of outputs, default the stage fingerprint).
-    storage : str, optional
-        The storage root (default ``$XMLDASK_STORAGE`` or ``storage``).
+    out : str
+        The stage directory. An existing one is replaced (a retry's, or an unfinished one).
 
     Returns
     -------
     dict
-        The record: ``stage``, ``fingerprint``, ``params``, ``inputs``, ``outputs`` (name to URL),
-        ``output_fingerprints``, ``result``, ``seconds``, ``peak_rss_mb``, ``performance_report``,
-        ``started``, ``finished``, ``dir``, and ``reused`` (true if nothing was computed now).
+        The record, also written last as ``out/stage.json``: ``stage``, ``fingerprint``, ``params``,
+        ``inputs``, ``outputs`` (name to URL), ``output_fingerprints``, ``result``, ``seconds``,
+        ``peak_rss_mb``, ``performance_report``, ``started``, ``finished``, ``dir``.
     """
     log = log or logger
+    out = str(out).rstrip("/")
     fp = fingerprint(stage, params, {name: item["fingerprint"] for name, item in inputs.items()})
-    final = stage_dir(stage, fp, storage=storage)
-    record = read_record(final)
-    if record is not None and all(Path(url).exists() for url in record["outputs"].values()):
-        log.info("stage %s: reusing %s (computed %s in %.1f s)", stage, final, record["finished"], record["seconds"])
-        return {**record, "reused": True}
-    final.parent.mkdir(parents=True, exist_ok=True)
-    work = final.parent / f".{final.name}.partial-{uuid.uuid4().hex[:12]}"
-    work.mkdir()
+    work = _fs.temporary_sibling(out)
+    fs, work_path = url_to_fs(work)
+    fs.makedirs(work_path, exist_ok=True)
     started, start = _now(), time.perf_counter()
-    log.info("stage %s: computing into %s", stage, final)
+    log.info("stage %s: computing into %s", stage, out)
     try:
-        with peak_memory() as memory, _performance_report(work / "performance.html") as report:
-            done = compute(work)
-        seconds = time.perf_counter() - start
-        # the jobs report the temporary paths they wrote: name the final ones instead
-        result = json.loads(json.dumps(done.get("result", {}), default=str).replace(str(work), str(final)))
-        outputs = {name: str(final / rel) for name, rel in done["outputs"].items()}
-        record = {
-            "stage": stage, "fingerprint": fp, "version": STAGE_VERSION, "params": params, "inputs": inputs,
-            "outputs": outputs,
-            "output_fingerprints": {name: (done.get("fingerprints") or {}).get(name, fp) for name in outputs},
-            "result": result, "seconds": round(seconds, 3), "peak_rss_mb": memory["peak_rss_mb"],
-            "start_rss_mb": memory["start_rss_mb"],
-            "performance_report": str(final / "performance.html") if report is not None else None,
-            "started": started, "finished": _now(), "dir": str(final),
-        }
-        (work / RECORD).write_text(json.dumps(record, indent=2, default=str) + "\n")
-        if final.exists():  # an unfinished directory (no record) left by a killed run
-            shutil.rmtree(final)
-        os.replace(work, final)
+        with tempfile.TemporaryDirectory(prefix=f"xmldask-{stage}-") as scratch:
+            with peak_memory() as memory, _performance_report(Path(scratch) / "performance.html") as report:
+                done = compute(work, Path(scratch))
+            upload(Path(scratch), work)
+        _fs.publish(work, out, overwrite=True)
     except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
+        _fs.remove(work)
         raise
+    seconds = time.perf_counter() - start
+    # the jobs report the temporary paths they wrote: name the final ones instead
+    result = json.loads(json.dumps(done.get("result", {}), default=str).replace(work, out))
+    outputs = {name: join(out, rel) for name, rel in done["outputs"].items()}
+    record = {
+        "stage": stage, "fingerprint": fp, "version": STAGE_VERSION, "params": params, "inputs": inputs,
+        "outputs": outputs,
+        "output_fingerprints": {name: (done.get("fingerprints") or {}).get(name, fp) for name in outputs},
+        "result": result, "seconds": round(seconds, 3), "peak_rss_mb": memory["peak_rss_mb"],
+        "start_rss_mb": memory["start_rss_mb"],
+        "performance_report": join(out, "performance.html") if report is not None else None,
+        "started": started, "finished": _now(), "dir": out,
+    }
+    write_json(join(out, RECORD), record)
     log.info("stage %s: done in %.1f s (peak memory %.0f MB)", stage, record["seconds"], record["peak_rss_mb"])
-    return {**record, "reused": False}
+    return record

@@ -51,10 +51,15 @@ def client():
 
 @pytest.fixture(scope="session")
 def prefect_harness():
-    """A temporary Prefect database and API for the flow tests (started once, about 7 s)."""
+    """A temporary Prefect database and API for the flow tests (started once, about 7 s).
+
+    Flow-run heartbeats are off: each flow run (every stage subflow) would otherwise wait up to a
+    second for its heartbeat thread at its end.
+    """
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness():
+    with prefect_test_harness(), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 
 

@@ -1,20 +1,29 @@
-"""The Prefect flows on tiny synthetic data: end to end, reuse of finished stages, data refresh."""
+"""The Prefect flows on tiny synthetic data: end to end, stage flows, the cache, fsspec storage, refresh, deploy."""
 
 from __future__ import annotations
 
 import json
 import shutil
+import uuid
 from pathlib import Path
 
+import fsspec
 import pytest
 
 from flows.pipeline import pipeline
 from flows.refresh import refresh
+from flows.stage_flows import evaluate_flow, ingest_flow, predict_flow, report_flow, spectrum_flow, train_flow
 from xmldask.datasets import write_synthetic_text
 
 DIMS = {"n_features": 1000, "n_labels": 100}
 #: a small model: seconds per stage on 2 cores
 MODEL = {"k": 8, "n_random_features": 100, "max_epochs": 2, "spectrum_components": 10}
+TRAIN = {key: MODEL[key] for key in ("k", "n_random_features", "max_epochs")}
+STAGES = ["ingest-train", "ingest-test", "spectrum", "train", "predict", "evaluate"]
+#: the cached stage tasks of a pipeline run (ingest twice)
+STAGE_TASKS = ["evaluate", "ingest", "ingest", "predict", "spectrum", "train"]
+REPORT_FILES = {"report.md", "metrics.json", "stages.json", "label_frequency.png", "spectrum.png",
+                "precision_at_k.png"}
 
 
 pytestmark = pytest.mark.usefixtures("prefect_harness")
@@ -48,15 +57,43 @@ def first_run(data, storage, scheduler) -> dict:
     return pipeline([data["train"]], [data["test"]], storage=storage, scheduler=scheduler, **MODEL)
 
 
-STAGES = ["ingest-train", "ingest-test", "spectrum", "train", "predict", "evaluate"]
-
-
 def computed(result: dict) -> list[str]:
     return [name for name, rec in result["stages"].items() if not rec["reused"]]
 
 
+def run_with_state(flow, *args, **kwargs) -> tuple[dict, str]:
+    """Run a flow; returns its result and its flow run id."""
+    state = flow(*args, return_state=True, **kwargs)
+    return state.result(), str(state.state_details.flow_run_id)
+
+
+def task_states(flow_run_id: str) -> list[tuple[str, str]]:
+    """``(task name, state name)`` of the task runs of a flow run and its subflow runs, as the Prefect API has them."""
+    from prefect import get_client
+    from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, FlowRunFilterParentFlowRunId
+    from prefect.client.schemas.sorting import FlowRunSort, TaskRunSort
+
+    with get_client(sync_client=True) as client:  # (this server wants sort and limit)
+        children = client.read_flow_runs(flow_run_filter=FlowRunFilter(
+            parent_flow_run_id=FlowRunFilterParentFlowRunId(any_=[flow_run_id])), sort=FlowRunSort.ID_DESC, limit=100)
+        ids = [flow_run_id, *(str(run.id) for run in children)]
+        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=ids)),
+                                     sort=TaskRunSort.ID_DESC, limit=100)
+    return sorted((run.name.rsplit("-", 1)[0], run.state.name) for run in runs)
+
+
+def stage_states(flow_run_id: str) -> dict[str, list[str]]:
+    """Task name to the state names of its runs, for the stage tasks (not synthesize, pick-up, report)."""
+    states: dict[str, list[str]] = {}
+    for name, state in task_states(flow_run_id):
+        if name in STAGE_TASKS:
+            states.setdefault(name, []).append(state)
+    return states
+
+
 def test_pipeline_end_to_end(first_run):
     assert computed(first_run) == STAGES
+    assert {rec["state"] for rec in first_run["stages"].values()} == {"Completed"}
     run = Path(first_run["run_dir"])
     metrics = json.loads((run / "metrics.json").read_text())
     for key in ("P@1", "P@3", "P@5", "nDCG@5", "PSP@5", "P@10"):
@@ -66,18 +103,32 @@ def test_pipeline_end_to_end(first_run):
     assert "| P@1 |" in report and "| train | computed |" in report
     for png in ("label_frequency.png", "spectrum.png", "precision_at_k.png"):
         assert (run / png).stat().st_size > 0
-    for name, rec in first_run["stages"].items():
-        assert (Path(rec["dir"]) / "stage.json").is_file(), name
-    assert (Path(first_run["stages"]["train"]["dir"]) / "performance.html").is_file()
-    record = json.loads((Path(first_run["stages"]["train"]["dir"]) / "stage.json").read_text())
+    for name, rec in first_run["stages"].items():  # every stage wrote into this run's directory
+        assert Path(rec["dir"]) == run / name and (run / name / "stage.json").is_file(), name
+    assert (run / "train" / "performance.html").is_file()
+    assert (run / "train" / "model.zarr").is_dir() and (run / "predict" / "predictions.zarr").is_dir()
+    record = json.loads((run / "train" / "stage.json").read_text())
     assert record["inputs"]["train"]["fingerprint"] and record["peak_rss_mb"] > 0
+    assert record["inputs"]["train"]["url"] == str(run / "ingest-train" / "data.zarr")
+    assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no partial directory left
 
 
 def test_rerun_reuses_every_stage(first_run, data, storage, scheduler):
-    again = pipeline([data["train"]], [data["test"]], storage=storage, scheduler=scheduler, **MODEL)
+    records = sorted(Path(storage, "runs").glob("*/*/stage.json"))
+    mtimes = [p.stat().st_mtime_ns for p in records]
+    again, flow_run_id = run_with_state(pipeline, [data["train"]], [data["test"]], storage=storage,
+                                        scheduler=scheduler, **MODEL)
     assert computed(again) == []
+    assert {rec["state"] for rec in again["stages"].values()} == {"Cached"}
+    states = stage_states(flow_run_id)
+    assert sorted(states) == sorted(set(STAGE_TASKS)) and all(set(s) == {"Cached"} for s in states.values()), states
     assert again["metrics"] == first_run["metrics"]
     assert again["run_dir"] != first_run["run_dir"]
+    # no stage directory written anew: the new run directory holds the report only
+    assert {p.name for p in Path(again["run_dir"]).iterdir()} == REPORT_FILES
+    assert sorted(Path(storage, "runs").glob("*/*/stage.json")) == records
+    assert [p.stat().st_mtime_ns for p in records] == mtimes
+    assert again["stages"]["train"]["dir"] == first_run["stages"]["train"]["dir"]
     assert "| train | reused |" in Path(again["report"]).read_text()
 
 
@@ -93,8 +144,13 @@ def test_store_urls_are_used_as_they_are(first_run, data, storage, scheduler):
 def test_parameter_change_recomputes_only_later_stages(first_run, data, storage, scheduler):
     more = pipeline([data["train"]], [data["test"]], storage=storage, scheduler=scheduler, **{**MODEL, "top_k": 12})
     assert computed(more) == ["predict", "evaluate"]
-    other = pipeline([data["train"]], [data["test"]], storage=storage, scheduler=scheduler, **{**MODEL, "k": 4})
+    assert {p.name for p in Path(more["run_dir"]).iterdir()} == REPORT_FILES | {"predict", "evaluate"}
+    other, flow_run_id = run_with_state(pipeline, [data["train"]], [data["test"]], storage=storage,
+                                        scheduler=scheduler, **{**MODEL, "k": 4})
     assert computed(other) == ["train", "predict", "evaluate"]
+    states = stage_states(flow_run_id)
+    assert states["ingest"] == ["Cached", "Cached"] and states["spectrum"] == ["Cached"]
+    assert states["train"] == states["predict"] == states["evaluate"] == ["Completed"]
     assert other["stages"]["spectrum"]["fingerprint"] == first_run["stages"]["spectrum"]["fingerprint"]
 
 
@@ -105,6 +161,79 @@ def test_parameters_are_validated(storage):
         pipeline(storage=storage, k=0)
     with pytest.raises(ParameterTypeError):
         pipeline(storage=storage, embedding="nope")
+    with pytest.raises(ParameterTypeError):
+        train_flow("x.zarr", storage=storage, kernel="nope")
+
+
+def test_each_stage_flow_runs_on_its_own(first_run, data, storage, scheduler, monkeypatch):
+    """Store URLs in, a record out; each flow opens its own client (here via $XMLDASK_SCHEDULER)."""
+    monkeypatch.setenv("XMLDASK_SCHEDULER", scheduler)
+    ingested = ingest_flow([data["train"]], storage=storage)
+    assert ingested["state"] == "Cached"  # the pipeline's ingest of the same file
+    train_url = ingested["outputs"]["data"]
+    test_url = first_run["stages"]["ingest-test"]["dir"] + "/data.zarr"
+
+    # a URL given as a string gets the fingerprint the producing stage recorded: the pipeline's train is reused
+    assert train_flow(train_url, storage=storage, **TRAIN)["state"] == "Cached"
+
+    model = train_flow(train_url, storage=storage, **{**TRAIN, "k": 6})
+    assert model["state"] == "Completed"
+    run = Path(model["dir"]).parent
+    assert Path(model["dir"]) == run / "train" and run.parent == Path(storage, "runs")
+    pred = predict_flow(model["outputs"]["model"], test_url, storage=storage)
+    assert pred["state"] == "Completed" and Path(pred["dir"]).parent != run  # a run directory per flow run
+    assert pred["inputs"]["model"]["fingerprint"] == model["fingerprint"]
+    evaluated = evaluate_flow(pred["outputs"]["predictions"], test_url, train_url, storage=storage)
+    assert 0.01 < evaluated["result"]["P@1"] <= 1
+    spectrum = spectrum_flow(train_url, n_components=5, storage=storage)
+    assert spectrum["state"] == "Completed" and len(spectrum["result"]["top_eigenvalues"]) == 5
+    out = report_flow({"spectrum": spectrum, "evaluate": evaluated}, title="stage flows", storage=storage)
+    assert "| P@1 |" in Path(out["report"]).read_text()
+    assert {"spectrum.png", "label_frequency.png"} <= {p.name for p in Path(out["run_dir"]).iterdir()}
+
+
+def test_deleted_outputs_are_recomputed(first_run, tmp_path, scheduler):
+    """A cached record whose outputs are gone is computed again, and a directory without record is not reused."""
+    stages = first_run["stages"]
+    args = (stages["predict"]["dir"] + "/predictions.zarr", stages["ingest-test"]["dir"] + "/data.zarr")
+    opts = {"storage": str(tmp_path / "storage"), "scheduler": scheduler}
+    first = evaluate_flow(*args, **opts)
+    assert first["state"] == "Completed" and evaluate_flow(*args, **opts)["state"] == "Cached"
+
+    (Path(first["dir"]) / "stage.json").unlink()  # an unfinished directory: outputs without their record
+    second = evaluate_flow(*args, **opts)
+    assert second["state"] == "Completed" and second["dir"] != first["dir"]
+    shutil.rmtree(Path(second["dir"]).parent)  # an old run directory deleted
+    third = evaluate_flow(*args, **opts)
+    assert third["state"] == "Completed" and (Path(third["dir"]) / "metrics.json").is_file()
+    fourth = evaluate_flow(*args, **opts)
+    assert fourth["state"] == "Cached" and fourth["dir"] == third["dir"]  # the cache holds the new record
+    assert fourth["result"] == first["result"]
+
+
+def test_pipeline_on_an_fsspec_url(tmp_path):
+    """The whole pipeline with ``memory://`` storage (synthetic data too) on an in-process cluster; then all cached."""
+    storage = f"memory://xmldask-flows-{uuid.uuid4().hex[:8]}"
+    opts = {"storage": storage, "n_workers": 1, "threads_per_worker": 2, "processes": False, "dashboard_address": None,
+            "synthetic_samples": 1000, "synthetic_features": 500, "synthetic_labels": 50, **MODEL}
+    try:
+        first = pipeline(**opts)
+        fs = fsspec.filesystem("memory")
+        assert first["run_dir"].startswith(f"{storage}/runs/")
+        metrics = json.loads(fs.cat_file(first["metrics_json"]))
+        assert metrics["P@1"] == first["metrics"]["P@1"] > 0.02
+        assert "| P@1 |" in fs.cat_file(first["report"]).decode()
+        names = {name.rpartition("/")[2] for name in fs.ls(first["run_dir"], detail=False)}
+        assert names == REPORT_FILES | set(STAGES)
+        assert fs.exists(f"{first['stages']['train']['dir']}/model.zarr/zarr.json")
+        assert fs.ls(f"{storage}/prefect-results")
+
+        again = pipeline(**opts)
+        assert {rec["state"] for rec in again["stages"].values()} == {"Cached"}
+        assert again["metrics"] == first["metrics"]
+        assert {name.rpartition("/")[2] for name in fs.ls(again["run_dir"], detail=False)} == REPORT_FILES
+    finally:
+        fsspec.filesystem("memory").rm(storage.removeprefix("memory://"), recursive=True)
 
 
 def test_refresh_ingests_once_quarantines_and_promotes_by_the_metric(data, tmp_path, scheduler):
@@ -117,6 +246,7 @@ def test_refresh_ingests_once_quarantines_and_promotes_by_the_metric(data, tmp_p
     shutil.copy(data["train"], incoming / "part-000.txt.gz")
     first = refresh([data["test"]], **opts)
     assert [f["name"] for f in first["ingested"]] == ["part-000.txt.gz"] and first["promoted"]
+    assert Path(first["current"]["model"]).parent == tmp_path / "storage" / "refresh" / "models"
     from xmldask.store import open_dataset
 
     assert open_dataset(str(dataset)).n_samples == 1500
@@ -154,3 +284,21 @@ def test_refresh_ingests_once_quarantines_and_promotes_by_the_metric(data, tmp_p
     assert better["promoted"] and better["current"]["fingerprint"] != first["current"]["fingerprint"]
     current = json.loads((tmp_path / "storage" / "refresh" / "current.json").read_text())
     assert current["model"] == better["current"]["model"]
+
+
+def test_deploy_builds_the_scheduled_refresh_deployment(monkeypatch):
+    """The deployment ``python -m flows.deploy`` serves: the refresh flow, the cron schedule, the parameters."""
+    from flows import deploy
+    from flows.refresh import refresh as refresh_flow
+
+    served = {}
+    monkeypatch.setattr(refresh_flow, "serve", lambda **options: served.update(options))
+    assert deploy.main(["--cron", "*/15 * * * *", "--test", "t.zarr", "--storage", "s3://bucket/xmc", "--k", "32"]) == 0
+    assert served["cron"] == "*/15 * * * *"
+    assert served["parameters"] == {"test": ["t.zarr"], "storage": "s3://bucket/xmc", "k": 32, "metric": "P@1"}
+
+    deployment = deploy.build_deployment(**{key: served[key] for key in ("cron", "name")}, **served["parameters"])
+    assert deployment.name == "xmldask-refresh" and deployment.flow_name == "xmldask-refresh"
+    assert [s.schedule.cron for s in deployment.schedules] == ["*/15 * * * *"]
+    assert deployment.parameters == served["parameters"]
+    assert deployment.entrypoint.endswith("refresh.py:refresh")

@@ -1,0 +1,491 @@
+"""One Prefect flow per stage: ingest, spectrum, train, predict, evaluate, report.
+
+Each stage flow takes store URLs and typed parameters (validated by Prefect with pydantic) and returns
+a small record (:func:`flows.stages.run_stage`); :func:`flows.pipeline.pipeline` chains them as
+subflows, and each can be run on its own::
+
+    from flows.stage_flows import train_flow
+    record = train_flow("storage/bibtex/train.zarr", k=32, scheduler="tcp://head:8786")
+    record["outputs"]["model"]        # <storage>/runs/<time>-<id>/train/model.zarr
+
+Inside, a thin task per stage (``ingest``, ``spectrum``, ``train``, ``predict``, ``evaluate``)
+computes through :mod:`xmldask.jobs` into ``<run_dir>/<stage>/``. The task is cached by Prefect: its
+cache key is the stage fingerprint (:func:`flows.stages.cache_key`: stage, version, parameters and
+the content fingerprints of the inputs), and its record is persisted under
+``<storage>/prefect-results/``. A re-run with the same inputs and parameters is a "Cached" task run
+whose record points at the outputs of the run that computed them; if those outputs are gone, the
+stage is computed again (``refresh_cache``). Only the I/O-bound tasks (ingest, report) retry.
+
+Dask: a stage flow that computes with Dask uses the running client of the flow that called it (the
+pipeline's); run on its own, it opens :func:`xmldask.cluster.cluster`: the ``scheduler`` parameter,
+else ``$XMLDASK_SCHEDULER``, else a LocalCluster (``local_cluster`` options), closed at its end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import hashlib
+import json
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, Literal
+
+from fsspec.core import url_to_fs
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NONE
+from pydantic import BaseModel, Field
+from typing_extensions import TypedDict
+
+from xmldask import jobs
+from xmldask.store import _fs
+
+from .stages import (
+    cache_key,
+    dataset_fingerprint,
+    file_sha256,
+    is_dataset_store,
+    join,
+    outputs_complete,
+    root_url,
+    run_stage,
+    store_ref,
+    upload,
+)
+
+__all__ = ["EVAL_KS", "LocalClusterOptions", "StoreRef", "dask_client", "evaluate_flow", "ingest_flow",
+           "new_run_dir", "output", "predict_flow", "report_flow", "run_cached", "spectrum_flow", "train_flow"]
+
+PositiveInt = Annotated[int, Field(gt=0)]
+Embedding = Literal["rembrandt", "cs", "plst", "pca"]
+Kernel = Literal["none", "gaussian", "cauchy"]
+Format = Literal["auto", "xc", "libsvm", "vw"]
+Normalize = Literal["none", "l2", "l1", "sqrt"]
+#: the k of the evaluation (the report's P@k plot); the report's table shows 1, 3, 5
+EVAL_KS = tuple(range(1, 11))
+
+
+class StoreRef(TypedDict):
+    """A store and its content fingerprint, as one stage hands its output to the next."""
+
+    url: str
+    fingerprint: str
+
+
+#: a store URL, or a :class:`StoreRef` (an output of another stage, with its fingerprint)
+Store = str | StoreRef
+
+
+class LocalClusterOptions(BaseModel):
+    """The local Dask cluster a stage flow run on its own starts (see :func:`xmldask.cluster.cluster`)."""
+
+    n_workers: PositiveInt | None = None
+    threads_per_worker: PositiveInt | None = None
+    processes: bool | None = None
+    memory_limit: str = "auto"
+    dashboard_address: str | None = ":8787"
+
+
+# --------------------------------------------------------------------------------------------------
+# Dask, run directories, cached stages
+
+
+@contextlib.contextmanager
+def dask_client(scheduler: str | None = None, local: LocalClusterOptions | None = None) -> Iterator[tuple]:
+    """The Dask client to compute on: the caller's running client, else :func:`xmldask.cluster.cluster`.
+
+    Parameters
+    ----------
+    scheduler : str, optional
+        Address of a running scheduler. A running client of this process is reused unless
+        ``scheduler`` names another scheduler.
+    local : LocalClusterOptions, optional
+        The local cluster started when there is neither a running client nor a scheduler address
+        (nor ``$XMLDASK_SCHEDULER``).
+
+    Yields
+    ------
+    tuple of (distributed.Client, str or None)
+        The client and its dashboard link (None for a reused client or a cluster without dashboard).
+    """
+    from distributed import default_client
+
+    from xmldask.cluster import cluster
+
+    log = get_run_logger()
+    try:
+        client = default_client()
+    except ValueError:
+        client = None
+    wanted = scheduler if scheduler is None or "://" in scheduler else f"tcp://{scheduler}"
+    if client is not None and wanted in (None, client.scheduler.address):
+        log.info("computing on the running Dask client (scheduler %s)", client.scheduler.address)
+        yield client, None
+        return
+    local = local or LocalClusterOptions()
+    with cluster(scheduler, **local.model_dump()) as client:
+        dashboard = client.dashboard_link if local.dashboard_address is not None or scheduler else None
+        log.info("Dask dashboard: %s", dashboard or "none")
+        yield client, dashboard
+
+
+def new_run_dir(storage: str | None) -> str:
+    """``<storage>/runs/<UTC time>-<flow run id>``: the directory of the current flow run."""
+    from prefect.runtime import flow_run
+
+    stamp = _dt.datetime.now(_dt.UTC).strftime("%Y%m%dT%H%M%S")
+    run_id = (flow_run.get_id() or uuid.uuid4().hex)[:8]
+    return join(root_url(storage), "runs", f"{stamp}-{run_id}")
+
+
+def result_storage(storage: str | None):
+    """Where Prefect persists the stage records: ``<storage>/prefect-results`` (a path, or a saved block)."""
+    url = join(root_url(storage), "prefect-results")
+    if _fs.is_local(url):
+        return Path(url)
+    from prefect.filesystems import RemoteFileSystem
+
+    block = RemoteFileSystem(basepath=url)  # Prefect needs a saved block for storage other than a local path
+    block.save(f"xmldask-results-{hashlib.sha256(url.encode()).hexdigest()[:12]}", overwrite=True)
+    return block
+
+
+def run_cached(stage_task, *, inputs: dict[str, dict], params: dict, storage: str | None, run_dir: str | None,
+               name: str | None = None) -> dict:
+    """Run a stage task into ``<run_dir>/<name>`` through Prefect's cache; returns its record.
+
+    A cached record whose outputs are gone (an old run directory deleted) is computed again, with
+    ``refresh_cache`` so that the cache then holds the new record.
+
+    Returns
+    -------
+    dict
+        The stage record, plus ``state`` (the task run's state name: ``Completed`` or ``Cached``) and
+        ``reused`` (true if cached).
+    """
+    out = join(run_dir or new_run_dir(storage), name or stage_task.name)
+    configured = stage_task.with_options(result_storage=result_storage(storage))
+    state = configured(inputs, params, out, return_state=True)
+    record = state.result()
+    if state.name == "Cached" and not outputs_complete(record):
+        get_run_logger().warning("stage %s: the cached outputs in %s are gone; computing it again", stage_task.name,
+                                 record.get("dir"))
+        state = configured.with_options(refresh_cache=True)(inputs, params, out, return_state=True)
+        record = state.result()
+    return {**record, "state": state.name, "reused": state.name == "Cached"}
+
+
+def output(record: dict, name: str) -> StoreRef:
+    """The output ``name`` of a stage record, as the input of the next stage."""
+    return {"url": record["outputs"][name], "fingerprint": record["output_fingerprints"][name]}
+
+
+#: the options of every cached stage task: keyed on the stage fingerprint, the record persisted as JSON
+CACHED = {"cache_key_fn": cache_key, "persist_result": True, "result_serializer": "json"}
+
+
+# --------------------------------------------------------------------------------------------------
+# ingest (no Dask: a streaming read in this process)
+
+
+@task(name="ingest", retries=2, retry_delay_seconds=1, **CACHED)
+def ingest_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
+    """Text files (``inputs`` ``source0``, ``source1``, ...) into the dataset store ``data.zarr``."""
+    from xmldask.io import ingest
+
+    sources = [inputs[f"source{i}"]["url"] for i in range(len(inputs))]
+
+    def compute(work: str, scratch: Path) -> dict:
+        data = join(work, "data.zarr")
+        ds = ingest(sources, data, **params)
+        return {"outputs": {"data": "data.zarr"}, "fingerprints": {"data": dataset_fingerprint(data)},
+                "result": {k: v for k, v in ds.info().items() if isinstance(v, (int, float, str))}}
+
+    return run_stage("ingest", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+
+
+@flow(name="xmldask-ingest", log_prints=True)
+def ingest_flow(sources: list[str], *, split: str = "train", like: str | None = None, format: Format = "auto",
+                one_based: bool = False, normalize: Normalize = "none", storage: str | None = None,
+                run_dir: str | None = None) -> dict:
+    """A dataset store from text files (ingested once per content), or an existing store as it is.
+
+    Parameters
+    ----------
+    sources : list of str
+        Text files (paths or fsspec URLs), or one dataset store URL (used as it is).
+    split : str, default "train"
+        The name of the output directory: ``<run_dir>/ingest-<split>``.
+    like : str, optional
+        The training dataset store, whose dimensions the test data takes.
+    format, one_based, normalize
+        How the text files are read (:func:`xmldask.io.ingest`).
+    storage : str, optional
+        Storage root (path or fsspec URL; default ``$XMLDASK_STORAGE`` or ``storage``).
+    run_dir : str, optional
+        The run directory (default a new ``<storage>/runs/<time>-<id>``).
+
+    Returns
+    -------
+    dict
+        The stage record; ``outputs["data"]`` is the dataset store. A store used as it is has no
+        task run: its record has ``state`` "Skipped" and no ``dir``.
+    """
+    log = get_run_logger()
+    if len(sources) == 1 and is_dataset_store(sources[0]):
+        ref = store_ref(sources[0])
+        log.info("%s: using the dataset store %s as it is", split, ref["url"])
+        return {"stage": "ingest", "fingerprint": ref["fingerprint"], "outputs": {"data": ref["url"]},
+                "output_fingerprints": {"data": ref["fingerprint"]}, "inputs": {}, "params": {}, "result": {},
+                "seconds": 0.0, "peak_rss_mb": None, "performance_report": None, "dir": None,
+                "state": "Skipped", "reused": True}
+    params = {"format": format, "one_based": one_based, "normalize": normalize}
+    if like is not None:
+        from xmldask.store import open_dataset
+
+        meta = open_dataset(like).meta
+        params.update(n_features=meta["n_features"], n_labels=meta["n_labels"])
+    inputs = {f"source{i}": {"url": str(s), "fingerprint": file_sha256(str(s))} for i, s in enumerate(sources)}
+    return run_cached(ingest_task, inputs=inputs, params=params, storage=storage, run_dir=run_dir,
+                      name=f"ingest-{split}")
+
+
+# --------------------------------------------------------------------------------------------------
+# spectrum, train, predict, evaluate (Dask)
+
+
+@task(name="spectrum", **CACHED)
+def spectrum_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
+    """The spectrum of ``Y^T Y`` (Zarr, CSV, PNG) and the label-frequency plot of ``inputs["train"]``."""
+    import zarr
+
+    from xmldask.embedding.spectrum import compute_spectrum, write_spectrum
+    from xmldask.store import open_dataset
+
+    from .report import plot_label_frequency
+
+    data = inputs["train"]["url"]
+
+    def compute(work: str, scratch: Path) -> dict:
+        spectrum = compute_spectrum(data, matrix="Y", n_components=params["n_components"],
+                                    random_state=params["seed"])
+        write_spectrum(spectrum, scratch)
+        zarr.save_array(_fs.zarr_store(join(work, "spectrum.zarr")), spectrum.eigenvalues)
+        plot_label_frequency(open_dataset(data).label_counts, scratch / "label_frequency.png")
+        return {"outputs": {"eigenvalues": "spectrum.zarr", "spectrum_png": "spectrum.png",
+                            "label_frequency_png": "label_frequency.png"},
+                "result": {"trace": float(spectrum.trace), "n_passes": spectrum.n_passes,
+                           "top_eigenvalues": [float(v) for v in spectrum.eigenvalues[:10]]}}
+
+    return run_stage("spectrum", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+
+
+@flow(name="xmldask-spectrum", log_prints=True)
+def spectrum_flow(train: Store, *, n_components: PositiveInt = 50, seed: int = 0, storage: str | None = None,
+                  run_dir: str | None = None, scheduler: str | None = None,
+                  local_cluster: LocalClusterOptions | None = None) -> dict:
+    """Label statistics for the report: the top eigenvalues of ``Y^T Y`` and the label frequencies.
+
+    Parameters
+    ----------
+    train : str or StoreRef
+        The training dataset store.
+    n_components : int, default 50
+        Eigenvalues estimated (randomized PCA).
+    seed : int
+    storage, run_dir
+        As :func:`ingest_flow`.
+    scheduler : str, optional
+        A running Dask scheduler (``tcp://host:8786``) when run on its own; default
+        ``$XMLDASK_SCHEDULER``, else a local cluster (``local_cluster``).
+
+    Returns
+    -------
+    dict
+        The stage record; ``outputs``: ``eigenvalues`` (Zarr), ``spectrum_png``, ``label_frequency_png``.
+    """
+    with dask_client(scheduler, local_cluster):
+        return run_cached(spectrum_task, inputs={"train": store_ref(train)},
+                          params={"n_components": n_components, "seed": seed}, storage=storage, run_dir=run_dir)
+
+
+@task(name="train", **CACHED)
+def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
+    """Fit the embedding classifier on ``inputs["train"]`` into ``model.zarr``."""
+
+    def compute(work: str, scratch: Path) -> dict:
+        result = jobs.train(inputs["train"]["url"], join(work, "model.zarr"), **params)
+        return {"outputs": {"model": "model.zarr"}, "result": result}
+
+    return run_stage("train", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+
+
+@flow(name="xmldask-train", log_prints=True)
+def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian",
+               seed: int = 0, n_random_features: PositiveInt = 2000, max_epochs: PositiveInt = 10,
+               storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
+               local_cluster: LocalClusterOptions | None = None) -> dict:
+    """Fit the embedding classifier (it fits its own label embedding) on a dataset store.
+
+    Parameters
+    ----------
+    train : str or StoreRef
+        The training dataset store.
+    embedding, k, kernel, seed, n_random_features, max_epochs
+        The classifier (:func:`xmldask.jobs.train`).
+    storage, run_dir, scheduler, local_cluster
+        As :func:`spectrum_flow`.
+
+    Returns
+    -------
+    dict
+        The stage record; ``outputs["model"]`` is the model store.
+    """
+    params = {"embedding": embedding, "k": k, "kernel": kernel, "seed": seed, "n_random_features": n_random_features,
+              "max_epochs": max_epochs}
+    with dask_client(scheduler, local_cluster):
+        return run_cached(train_task, inputs={"train": store_ref(train)}, params=params, storage=storage,
+                          run_dir=run_dir)
+
+
+@task(name="predict", **CACHED)
+def predict_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
+    """Top-``top_k`` predictions of ``inputs["model"]`` on ``inputs["test"]`` into ``predictions.zarr``."""
+
+    def compute(work: str, scratch: Path) -> dict:
+        result = jobs.predict(inputs["model"]["url"], inputs["test"]["url"], join(work, "predictions.zarr"), **params)
+        return {"outputs": {"predictions": "predictions.zarr"}, "result": result}
+
+    return run_stage("predict", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+
+
+@flow(name="xmldask-predict", log_prints=True)
+def predict_flow(model: Store, test: Store, *, top_k: Annotated[int, Field(ge=1)] = 10, name: str = "predict",
+                 storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
+                 local_cluster: LocalClusterOptions | None = None) -> dict:
+    """Top-``top_k`` labels and scores of every test row.
+
+    Parameters
+    ----------
+    model, test : str or StoreRef
+        The model store and the dataset store to predict.
+    top_k : int, default 10
+    name : str, default "predict"
+        The output directory: ``<run_dir>/<name>``.
+    storage, run_dir, scheduler, local_cluster
+        As :func:`spectrum_flow`.
+
+    Returns
+    -------
+    dict
+        The stage record; ``outputs["predictions"]`` is the prediction store.
+    """
+    with dask_client(scheduler, local_cluster):
+        return run_cached(predict_task, inputs={"model": store_ref(model), "test": store_ref(test)},
+                          params={"top_k": top_k}, storage=storage, run_dir=run_dir, name=name)
+
+
+@task(name="evaluate", **CACHED)
+def evaluate_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
+    """Metrics of ``inputs["predictions"]`` against ``inputs["test"]`` into ``metrics.json``."""
+
+    def compute(work: str, scratch: Path) -> dict:
+        train = inputs.get("train", {}).get("url")
+        metrics = jobs.evaluate(inputs["predictions"]["url"], inputs["test"]["url"], train_url=train,
+                                ks=tuple(params["ks"]))
+        (scratch / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
+        return {"outputs": {"metrics": "metrics.json"}, "result": metrics}
+
+    return run_stage("evaluate", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+
+
+@flow(name="xmldask-evaluate", log_prints=True)
+def evaluate_flow(predictions: Store, test: Store, train: Store | None = None, *, name: str = "evaluate",
+                  storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
+                  local_cluster: LocalClusterOptions | None = None) -> dict:
+    """Every applicable metric at k = 1..10 (propensities from the training labels).
+
+    Parameters
+    ----------
+    predictions, test : str or StoreRef
+        The prediction store and the dataset store with the true labels.
+    train : str or StoreRef, optional
+        The training dataset store (label propensities of PSP@k); default the one the model recorded.
+    name : str, default "evaluate"
+        The output directory: ``<run_dir>/<name>``.
+    storage, run_dir, scheduler, local_cluster
+        As :func:`spectrum_flow`.
+
+    Returns
+    -------
+    dict
+        The stage record; ``result`` holds the metrics (``"P@1"``, ...), ``outputs["metrics"]`` their JSON.
+    """
+    inputs = {"predictions": store_ref(predictions), "test": store_ref(test)}
+    if train is not None:
+        inputs["train"] = store_ref(train)
+    with dask_client(scheduler, local_cluster):
+        return run_cached(evaluate_task, inputs=inputs, params={"ks": list(EVAL_KS)}, storage=storage,
+                          run_dir=run_dir, name=name)
+
+
+# --------------------------------------------------------------------------------------------------
+# report (no Dask, not cached: every run writes its own)
+
+
+@task(name="report", retries=1, retry_delay_seconds=1, cache_policy=NONE)
+def report_task(run_dir: str, *, stages: dict[str, dict], title: str, dashboard: str | None,
+                notes: list[str] | None = None, artifact_key: str = "xmldask-report") -> dict:
+    """Write ``report.md``, ``metrics.json``, ``stages.json`` and the plots into ``run_dir``; publish the artifact.
+
+    The files are written into a local temporary directory, then copied to ``run_dir`` (any fsspec URL).
+    """
+    from prefect.artifacts import create_markdown_artifact
+
+    from .report import plot_precision_at_k, write_report
+
+    metrics = stages["evaluate"]["result"]
+    with tempfile.TemporaryDirectory(prefix="xmldask-report-") as tmp:
+        local = Path(tmp)
+        plots = {}
+        spectrum = stages.get("spectrum")
+        if spectrum:
+            for caption, key in (("Label frequency", "label_frequency_png"), ("Spectrum of Y^T Y", "spectrum_png")):
+                fs, path = url_to_fs(spectrum["outputs"][key])
+                fs.get_file(path, str(local / Path(path).name))
+                plots[caption] = local / Path(path).name
+        plots["Precision at k"] = plot_precision_at_k(metrics, local / "precision_at_k.png")
+        text = write_report(local, run_dir=run_dir, metrics=metrics, stages=stages, title=title, dashboard=dashboard,
+                            notes=notes, plots=plots)
+        upload(local, run_dir)
+    create_markdown_artifact(markdown=text, key=artifact_key, description=f"xmldask report, {run_dir}")
+    get_run_logger().info("report: %s", join(run_dir, "report.md"))
+    return {"run_dir": run_dir, "report": join(run_dir, "report.md"), "metrics_json": join(run_dir, "metrics.json")}
+
+
+@flow(name="xmldask-report", log_prints=True)
+def report_flow(stages: dict[str, dict], *, title: str = "xmldask pipeline", dashboard: str | None = None,
+                notes: list[str] | None = None, artifact_key: str = "xmldask-report", storage: str | None = None,
+                run_dir: str | None = None) -> dict:
+    """The report of a run from its stage records (``evaluate`` required, ``spectrum`` for its plots).
+
+    Parameters
+    ----------
+    stages : dict
+        Stage name to the record a stage flow returned.
+    title, dashboard, notes
+        The report's title, the Dask dashboard link, lines under the title.
+    artifact_key : str
+        Key of the Prefect Markdown artifact.
+    storage, run_dir
+        As :func:`ingest_flow`.
+
+    Returns
+    -------
+    dict
+        ``run_dir``, ``report`` and ``metrics_json`` (URLs).
+    """
+    return report_task(run_dir or new_run_dir(storage), stages=stages, title=title, dashboard=dashboard, notes=notes,
+                       artifact_key=artifact_key)
