@@ -11,13 +11,15 @@ local Dask worker processes) and model size on disk, and writes ``labels.npy`` /
 Systems:
 
 - ``xmldask``: the text files are ingested into stores once (``xmldask.io.ingest``, no row transform;
-  reused from ``storage/bench/peers/DATASET``), then ``xmldask.jobs.train`` (Rembrandt embedding,
-  ``k = min(50, n_labels)``, otherwise the library defaults) on the default local cluster and
-  ``xmldask.jobs.predict``. With ``--xmldask-kernel auto`` (default) the decoder's kernel is chosen
-  on the held-out slice of the TRAINING rows that the classifier already keeps for early stopping:
-  ``identity`` and ``gaussian`` are both fitted and the one with the better held-out P@1 (of the
-  kept, best-loss iterate) is used for the test predictions; the train seconds include both fits.
-  The test split is never looked at before the predictions.
+  reused from ``storage/bench/peers/DATASET``), then ``xmldask.jobs.train`` (Rembrandt embedding) on
+  the default local cluster and ``xmldask.jobs.predict``. The parameters are chosen by
+  :class:`xmldask.model_selection.HeldOutSearch` on the held-out slice of the TRAINING rows that the
+  classifier already keeps for early stopping, one parameter at a time (``--xmldask-search``, default
+  ``features=raw,tfidf alpha=0.001,0.03,1 k=50,150,400 kernel=none,gaussian``: the input rows (raw or
+  tf-idf, the idf from the training rows, part of the model), then the ridge of ``W`` with the
+  linear decoder at ``k = 50``, then ``k``, then the feature map; ``k`` is capped at the number of
+  labels), the same rule for every dataset; the train seconds include every fit of the search. The test split is never
+  looked at before the predictions.
 - ``omikuji-parabel``: ``omikuji.Model.default_hyper_param()`` (3 trees, balanced 2-means, max depth
   20, linear classifiers); ``omikuji-bonsai``: the same with ``cluster_k = 100`` and
   ``max_depth = 3``. Omikuji reads the (un-gzipped, temporary) XC text file itself, so its train
@@ -68,6 +70,8 @@ DATASETS = ("yeast", "bibtex", "delicious", "lshtc1-dryrun-task2", "aloi")
 ALIASES = {"lshtc1": "lshtc1-dryrun-task2", "lshtc1-dryrun": "lshtc1-dryrun-task2"}
 QUICK = ("yeast", "bibtex")
 SYSTEMS = ("xmldask", "omikuji-parabel", "omikuji-bonsai", "napkinxc-plt", "pecos-xrlinear")
+#: xmldask's held-out search (coordinate-wise, in this order; the same for every dataset)
+SEARCH = ("features=raw,tfidf", "alpha=0.001,0.03,1", "k=50,150,400", "kernel=none,gaussian")
 PECOS_CHILD = Path(__file__).resolve().parent / "_pecos_child.py"
 PECOS_PINS = ("torch==2.13.0", "numpy<2", "scipy<1.14")
 #: best peer figures measured on the 2-core machine these benches were written on (P@1 %; ALOI: top-1 accuracy)
@@ -115,26 +119,21 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
 
     from xmldask import jobs
     from xmldask.cluster import cluster
-    from xmldask.models import EmbeddingClassifier
     from xmldask.store import open_dataset, open_predictions
 
-    train = open_dataset(spec["train_url"])
-    k = min(spec.get("k", 50), train.n_labels)
-    kernels = ["identity", "gaussian"] if spec["kernel"] == "auto" else [spec["kernel"]]
-    params = {"embedding": spec.get("embedding", "rembrandt"), "k": k, "seed": 0}
+    n_labels = open_dataset(spec["train_url"]).n_labels
+    search = {name: sorted({min(v, n_labels) for v in values}) if name == "k" else values
+              for name, values in (spec.get("search") or {}).items()}
+    search = {name: values for name, values in search.items() if len(values) > 1}
+    params = {"embedding": spec.get("embedding", "rembrandt"), "k": min(spec.get("k", 50), n_labels),
+              "kernel": spec.get("kernel", "none"), "seed": 0}
+    for name, values in search.items():  # the search starts from the first value of each
+        params[name] = values[0]
+    model_url = str(out / "model.zarr")
     with cluster(dashboard_address=None) as client:
         start = time.perf_counter()
-        held_out = {}
-        for kernel in kernels:
-            jobs.train(spec["train_url"], str(out / f"model-{kernel}.zarr"), kernel=kernel, **params)
-            history = EmbeddingClassifier.load(str(out / f"model-{kernel}.zarr")).history_
-            held_out[kernel] = min(history, key=lambda h: h["val_loss"])["val_p@1"]
-        kernel = max(kernels, key=lambda name: held_out[name])
+        info = jobs.train(spec["train_url"], model_url, search=search or None, **params)
         train_s = time.perf_counter() - start
-        model_url = str(out / f"model-{kernel}.zarr")
-        for other in kernels:
-            if other != kernel:
-                shutil.rmtree(out / f"model-{other}.zarr")
         start = time.perf_counter()
         jobs.predict(model_url, spec["test_url"], str(out / "pred.zarr"), top_k=spec["top_k"])
         preds = open_predictions(str(out / "pred.zarr"))
@@ -143,12 +142,16 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
         workers = client.run(_peak_rss_mb)
     np.save(out / "labels.npy", labels)
     np.save(out / "scores.npy", scores)
-    choice = ", ".join(f"{name} {100 * p:.1f}" for name, p in held_out.items())
+    chosen = ", ".join(f"{name}={value}" for name, value in info["params"].items() if name != "seed")
+    tried = "; ".join(f"{_short(r['params'])}: {100 * r['val_p@1']:.1f}" for r in info.get("search", []))
     return {"train_s": train_s, "predict_s": predict_s, "peak_rss_mb": _peak_rss_mb() + sum(workers.values()),
             "model_bytes": _size_bytes(model_url), "n_test": int(labels.shape[0]),
-            "settings": f"{params['embedding']} k={k}, kernel={kernel}"
-                        + (f" (held-out P@1 on train: {choice})" if len(kernels) > 1 else "")
-                        + ", other params default"}
+            "settings": chosen + (f" (held-out P@1 on train, {len(info['search'])} fits: {tried})" if tried else ""),
+            "search": info.get("search")}
+
+
+def _short(params: dict) -> str:
+    return ",".join(f"{name}={value}" for name, value in params.items())
 
 
 def _child_omikuji(spec: dict, out: Path) -> dict:
@@ -395,7 +398,7 @@ def run_dataset(name: str, args, work_root: Path, pecos: tuple[Path | None, str]
     for system in args.systems:
         out = work / system
         shutil.rmtree(out, ignore_errors=True)
-        spec = {"system": system, "out": str(out), "top_k": args.top_k, "kernel": args.xmldask_kernel, **urls}
+        spec = {"system": system, "out": str(out), "top_k": args.top_k, "search": args.xmldask_search, **urls}
         if system == "pecos-xrlinear":
             if pecos[0] is None:
                 rows.append({"system": system, "error": f"PECOS skipped: {pecos[1]}"})
@@ -475,9 +478,9 @@ def main(argv=None) -> None:
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated, of {','.join(SYSTEMS)}")
     parser.add_argument("--quick", action="store_true", help="the small datasets only: " + ", ".join(QUICK))
     parser.add_argument("--top-k", type=int, default=5, help="predictions per row (default 5)")
-    parser.add_argument("--xmldask-kernel", default="auto", choices=("auto", "identity", "gaussian", "laplacian"),
-                        help="decoder feature map; auto: identity or gaussian, whichever has the better held-out "
-                             "P@1 on the training rows (default)")
+    parser.add_argument("--xmldask-search", nargs="*", default=list(SEARCH), metavar="NAME=V1,V2",
+                        help="xmldask's held-out search on the training rows, coordinate-wise in this order "
+                             f"(default {' '.join(SEARCH)}; none: k=50, kernel none, defaults)")
     parser.add_argument("--pecos-venv", default=str(ROOT / "storage" / "bench" / "pecos-venv"), metavar="DIR",
                         help="virtualenv with libpecos (created on first use; default storage/bench/pecos-venv)")
     parser.add_argument("--pecos-install-timeout", type=float, default=1800.0, metavar="S")
@@ -491,6 +494,9 @@ def main(argv=None) -> None:
                         help=f"with --aloi-table: which rows (default {','.join(PAPER_ALOI)})")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     args = parser.parse_args(argv)
+    from xmldask.model_selection import parse_grid
+
+    args.xmldask_search = parse_grid([item for item in args.xmldask_search if item != "none"])
     names = list(QUICK) if args.quick else [ALIASES.get(n, n) for n in args.datasets.split(",") if n]
     args.systems = [s for s in args.systems.split(",") if s]
     unknown = [s for s in args.systems if s not in SYSTEMS]

@@ -263,10 +263,55 @@ def test_deterministic_for_a_seed(multiclass):
     assert not np.array_equal(a.omega_, c.omega_)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("sparse", [True, False])
+def test_transform_rows_matches_reference(dtype, sparse):
+    rng = np.random.default_rng(4)
+    A = rng.random((40, 15)) * (rng.random((40, 15)) < 0.3)
+    A[[3, 17, 39]] = 0.0  # empty rows, including the last one
+    idf = K.idf_weights(np.count_nonzero(A, axis=0), A.shape[0])
+    ref_idf = np.log((1 + 40) / (1 + np.count_nonzero(A, axis=0))) + 1
+    np.testing.assert_allclose(idf, ref_idf, rtol=1e-6)
+    for weights in (None, idf):
+        ref = A * (1 if weights is None else ref_idf)
+        norms = np.linalg.norm(ref, axis=1, keepdims=True)
+        ref = np.divide(ref, norms, out=np.zeros_like(ref), where=norms > 0)
+        block = sp.csr_matrix(A.astype(dtype)) if sparse else A.astype(dtype)
+        out = K.transform_rows(block, weights)
+        assert sp.issparse(out) == sparse and out.dtype == dtype
+        np.testing.assert_allclose(K._dense(out), ref, rtol=1e-5, atol=1e-6)
+    assert np.array_equal(K._dense(block), A.astype(dtype))  # the input is not modified
+
+
+@pytest.mark.parametrize("features", ["l2", "tfidf"])
+def test_features_equal_fitting_on_transformed_rows(multiclass, features):
+    """features='tfidf' / 'l2' is the raw pipeline on the transformed rows, with raw rows at prediction."""
+    X, Y = multiclass
+    Xm, Ym = _in_memory(X, Y)
+    kw = dict(embedding=_cs_embedding(Y.shape[1], 8), kernel="gaussian", n_random_features=64, max_epochs=2,
+              random_state=3)
+    clf = EmbeddingClassifier(features=features, **kw).fit(X, Y)
+    idf = None
+    if features == "tfidf":
+        idf = np.log((1 + Xm.shape[0]) / (1 + np.diff(Xm.tocsc().indptr))) + 1
+        np.testing.assert_allclose(clf.idf_, idf, rtol=1e-6)
+    else:
+        assert clf.idf_ is None
+    Xt = Xm @ sp.diags(idf) if idf is not None else Xm.copy()
+    Xt = sp.diags(1 / np.maximum(np.sqrt(Xt.multiply(Xt).sum(axis=1).A.ravel()), 1e-30)) @ Xt
+    Xt = da.from_array(sp.csr_matrix(Xt, dtype=np.float32), chunks=(X.chunks[0], -1), asarray=False, fancy=False)
+    ref = EmbeddingClassifier(**kw).fit(Xt, Y)
+    np.testing.assert_allclose(clf.W_, ref.W_, rtol=2e-3, atol=1e-5)
+    a, b = dask.compute(clf.predict_topk(X, k=3), ref.predict_topk(Xt, k=3))
+    assert np.mean(a[0] == b[0]) > 0.99
+    with pytest.raises(ValueError, match="features must be one of"):
+        EmbeddingClassifier(features="bm25", **kw).fit(X, Y)
+
+
 def test_save_load_round_trip(multiclass, tmp_path):
     X, Y = multiclass
     clf = EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 8), kernel="laplacian", n_random_features=50,
-                              max_epochs=1, random_state=0).fit(X, Y)
+                              features="tfidf", max_epochs=1, random_state=0).fit(X, Y)
     url = str(tmp_path / "model.zarr")
     clf.save(url)
     with pytest.raises(FileExistsError, match="overwrite=True"):
@@ -276,6 +321,7 @@ def test_save_load_round_trip(multiclass, tmp_path):
     a, b = dask.compute(clf.predict_topk(X, k=3), back.predict_topk(X, k=3))
     assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
     assert back.history_ == clf.history_ and back.task_ == clf.task_ and back.kernel == "laplacian"
+    assert back.features == "tfidf" and np.array_equal(back.idf_, clf.idf_)
     assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
     # a store of another class is refused
     other = zarr.open_group(str(tmp_path / "other.zarr"), mode="w")

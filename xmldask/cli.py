@@ -197,6 +197,8 @@ def _add_train(sub) -> None:
     p.add_argument("--kernel", default="gaussian", choices=["none", "gaussian", "cauchy"],
                    help="random Fourier features of the embedded predictions: none (linear), gaussian (default) "
                    "or cauchy (the Laplacian kernel)")
+    p.add_argument("--features", default=None, choices=["raw", "l2", "tfidf"],
+                   help="input rows as they are (default), scaled to unit L2 norm, or tf-idf weighted then scaled")
     p.add_argument("--n-random-features", type=_positive, default=None, metavar="M",
                    help="random features (default 2000)")
     p.add_argument("--alpha", type=float, default=None, help="ridge of the regression onto the embedding")
@@ -216,7 +218,7 @@ def _cmd_train(args) -> int:
     from . import jobs
     from .model_selection import parse_grid
 
-    extra = {name: value for name, value in (("n_random_features", args.n_random_features),
+    extra = {name: value for name, value in (("features", args.features), ("n_random_features", args.n_random_features),
                                              ("alpha", args.alpha), ("max_epochs", args.max_epochs))
              if value is not None}
     search = parse_grid(args.search, aliases={"n-random-features": "n_random_features",

@@ -16,7 +16,7 @@ import scipy.sparse as sp
 from ..linalg import dense_operand
 from . import _kernels as K
 
-__all__ = ["decision_scores", "decoder_features", "normal_equations", "topk"]
+__all__ = ["decision_scores", "decoder_features", "document_counts", "normal_equations", "topk", "transform_rows"]
 
 
 def _call(*args, _func, _names, **static):
@@ -43,6 +43,35 @@ def _map_rows(func, X: da.Array, *, whole: dict, out_cols: int, dtype, token: st
     return da.blockwise(_call, ("i", "out"), *args, new_axes={"out": out_cols}, concatenate=False, dtype=dtype,
                         meta=np.empty((0, 0), dtype=dtype), token=token, _func=func, _names=names,
                         **(static or {}))
+
+
+def _transform_block(Xb, idf, normalize):
+    return K.transform_rows(Xb, None if idf is None else idf, normalize=normalize)
+
+
+def transform_rows(X: da.Array, idf: np.ndarray | None, *, normalize: bool = True) -> da.Array:
+    """Lazy :func:`._kernels.transform_rows` of every row block (idf shipped once per graph)."""
+    if idf is None:
+        return X.map_blocks(K.transform_rows, normalize=normalize, dtype=X.dtype, meta=X._meta)
+    w = dense_operand(np.asarray(idf, dtype=X.dtype).reshape(1, -1), name="idf")
+    return da.blockwise(_transform_block, ("i", "j"), X, ("i", "j"), w, ("w", "j"), concatenate=True,
+                        dtype=X.dtype, meta=X._meta, normalize=normalize)
+
+
+def _binary_block(Xb):
+    Xb = sp.csr_matrix(Xb) if sp.issparse(Xb) else sp.csr_matrix(np.asarray(Xb))
+    Xb = Xb.astype(np.float64)
+    Xb.eliminate_zeros()
+    Xb.data[:] = 1.0
+    return Xb
+
+
+def document_counts(X: da.Array, weights=None) -> da.Array:
+    """Lazy number of (weighted) rows in which each column is non-zero, shape ``(n_features,)``."""
+    from ..linalg import column_sums
+
+    B = X.map_blocks(_binary_block, dtype=np.float64, meta=sp.csr_matrix((0, 0), dtype=np.float64))
+    return column_sums(B, weights=weights)
 
 
 def _feature_operands(state: dict) -> tuple[dict, dict]:

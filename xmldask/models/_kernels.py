@@ -27,6 +27,9 @@ import scipy.sparse as sp
 from scipy.special import expit
 
 __all__ = [
+    "FEATURES",
+    "idf_weights",
+    "transform_rows",
     "KERNELS",
     "SCORE_BUDGET",
     "decoder_features",
@@ -44,12 +47,53 @@ __all__ = [
 #: Laplacian (Cauchy frequencies) kernel
 KERNELS = ("identity", "gaussian", "laplacian")
 
+#: input features: the raw values, rows scaled to unit L2 norm, or tf-idf (columns weighted by their
+#: smoothed inverse document frequency on the training rows, then rows scaled to unit L2 norm)
+FEATURES = ("raw", "l2", "tfidf")
+
 #: most score entries (rows x labels) held at once by :func:`topk_scores` (64 MiB of float32)
 SCORE_BUDGET = 1 << 24
 
 
 def _dense(a) -> np.ndarray:
     return a.toarray() if sp.issparse(a) else np.asarray(a)
+
+
+# --------------------------------------------------------------------------------------------
+# input features
+
+
+def idf_weights(document_counts: np.ndarray, n_rows: int, dtype=np.float32) -> np.ndarray:
+    """Smoothed inverse document frequencies ``log((1 + n) / (1 + df)) + 1`` (scikit-learn's ``smooth_idf``)."""
+    df = np.asarray(document_counts, dtype=np.float64)
+    return (np.log((1.0 + n_rows) / (1.0 + df)) + 1.0).astype(dtype)
+
+
+def transform_rows(Xb, idf: np.ndarray | None = None, *, normalize: bool = True):
+    """One row block with columns scaled by ``idf`` (if given), then rows scaled to unit L2 norm.
+
+    Sparse blocks stay sparse (CSR), dense blocks dense; all-zero rows stay zero. The dtype is kept.
+    """
+    if idf is not None:
+        idf = np.asarray(idf).reshape(-1).astype(Xb.dtype, copy=False)
+    if sp.issparse(Xb):
+        Xb = sp.csr_matrix(Xb, copy=True)
+        if idf is not None:
+            Xb.data *= idf[Xb.indices]
+        if normalize:
+            rows = np.repeat(np.arange(Xb.shape[0]), np.diff(Xb.indptr))
+            norms = np.sqrt(np.bincount(rows, Xb.data.astype(np.float64) ** 2, minlength=Xb.shape[0]))
+            norms[norms == 0] = 1.0
+            Xb.data /= norms[rows].astype(Xb.dtype)
+        return Xb
+    Xb = np.array(Xb, copy=True)
+    if idf is not None:
+        Xb *= idf
+    if normalize:
+        norms = np.linalg.norm(Xb, axis=1, keepdims=True)
+        norms[norms == 0] = 1.0
+        Xb /= norms.astype(Xb.dtype)
+    return Xb
 
 
 # --------------------------------------------------------------------------------------------

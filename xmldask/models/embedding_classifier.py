@@ -57,7 +57,7 @@ _STOP_METRICS = ("loss", "p@1")
 #: names accepted for ``embedding=`` and the class looked up in :mod:`xmldask.embedding` at fit time
 _EMBEDDING_CLASSES = {"rembrandt": "Rembrandt", "cs": "CompressedSensing", "plst": "PLST", "pca": "PCAEmbedding"}
 #: fitted arrays written by :meth:`EmbeddingClassifier.save`
-_ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R")
+_ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
 _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
 
 
@@ -130,12 +130,18 @@ class EmbeddingClassifier:
         ``mean_`` as centre, if any).
     n_components : int, default 50
         ``k`` for an embedding given by name.
+    features : {"raw", "l2", "tfidf"}, default "raw"
+        What ``X`` is turned into before everything else (fit and prediction alike): the raw values;
+        rows scaled to unit L2 norm; or tf-idf: every column weighted by its smoothed inverse
+        document frequency ``log((1 + n) / (1 + df)) + 1`` over the training rows (one extra pass),
+        then rows scaled to unit L2 norm. The transform is part of the model, so predictions take
+        the raw rows.
     kernel : {"identity", "gaussian", "laplacian"}, default "gaussian"
         The feature map ``phi`` applied to ``X W + c``: identity, or random Fourier features of the
         Gaussian kernel (normal frequencies) or the Laplacian kernel (Cauchy frequencies).
     n_random_features : int, default 2000
         ``m``, the number of random Fourier features.
-    bandwidth_scale : float, default 0.5
+    bandwidth_scale : float, default 1.0
         ``sigma = bandwidth_scale * median pairwise distance`` (Euclidean for Gaussian, L1 for
         Laplacian) of a sample of rows of ``X W + c``.
     alpha : float, default 1e-3
@@ -159,7 +165,9 @@ class EmbeddingClassifier:
         Gaussian random features with ``sigma = 0.5 x`` median distance and steps of 4 with
         momentum 0.9 on 4096-row batches reached 93.8% held-out accuracy in 4 epochs (identity
         features, steps of 1 on 2048 rows: 87.3% after 20 epochs). The softmax loss has curvature
-        far below the least-squares preconditioner's, hence steps above 1.
+        far below the least-squares preconditioner's, hence steps above 1. Over longer runs (up to
+        15 epochs) the held-out accuracy at ``sigma`` = 0.25 / 0.5 / 1 / 1.5 / 2.5 x the median was
+        88.9 / 94.1 / 94.6 / 94.4 / 94.4%, hence ``bandwidth_scale = 1``.
     l2 : float, default 0.0
         Weight decay on ``Q`` (not the bias) in the SGD steps.
     validation_fraction : float, default 0.1
@@ -180,6 +188,8 @@ class EmbeddingClassifier:
 
     Attributes
     ----------
+    idf_ : ndarray of shape (n_features,) or None
+        Column weights of ``features="tfidf"``.
     W_ : ndarray, shape (n_features, k)
     intercept_ : ndarray, shape (k,)
     omega_, phase_ : ndarray of shape (k, m) and (m,), or None
@@ -223,8 +233,8 @@ class EmbeddingClassifier:
     True
     """
 
-    def __init__(self, *, embedding=None, n_components: int = 50, kernel: str = "gaussian",
-                 n_random_features: int = 2000, bandwidth_scale: float = 0.5, alpha: float = 1e-3,
+    def __init__(self, *, embedding=None, n_components: int = 50, features: str = "raw", kernel: str = "gaussian",
+                 n_random_features: int = 2000, bandwidth_scale: float = 1.0, alpha: float = 1e-3,
                  decoder_alpha: float = 1e-3, task: str = "auto", max_epochs: int = 10, batch_size: int = 4096,
                  learning_rate: float = 4.0, momentum: float = 0.9, l2: float = 0.0,
                  validation_fraction: float = 0.1, max_validation_rows: int = 10000, n_iter_no_change: int = 2,
@@ -232,6 +242,7 @@ class EmbeddingClassifier:
                  random_state=None):
         self.embedding = embedding
         self.n_components = n_components
+        self.features = features
         self.kernel = kernel
         self.n_random_features = n_random_features
         self.bandwidth_scale = bandwidth_scale
@@ -251,7 +262,7 @@ class EmbeddingClassifier:
         self.dtype = dtype
         self.random_state = random_state
 
-    _param_names = ("embedding", "n_components", "kernel", "n_random_features", "bandwidth_scale", "alpha",
+    _param_names = ("embedding", "n_components", "features", "kernel", "n_random_features", "bandwidth_scale", "alpha",
                     "decoder_alpha", "task", "max_epochs", "batch_size", "learning_rate", "momentum", "l2",
                     "validation_fraction", "max_validation_rows", "n_iter_no_change", "early_stopping",
                     "bandwidth_sample", "dtype", "random_state")
@@ -278,6 +289,8 @@ class EmbeddingClassifier:
     def _validated(self) -> dict:
         if self.kernel not in K.KERNELS:
             raise ValueError(f"kernel must be one of {', '.join(map(repr, K.KERNELS))}, but is {self.kernel!r}")
+        if self.features not in K.FEATURES:
+            raise ValueError(f"features must be one of {', '.join(map(repr, K.FEATURES))}, but is {self.features!r}")
         if self.task not in _TASKS:
             raise ValueError(f"task must be one of {', '.join(map(repr, _TASKS))}, but is {self.task!r}")
         if self.early_stopping not in _STOP_METRICS:
@@ -313,7 +326,14 @@ class EmbeddingClassifier:
         X = _as_rows(X, "X")
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but this model was fitted on {self.n_features_in_}")
-        return X
+        return self._input_features(X)
+
+    def _input_features(self, X: da.Array) -> da.Array:
+        """``X`` as the model sees it (the ``features`` transform, with the fitted ``idf_``)."""
+        features = getattr(self, "features", "raw") or "raw"
+        if features == "raw":
+            return X
+        return _graph.transform_rows(X, getattr(self, "idf_", None) if features == "tfidf" else None)
 
     # -- the embedding --------------------------------------------------------------------------
 
@@ -389,9 +409,15 @@ class EmbeddingClassifier:
             raise ValueError(f"Y's row blocks must be X's ({len(X.chunks[0])} blocks); fix: Y = Y.rechunk({{0: "
                              f"X.chunks[0]}}) (or open both from one dataset store)")
         dtype = p["dtype"]
+        n_passes = 0
+        self.idf_ = None
+        if self.features == "tfidf":
+            df = dask.compute(_graph.document_counts(X))[0]
+            self.idf_ = K.idf_weights(df, X.shape[0], dtype)
+            n_passes += 1
+        X = self._input_features(X)
         seeds = np.random.SeedSequence(self._seed).spawn(4)
         rng_split, rng_feat, rng_bw, rng_sgd = (np.random.default_rng(s) for s in seeds)
-        n_passes = 0
 
         # held-out rows: a seeded random subset of every block
         n = X.shape[0]
