@@ -36,11 +36,13 @@ from xmldask.store import exists
 
 from .stage_flows import (
     Embedding,
+    Features,
     Format,
     Kernel,
     LocalClusterOptions,
     Normalize,
     PositiveInt,
+    Search,
     dask_client,
     evaluate_flow,
     ingest_flow,
@@ -75,15 +77,15 @@ def synthesize(*, storage: str | None, n_samples: int, n_features: int, n_labels
 
 def run_downstream(train: dict, test: dict, *, storage: str | None, run_dir: str, embedding: str, k: int, kernel: str,
                    seed: int, n_random_features: int, max_epochs: int, top_k: int,
-                   spectrum_components: int | None = 50) -> dict:
+                   spectrum_components: int | None = 50, features: str = "raw", search: dict | None = None) -> dict:
     """spectrum -> train -> predict -> evaluate (stage flows) on ingested data; returns the records by stage."""
     where = {"storage": storage, "run_dir": run_dir}
     data, test_data = output(train, "data"), output(test, "data")
     stages = {}
     if spectrum_components:
         stages["spectrum"] = spectrum_flow(data, n_components=spectrum_components, seed=seed, **where)
-    stages["train"] = train_flow(data, embedding=embedding, k=k, kernel=kernel, seed=seed,
-                                 n_random_features=n_random_features, max_epochs=max_epochs, **where)
+    stages["train"] = train_flow(data, embedding=embedding, k=k, kernel=kernel, features=features, seed=seed,
+                                 n_random_features=n_random_features, max_epochs=max_epochs, search=search, **where)
     stages["predict"] = predict_flow(output(stages["train"], "model"), test_data, top_k=top_k, **where)
     stages["evaluate"] = evaluate_flow(output(stages["predict"], "predictions"), test_data, data, **where)
     return stages
@@ -101,8 +103,9 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
              threads_per_worker: PositiveInt | None = None, processes: bool | None = None,
              memory_limit: str = "auto", dashboard_address: str | None = ":8787",
              format: Format = "auto", one_based: bool = False, normalize: Normalize = "none",
-             embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian", seed: int = 0,
-             n_random_features: PositiveInt = 2000, max_epochs: PositiveInt = 10,
+             embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian",
+             features: Features = "raw", seed: int = 0, n_random_features: PositiveInt = 2000,
+             max_epochs: PositiveInt = 10, search: Search | None = None,
              top_k: Annotated[int, Field(ge=10)] = 10, spectrum_components: PositiveInt = 50,
              synthetic_samples: PositiveInt = 20_000, synthetic_features: PositiveInt = 20_000,
              synthetic_labels: PositiveInt = 2_000) -> dict:
@@ -122,8 +125,10 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         ``dashboard_address``).
     format, one_based, normalize
         How text files are ingested.
-    embedding, k, kernel, seed, n_random_features, max_epochs
+    embedding, k, kernel, features, seed, n_random_features, max_epochs
         The embedding classifier.
+    search : dict, optional
+        Classifier parameters chosen by held-out P@1 on the training rows (:func:`~flows.stage_flows.train_flow`).
     top_k : int
         Labels predicted per row (at least 10, for P@1..10).
     spectrum_components : int
@@ -155,7 +160,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], storage=storage, run_dir=run_dir,
                                      embedding=embedding, k=k, kernel=kernel, seed=seed,
                                      n_random_features=n_random_features, max_epochs=max_epochs, top_k=top_k,
-                                     spectrum_components=spectrum_components))
+                                     spectrum_components=spectrum_components, features=features, search=search))
         title = f"xmldask pipeline: {', '.join(train)} -> {', '.join(test)}"
         out = report_flow(stages, title=title, dashboard=dashboard, run_dir=run_dir)
     computed = [name for name, rec in stages.items() if not rec["reused"]]
@@ -186,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--embedding", default="rembrandt", choices=["rembrandt", "cs", "plst", "pca"])
     parser.add_argument("--k", type=int, default=64, help="embedding dimension")
     parser.add_argument("--kernel", default="gaussian", choices=["none", "gaussian", "cauchy"])
+    parser.add_argument("--features", default="raw", choices=["raw", "l2", "tfidf"],
+                        help="input rows: raw, unit L2 norm, or tf-idf (idf of the training rows)")
+    parser.add_argument("--search", action="append", default=[], metavar="NAME=V1,V2,...",
+                        help="choose NAME among the values by held-out P@1 on the training rows (repeatable), "
+                        "e.g. --search alpha=0.001,1 --search k=50,150")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--n-random-features", type=int, default=2000)
     parser.add_argument("--max-epochs", type=int, default=10)
@@ -197,7 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from xmldask.model_selection import parse_grid
+
     args = vars(build_parser().parse_args(argv))
+    args["search"] = parse_grid(args["search"]) or None
     result = pipeline(**args)
     print(f"Dask dashboard: {result['dashboard'] or 'none'}")
     metrics = result["metrics"]

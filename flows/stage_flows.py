@@ -63,6 +63,9 @@ Embedding = Literal["rembrandt", "cs", "plst", "pca"]
 Kernel = Literal["none", "gaussian", "cauchy"]
 Format = Literal["auto", "xc", "libsvm", "vw"]
 Normalize = Literal["none", "l2", "l1", "sqrt"]
+Features = Literal["raw", "l2", "tfidf"]
+#: a held-out search: parameter name (``k``, ``kernel``, ``alpha``, ...) to the values to try
+Search = dict[str, list[int | float | str]]
 #: the k of the evaluation (the report's P@k plot); the report's table shows 1, 3, 5
 EVAL_KS = tuple(range(1, 11))
 
@@ -324,7 +327,8 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
 @flow(name="xmldask-train", log_prints=True)
 def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian",
-               seed: int = 0, n_random_features: PositiveInt = 2000, max_epochs: PositiveInt = 10,
+               features: Features = "raw", seed: int = 0, n_random_features: PositiveInt = 2000,
+               max_epochs: PositiveInt = 10, search: Search | None = None,
                storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
                local_cluster: LocalClusterOptions | None = None) -> dict:
     """Fit the embedding classifier (it fits its own label embedding) on a dataset store.
@@ -333,8 +337,11 @@ def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveI
     ----------
     train : str or StoreRef
         The training dataset store.
-    embedding, k, kernel, seed, n_random_features, max_epochs
+    embedding, k, kernel, features, seed, n_random_features, max_epochs
         The classifier (:func:`xmldask.jobs.train`).
+    search : dict, optional
+        Values to choose among by held-out P@1 on the training rows, one parameter at a time
+        (:func:`xmldask.jobs.train` ``search``), e.g. ``{"alpha": [0.001, 1], "k": [50, 150]}``.
     storage, run_dir, scheduler, local_cluster
         As :func:`spectrum_flow`.
 
@@ -343,8 +350,10 @@ def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveI
     dict
         The stage record; ``outputs["model"]`` is the model store.
     """
-    params = {"embedding": embedding, "k": k, "kernel": kernel, "seed": seed, "n_random_features": n_random_features,
-              "max_epochs": max_epochs}
+    params = {"embedding": embedding, "k": k, "kernel": kernel, "features": features, "seed": seed,
+              "n_random_features": n_random_features, "max_epochs": max_epochs}
+    if search:
+        params["search"] = {name: list(values) for name, values in search.items()}
     with dask_client(scheduler, local_cluster):
         return run_cached(train_task, inputs={"train": store_ref(train)}, params=params, storage=storage,
                           run_dir=run_dir)

@@ -178,6 +178,13 @@ def test_each_stage_flow_runs_on_its_own(first_run, data, storage, scheduler, mo
 
     model = train_flow(train_url, storage=storage, **{**TRAIN, "k": 6})
     assert model["state"] == "Completed"
+    # the held-out search and the input features are train parameters like the others
+    searched = train_flow(train_url, storage=storage, features="tfidf", search={"alpha": [0.001, 10.0]}, **TRAIN)
+    assert searched["state"] == "Completed" and searched["params"]["search"] == {"alpha": [0.001, 10.0]}
+    tried = searched["result"]["search"]
+    assert [r["params"]["alpha"] for r in tried] == [0.001, 10.0]
+    assert searched["result"]["params"]["alpha"] == max(tried, key=lambda r: r["val_p@1"])["params"]["alpha"]
+    assert searched["result"]["params"]["features"] == "tfidf"
     run = Path(model["dir"]).parent
     assert Path(model["dir"]) == run / "train" and run.parent == Path(storage, "runs")
     pred = predict_flow(model["outputs"]["model"], test_url, storage=storage)
