@@ -295,43 +295,49 @@ def _cg(X, B, alpha, scale_alpha, weights, center, tol, max_iter, x0, split_ever
         )
     inv_precond = 1.0 / precond
 
-    Z = np.zeros((d, k)) if x0 is None else x0.copy()
+    # The iterates are kept transposed, one row per right-hand side (k x d, C order): selecting the
+    # active columns is then a gather of contiguous rows, not a strided copy of a d x k matrix.
+    Z = np.zeros((k, d)) if x0 is None else np.ascontiguousarray(x0.T)
     if x0 is None:
-        R = rhs.copy()
+        R = np.ascontiguousarray(rhs.T)
     elif center:
-        R = rhs - apply(Z)
+        R = np.ascontiguousarray(rhs.T) - apply(Z.T).T
         n_passes += 1
     else:
-        R = rhs - (computed[4] + lam * Z)
+        R = np.ascontiguousarray((rhs - (computed[4] + lam * x0)).T)
     rhs_norm = np.linalg.norm(rhs, axis=0)
     scale = np.where(rhs_norm > 0, rhs_norm, 1.0)
-    rel = np.linalg.norm(R, axis=0) / scale
+    rel = np.linalg.norm(R, axis=1) / scale
     best, best_rel = Z.copy(), rel.copy()
     active = np.flatnonzero(rel > tol)
-    S = inv_precond[:, None] * R
-    P = S.copy()
-    rz = np.einsum("ij,ij->j", R, S)
+    P = R * inv_precond
+    rz = np.einsum("ij,ij->i", R, P)
     n_iter = 0
     while active.size and n_iter < max_iter:
-        AP = apply(P[:, active])
+        every = active.size == k
+        rows = slice(None) if every else active
+        Pa = P if every else P[active]
+        APa = apply(Pa.T).T
         n_passes += 1
         n_iter += 1
-        pap = np.einsum("ij,ij->j", P[:, active], AP)
-        step = np.divide(rz[active], pap, out=np.zeros_like(pap), where=pap > 0)
-        Z[:, active] += step * P[:, active]
-        R[:, active] -= step * AP
-        rel[active] = np.linalg.norm(R[:, active], axis=0) / scale[active]
+        pap = np.einsum("ij,ij->i", Pa, APa)
+        step = np.divide(rz[active], pap, out=np.zeros_like(pap), where=pap > 0)[:, None]
+        Ra = R[rows] - step * APa
+        Z[rows] += step * Pa
+        R[rows] = Ra
+        rel[active] = np.linalg.norm(Ra, axis=1) / scale[active]
         improved = active[rel[active] < best_rel[active]]
-        best[:, improved] = Z[:, improved]
+        best[improved] = Z[improved]
         best_rel[improved] = rel[improved]
         logger.debug("cg iteration %d: %d columns active, max relative residual %.3g", n_iter, active.size,
                      rel[active].max())
-        S_a = inv_precond[:, None] * R[:, active]
-        rz_new = np.einsum("ij,ij->j", R[:, active], S_a)
-        beta = np.divide(rz_new, rz[active], out=np.zeros_like(rz_new), where=rz[active] > 0)
-        P[:, active] = S_a + beta * P[:, active]
+        Sa = Ra * inv_precond
+        rz_new = np.einsum("ij,ij->i", Ra, Sa)
+        beta = np.divide(rz_new, rz[active], out=np.zeros_like(rz_new), where=rz[active] > 0)[:, None]
+        P[rows] = Sa + beta * Pa
         rz[active] = rz_new
         active = active[(rel[active] > tol) & (pap > 0)]
+    best = np.ascontiguousarray(best.T)
     converged = bool(np.all(best_rel <= tol))
     if not converged:
         logger.info("cg stopped after %d iterations with max relative residual %.3g > tol %.3g", n_iter,
