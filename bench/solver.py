@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -37,33 +38,22 @@ DATA = Path(os.environ.get("XMLDASK_SHARED_DATA", ROOT.parent / "shared" / "data
 
 
 def load() -> tuple[sp.csr_matrix, sp.csr_matrix, str]:
+    from xmldask.datasets import make_synthetic
+    from xmldask.io import ingest
+    from xmldask.models import _kernels as K
+    from xmldask.store.csr import to_scipy
+
     path = DATA / "lshtc1-dryrun-task2" / "train.txt.gz"
-    if path.exists():
-        import tempfile
-
-        from xmldask.io import ingest
-        from xmldask.store.csr import to_scipy
-
-        with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp:
+        if path.exists():
             ds = ingest([str(path)], str(Path(tmp) / "train.zarr"))
-            X, Y = to_scipy(ds.X).tocsr(), to_scipy(ds.Y).tocsr()
-        name = "lshtc1-dryrun-task2 train, tf-idf"
-    else:
-        import tempfile
-
-        from xmldask.datasets import make_synthetic
-
-        with tempfile.TemporaryDirectory() as tmp:
+            name = "lshtc1-dryrun-task2 train, tf-idf"
+        else:
             ds = make_synthetic(str(Path(tmp) / "s.zarr"), n_samples=4463, n_features=26969, n_labels=1139, seed=0)
-            from xmldask.store.csr import to_scipy
-
-            X, Y = to_scipy(ds.X).tocsr(), to_scipy(ds.Y).tocsr()
-        name = "synthetic 4463 x 26969, 1139 labels, tf-idf"
-    df = np.bincount(X.indices, minlength=X.shape[1])
-    X = X @ sp.diags((np.log((1 + X.shape[0]) / (1 + df)) + 1).astype(np.float32))
-    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
-    X = sp.diags(1 / np.maximum(norms, 1e-30)) @ X
-    return sp.csr_matrix(X, dtype=np.float32), Y, name
+            name = "synthetic 4463 x 26969, 1139 labels, tf-idf"
+        X, Y = to_scipy(ds.X).tocsr().astype(np.float32), to_scipy(ds.Y).tocsr()
+    idf = K.idf_weights(np.bincount(X.indices, minlength=X.shape[1]), X.shape[0])
+    return K.transform_rows(X, idf), Y, name
 
 
 def reference_cg(X: sp.csr_matrix, B: np.ndarray, alpha: float, iters: int = 30) -> tuple[np.ndarray, float]:

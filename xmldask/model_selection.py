@@ -30,7 +30,7 @@ import logging
 import math
 import time
 
-__all__ = ["HeldOutSearch", "held_out_score", "parse_grid"]
+__all__ = ["HeldOutSearch", "held_out_score", "kept_epoch", "parse_grid"]
 
 logger = logging.getLogger("xmldask.model_selection")
 
@@ -38,19 +38,23 @@ _SCORINGS = ("p@1", "loss")
 _STRATEGIES = ("coordinate", "grid")
 
 
-def held_out_score(estimator, scoring: str = "p@1") -> float:
-    """The held-out figure of a fitted estimator's kept decoder (larger is better).
-
-    The kept decoder is the epoch its ``early_stopping`` metric chose; ``scoring="p@1"`` returns that
-    epoch's held-out P@1, ``"loss"`` minus its held-out loss.
-    """
+def kept_epoch(estimator) -> dict:
+    """The ``history_`` entry of a fitted estimator's kept decoder (the epoch its ``early_stopping`` chose)."""
     history = getattr(estimator, "history_", None)
     if not history or history[0].get("val_loss") is None or math.isnan(history[0]["val_loss"]):
         raise ValueError("the estimator has no held-out figures; fit it with validation_fraction > 0")
     if getattr(estimator, "early_stopping", "loss") == "p@1":
-        kept = max(history, key=lambda h: h["val_p@1"])
-    else:
-        kept = min(history, key=lambda h: h["val_loss"])
+        return max(history, key=lambda h: h["val_p@1"])
+    return min(history, key=lambda h: h["val_loss"])
+
+
+def held_out_score(estimator, scoring: str = "p@1") -> float:
+    """The held-out figure of a fitted estimator's kept decoder (larger is better).
+
+    ``scoring="p@1"`` returns the kept epoch's held-out P@1 (:func:`kept_epoch`), ``"loss"`` minus its
+    held-out loss.
+    """
+    kept = kept_epoch(estimator)
     return float(kept["val_p@1"]) if scoring == "p@1" else -float(kept["val_loss"])
 
 
@@ -142,8 +146,7 @@ class HeldOutSearch:
         start = time.perf_counter()
         model = type(self.estimator)(**params).fit(X, Y)
         score = held_out_score(model, self.scoring)
-        kept = max(model.history_, key=lambda h: h["val_p@1"]) if model.early_stopping == "p@1" else \
-            min(model.history_, key=lambda h: h["val_loss"])
+        kept = kept_epoch(model)
         self.results_.append({"params": dict(setting), "score": score, "val_p@1": float(kept["val_p@1"]),
                               "val_loss": float(kept["val_loss"]), "seconds": round(time.perf_counter() - start, 3)})
         logger.info("held-out search: %s -> %s %.4f (%.1f s)", setting, self.scoring, abs(score),
