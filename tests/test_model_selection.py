@@ -103,6 +103,7 @@ def test_train_job_and_command_line_search(data, capsys):
     assert len(info["search"]) == 3 and {"kernel", "alpha"} <= set(info["search"][0]["params"])
     best = max(info["search"], key=lambda r: r["val_p@1"])
     assert info["params"]["kernel"] == best["params"]["kernel"]
+    assert {r["params"]["kernel"] for r in info["search"]} == {"none", "gaussian"}  # the job's names
     assert info["params"]["alpha"] == best["params"]["alpha"]
     _, attrs = open_model_store(url, model_version=MODEL_VERSION, class_name="EmbeddingClassifier")
     assert attrs["search"]["best_params"]["alpha"] == best["params"]["alpha"]

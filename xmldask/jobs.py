@@ -79,9 +79,7 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
 
         fitted = HeldOutSearch(model, grid, strategy=search_strategy).fit(data.X, data.Y)
         model = fitted.best_estimator_
-        chosen = {_PUBLIC.get(name, name): value for name, value in fitted.best_params_.items()}
-        if "kernel" in chosen:
-            chosen["kernel"] = _PUBLIC_KERNELS[chosen["kernel"]]
+        chosen = _public(fitted.best_params_)
         k, kernel = chosen.pop("k", k), chosen.pop("kernel", kernel)
         params = {**params, **chosen}
     else:
@@ -101,14 +99,20 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
         "task": getattr(model, "task_", None),
         "params": {"embedding": embedding, "k": k, "kernel": kernel, "seed": seed, **params},
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
-        **({"search": [{**r, "params": {_PUBLIC.get(n, n): v for n, v in r["params"].items()}}
-                       for r in fitted.results_]} if grid else {}),
+        **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {}),
     }
 
 
-#: the job's names of classifier parameters and kernels
-_PUBLIC = {"n_components": "k"}
+#: the job's names of the classifier's kernels
 _PUBLIC_KERNELS = {"identity": "none", "gaussian": "gaussian", "laplacian": "cauchy"}
+
+
+def _public(params: dict) -> dict:
+    """Classifier parameters in the job's names: ``n_components`` as ``k``, kernels as none|gaussian|cauchy."""
+    out = {("k" if name == "n_components" else name): value for name, value in params.items()}
+    if "kernel" in out:
+        out["kernel"] = _PUBLIC_KERNELS[out["kernel"]]
+    return out
 
 
 def _search_grid(search: dict) -> dict:
