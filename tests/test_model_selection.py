@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 
 import dask
 import numpy as np
@@ -39,7 +40,8 @@ def _template(**kw):
 
 def test_coordinate_search_keeps_the_best_held_out_candidate(data):
     ds = open_dataset(data[1])
-    search = HeldOutSearch(_template(), {"n_components": [4, 16], "alpha": [1e-3, 1.0, 100.0]}).fit(ds.X, ds.Y)
+    search = HeldOutSearch(_template(), {"n_components": [4, 16], "alpha": [1e-3, 1.0, 100.0]},
+                           max_extensions=0).fit(ds.X, ds.Y)
     # coordinate: 2 values of n_components, then 3 of alpha of which one is the setting already fitted
     assert len(search.results_) == 4
     scores = [r["score"] for r in search.results_]
@@ -99,7 +101,7 @@ def test_train_job_and_command_line_search(data, capsys):
     root, train = data
     url = str(root / "searched.zarr")
     info = jobs.train(train, url, k=8, kernel="none", seed=3, max_epochs=1,
-                      search={"kernel": ["none", "gaussian"], "alpha": [1e-3, 10.0]})
+                      search={"kernel": ["none", "gaussian"], "alpha": [1e-3, 10.0]}, search_extensions=0)
     assert len(info["search"]) == 3 and {"kernel", "alpha"} <= set(info["search"][0]["params"])
     best = max(info["search"], key=lambda r: r["val_p@1"])
     assert info["params"]["kernel"] == best["params"]["kernel"]
@@ -112,7 +114,94 @@ def test_train_job_and_command_line_search(data, capsys):
 
     out = str(root / "cli.zarr")
     assert cli_main(["train", train, "--out", out, "--k", "6", "--kernel", "none", "--max-epochs", "1",
-                     "--search", "k=4,6", "--json", "--workers", "1"]) == 0
+                     "--search", "k=4,6", "--search-extensions", "1", "--json", "--workers", "1"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    assert [r["params"]["k"] for r in printed["search"]] == [4, 6]
+    tried = [r["params"]["k"] for r in printed["search"]]
+    # past the winning end of the grid by one step at most: 2 below 4 (ratio 2/3, floored), 9 above 6
+    assert tried[:2] == [4, 6] and tried[2:] in ([], [2], [9])
     assert printed["params"]["k"] == max(printed["search"], key=lambda r: r["val_p@1"])["params"]["k"]
+
+
+def test_conditional_parameters_are_searched_with_the_parameter_they_depend_on(data):
+    ds = open_dataset(data[1])
+    grid = {"kernel": ["identity", "gaussian"], "bandwidth_scale": [0.5, 4.0], "alpha": [1e-3, 1.0]}
+    search = HeldOutSearch(_template(n_random_features=64), grid, max_extensions=0).fit(ds.X, ds.Y)
+    params = [r["params"] for r in search.results_]
+    # identity once (its bandwidth is ignored), gaussian at each bandwidth, then alpha at the best of those
+    assert params[:3] == [{"kernel": "identity", "alpha": 1e-3},
+                          {"kernel": "gaussian", "bandwidth_scale": 0.5, "alpha": 1e-3},
+                          {"kernel": "gaussian", "bandwidth_scale": 4.0, "alpha": 1e-3}]
+    first = max(search.results_[:3], key=lambda r: r["score"])["params"]
+    assert all({k: v for k, v in r["params"].items() if k != "alpha"} == {k: v for k, v in first.items() if k != "alpha"}
+               for r in search.results_[3:])
+    assert len(search.results_) == 4
+    # a candidate's score does not depend on a bandwidth its kernel ignores
+    plain = _template().set_params(kernel="identity", bandwidth_scale=4.0, alpha=1e-3).fit(ds.X, ds.Y)
+    assert held_out_score(plain) == pytest.approx(search.results_[0]["score"])
+
+
+def test_grid_search_skips_settings_that_differ_only_in_ignored_parameters(data):
+    ds = open_dataset(data[1])
+    grid = {"kernel": ["identity", "gaussian"], "bandwidth_scale": [0.5, 4.0]}
+    search = HeldOutSearch(_template(n_random_features=64), grid, strategy="grid").fit(ds.X, ds.Y)
+    assert [r["params"] for r in search.results_] == [
+        {"kernel": "identity"}, {"kernel": "gaussian", "bandwidth_scale": 0.5},
+        {"kernel": "gaussian", "bandwidth_scale": 4.0}]
+
+
+class _Scripted:
+    """A stand-in estimator whose held-out P@1 is a given function of its parameters."""
+
+    conditional_params = {}
+
+    def __init__(self, score=None, validation_fraction=0.1, alpha=1.0, n_components=8):
+        self.score, self.validation_fraction, self.alpha, self.n_components = score, validation_fraction, alpha, n_components
+
+    def get_params(self):
+        return {"score": self.score, "validation_fraction": self.validation_fraction, "alpha": self.alpha,
+                "n_components": self.n_components}
+
+    def search_bounds(self, X, Y):
+        return {"n_components": (1, 40)}
+
+    def fit(self, X, Y):
+        self.history_ = [{"epoch": 0, "val_p@1": self.score(self.alpha, self.n_components), "val_loss": 0.0}]
+        return self
+
+
+@pytest.mark.parametrize("peak, expected", [
+    (30.0, [0.01, 0.1, 1.0, 10.0, 100.0]),           # best at the top edge: two steps up, the second still wins
+    (5.0, [0.01, 0.1, 1.0, 10.0, 100.0]),            # 10 wins, 100 does not: stops there
+    (0.3, [0.01, 0.1, 1.0]),                         # an inner best: no extension
+    (1e-4, [0.01, 0.1, 1.0, 0.001, 0.0001]),         # best at the bottom edge: steps down
+])
+def test_coordinate_search_extends_a_grid_past_its_winning_edge(peak, expected):
+    score = lambda alpha, k: -abs(math.log(alpha / peak))  # noqa: E731
+    search = HeldOutSearch(_Scripted(score), {"alpha": [0.01, 0.1, 1.0]}).fit(None, None)
+    assert [r["params"]["alpha"] for r in search.results_] == pytest.approx(expected)
+    tried = [r["params"]["alpha"] for r in search.results_]
+    assert search.best_params_["alpha"] == pytest.approx(min(tried, key=lambda a: abs(math.log(a / peak))))
+
+
+def test_grid_extension_of_integers_stops_at_the_bound():
+    search = HeldOutSearch(_Scripted(lambda alpha, k: k), {"n_components": [4, 8]}).fit(None, None)
+    # 8 * 2 = 16, then 32, then the bound 40 would be a third step: max_extensions=2 stops first
+    assert [r["params"]["n_components"] for r in search.results_] == [4, 8, 16, 32]
+    search = HeldOutSearch(_Scripted(lambda alpha, k: k), {"n_components": [8, 24]}, max_extensions=3).fit(None, None)
+    assert [r["params"]["n_components"] for r in search.results_] == [8, 24, 40]  # 72 clipped to 40, the end
+    none = HeldOutSearch(_Scripted(lambda alpha, k: k), {"n_components": [4, 8]}, max_extensions=0).fit(None, None)
+    assert [r["params"]["n_components"] for r in none.results_] == [4, 8]
+    with pytest.raises(ValueError, match="max_extensions"):
+        HeldOutSearch(_Scripted(lambda alpha, k: k), {"n_components": [4, 8]}, max_extensions=-1).fit(None, None)
+
+
+def test_train_job_reports_no_parameter_the_chosen_kernel_ignores(data):
+    root, train = data
+    info = jobs.train(train, str(root / "bw.zarr"), k=8, kernel="none", seed=3, max_epochs=1, bandwidth_scale=0.5,
+                      n_random_features=64, search={"kernel": ["none", "gaussian"], "bandwidth_scale": [0.5, 4.0]})
+    assert [r["params"] for r in info["search"]] == [
+        {"kernel": "none"}, {"kernel": "gaussian", "bandwidth_scale": 0.5}, {"kernel": "gaussian", "bandwidth_scale": 4.0}]
+    chosen = max(info["search"], key=lambda r: r["val_p@1"])["params"]
+    assert info["params"]["kernel"] == chosen["kernel"]
+    assert ("bandwidth_scale" in info["params"]) == (chosen["kernel"] == "gaussian")
+    assert ("n_random_features" in info["params"]) == (chosen["kernel"] == "gaussian")

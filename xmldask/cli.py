@@ -209,6 +209,9 @@ def _add_train(sub) -> None:
                    "--search k=50,150 --search alpha=0.001,0.03,1 --search kernel=none,gaussian")
     p.add_argument("--search-strategy", default="coordinate", choices=["coordinate", "grid"],
                    help="coordinate (default): one parameter at a time, in the order given; grid: every combination")
+    p.add_argument("--search-extensions", type=int, default=2, metavar="N",
+                   help="coordinate search: at most N geometric steps past a numeric grid's winning end (default 2; "
+                   "0: the listed values only)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model store")
     p.add_argument("--json", action="store_true", help="print the training summary as JSON")
     add_cluster_arguments(p)
@@ -226,7 +229,7 @@ def _cmd_train(args) -> int:
     with _cluster_context(args):
         info = jobs.train(args.train_url, args.out, embedding=args.embedding, k=args.k, kernel=args.kernel,
                           seed=args.seed, overwrite=args.overwrite, search=search,
-                          search_strategy=args.search_strategy, **extra)
+                          search_strategy=args.search_strategy, search_extensions=args.search_extensions, **extra)
     if args.json:
         print(json.dumps(info, indent=2))
     else:

@@ -27,7 +27,7 @@ KERNELS = {"none": "identity", "identity": "identity", "gaussian": "gaussian", "
 
 def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50, kernel: str = "gaussian",
           seed: int = 0, overwrite: bool = False, search: dict | None = None, search_strategy: str = "coordinate",
-          **params) -> dict:
+          search_extensions: int = 2, **params) -> dict:
     """Fit an :class:`~xmldask.models.EmbeddingClassifier` on a dataset store and save it.
 
     Parameters
@@ -53,6 +53,9 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
         given directly are where the search starts only if they are also listed.
     search_strategy : {"coordinate", "grid"}
         One parameter at a time, or every combination.
+    search_extensions : int
+        Under ``"coordinate"``, most geometric steps past a numeric grid's winning end
+        (:class:`~xmldask.model_selection.HeldOutSearch` ``max_extensions``; 0: the grid only).
     **params
         Further :class:`~xmldask.models.EmbeddingClassifier` parameters.
 
@@ -77,11 +80,15 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
     if grid:
         from .model_selection import HeldOutSearch
 
-        fitted = HeldOutSearch(model, grid, strategy=search_strategy).fit(data.X, data.Y)
+        fitted = HeldOutSearch(model, grid, strategy=search_strategy,
+                               max_extensions=search_extensions).fit(data.X, data.Y)
         model = fitted.best_estimator_
         chosen = _public(fitted.best_params_)
         k, kernel = chosen.pop("k", k), chosen.pop("kernel", kernel)
-        params = {**params, **chosen}
+        # without the parameters the chosen setting ignores (a bandwidth of the identity feature map)
+        ignored = {name for name, (parent, values) in model.conditional_params.items()
+                   if model.get_params()[parent] not in values}
+        params = {name: value for name, value in {**params, **chosen}.items() if name not in ignored}
     else:
         model.fit(data.X, data.Y)
     seconds = time.perf_counter() - start

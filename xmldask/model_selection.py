@@ -13,6 +13,19 @@ Two strategies:
   at their best values so far (about ``sum(len(values))`` fits; settings already fitted are not
   fitted again).
 
+A parameter that matters only for some values of another (the estimator's ``conditional_params``,
+e.g. ``bandwidth_scale`` only for a random-feature ``kernel``) is never fitted where it is ignored
+(``kernel=identity`` is fitted once, whatever the bandwidths listed), and under ``"coordinate"`` it
+is searched together with that other parameter: ``kernel=identity,gaussian`` with
+``bandwidth_scale=1,4`` tries identity, gaussian at 1 and gaussian at 4, so a kernel is judged at its
+best bandwidth, not at the first one.
+
+Under ``"coordinate"``, a numeric grid whose best value is its largest (or smallest) is extended
+geometrically, by the ratio of its last (first) two values, while the held-out score improves, at most
+``max_extensions`` steps per side and within the estimator's ``search_bounds`` (``n_components`` is
+at most the number of labels): a grid of ``alpha=0.001,0.03,1`` whose best is 1 tries 33.3, then
+1111. A grid is a guess; the edge of a grid is where a guess is most often wrong.
+
 Examples
 --------
 >>> from xmldask.models import EmbeddingClassifier                          # doctest: +SKIP
@@ -28,7 +41,10 @@ from __future__ import annotations
 import itertools
 import logging
 import math
+import numbers
 import time
+
+import numpy as np
 
 __all__ = ["HeldOutSearch", "held_out_score", "kept_epoch", "parse_grid"]
 
@@ -100,6 +116,8 @@ class HeldOutSearch:
     scoring : {"p@1", "loss"}, default "p@1"
         Held-out P@1 (larger is better) or held-out loss (smaller is better) of each candidate's
         kept decoder. Ties keep the earlier candidate.
+    max_extensions : int, default 2
+        Most geometric steps past either end of a numeric grid under ``"coordinate"`` (0: none).
 
     Attributes
     ----------
@@ -112,11 +130,13 @@ class HeldOutSearch:
         ``val_loss``, ``seconds``.
     """
 
-    def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1"):
+    def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
+                 max_extensions: int = 2):
         self.estimator = estimator
         self.param_grid = param_grid
         self.strategy = strategy
         self.scoring = scoring
+        self.max_extensions = max_extensions
 
     def _validated(self) -> dict[str, list]:
         if self.strategy not in _STRATEGIES:
@@ -134,11 +154,69 @@ class HeldOutSearch:
             if not values:
                 raise ValueError(f"param_grid[{name!r}] has no values")
             grid[name] = values
+        if isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int) or self.max_extensions < 0:
+            raise ValueError(f"max_extensions must be an integer >= 0, but is {self.max_extensions!r}")
         if not self.estimator.get_params().get("validation_fraction"):
             raise ValueError("the estimator holds out no rows (validation_fraction=0): nothing to choose by")
         return grid
 
+    def _effective(self, setting: dict) -> dict:
+        """``setting`` without the parameters that the rest of the estimator's parameters make irrelevant."""
+        conditions = getattr(self.estimator, "conditional_params", {})
+        params = {**self.estimator.get_params(), **setting}
+        return {name: value for name, value in setting.items()
+                if name not in conditions or params[conditions[name][0]] in conditions[name][1]}
+
+    def _coordinates(self, grid: dict) -> list[tuple[str, list[dict]]]:
+        """The coordinate steps: each parameter's candidate values, with its conditional parameters.
+
+        A step is a parameter and a list of partial settings to try: its values, each crossed with
+        the values of the parameters that depend on it and that this value makes relevant.
+        """
+        conditions = getattr(self.estimator, "conditional_params", {})
+        steps = []
+        for name, values in grid.items():
+            if conditions.get(name, (None,))[0] in grid:
+                continue  # searched together with the parameter it depends on
+            children = [child for child in grid if conditions.get(child, (None,))[0] == name]
+            options = []
+            for value in values:
+                enabled = [child for child in children if value in conditions[child][1]]
+                for combo in itertools.product(*(grid[child] for child in enabled)):
+                    options.append({name: value, **dict(zip(enabled, combo))})
+            steps.append((name, options))
+        return steps
+
+    def _extensions(self, values: list, scores: list, bounds: tuple):
+        """Values past the better end of an increasing numeric grid, one at a time, while they win.
+
+        A generator fed by the caller, who appends each yielded value's score to ``scores``: it goes
+        on while the newest value is the best so far. Integer grids step to integers; a step is
+        clipped to ``bounds`` and ends there.
+        """
+        numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0 for v in values)
+        if self.max_extensions == 0 or len(values) < 2 or not numeric or list(values) != sorted(set(values)):
+            return
+        best = int(np.argmax(scores))
+        if best not in (0, len(values) - 1):
+            return
+        up = best == len(values) - 1
+        edge, ratio = (values[-1], values[-1] / values[-2]) if up else (values[0], values[0] / values[1])
+        integer = all(isinstance(v, numbers.Integral) for v in values)
+        low, high = bounds
+        for _ in range(self.max_extensions):
+            value = edge * ratio
+            value = (math.ceil(value) if up else math.floor(value)) if integer else float(f"{value:.3g}")
+            value = min(max(value, low), high)
+            if value == edge or (integer and value < 1):
+                return
+            yield value
+            if int(np.argmax(scores)) != len(scores) - 1:
+                return
+            edge = value
+
     def _fit_one(self, setting: dict, X, Y) -> tuple[float, object]:
+        setting = self._effective(setting)
         key = tuple(sorted((name, repr(value)) for name, value in setting.items()))
         if key in self._done:
             return self._done[key]
@@ -172,12 +250,14 @@ class HeldOutSearch:
                 self._fit_one(dict(zip(grid, values)), X, Y)
         else:
             current = {name: values[0] for name, values in grid.items()}
-            for name, values in grid.items():
-                scores = {}
-                for value in values:
-                    setting = {**current, name: value}
-                    scores[repr(value)] = self._fit_one(setting, X, Y)[0]
-                current[name] = max(values, key=lambda v: scores[repr(v)])  # first of the ties
+            bounds = self.estimator.search_bounds(X, Y) if hasattr(self.estimator, "search_bounds") else {}
+            for name, options in self._coordinates(grid):
+                scores = [self._fit_one({**current, **option}, X, Y)[0] for option in options]
+                if len(options[0]) == 1:  # no conditional parameters: the grid may be extended
+                    for value in self._extensions(grid[name], scores, bounds.get(name, (0, math.inf))):
+                        options.append({name: value})
+                        scores.append(self._fit_one({**current, name: value}, X, Y)[0])
+                current.update(options[int(np.argmax(scores))])  # the first of the ties
         score, model, setting = self._best
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
         del self._done, self._best

@@ -263,10 +263,24 @@ class EmbeddingClassifier:
         self.dtype = dtype
         self.random_state = random_state
 
+    #: parameters that matter only for some values of another: name -> (other, its values that use it);
+    #: :class:`~xmldask.model_selection.HeldOutSearch` searches them together and skips ignored ones
+    conditional_params = {name: ("kernel", ("gaussian", "laplacian"))
+                          for name in ("n_random_features", "bandwidth_scale", "bandwidth_sample")}
+
     _param_names = ("embedding", "n_components", "features", "kernel", "n_random_features", "bandwidth_scale", "alpha",
                     "decoder_alpha", "task", "max_epochs", "batch_size", "learning_rate", "momentum", "l2",
                     "validation_fraction", "max_validation_rows", "n_iter_no_change", "early_stopping",
                     "bandwidth_sample", "dtype", "random_state")
+
+    def search_bounds(self, X, Y) -> dict[str, tuple]:
+        """Ranges of the numeric parameters for a search on ``X``, ``Y`` (how far a grid may be extended).
+
+        ``n_components`` of a label embedding given by name is at most the number of labels (of a
+        feature embedding, the number of features).
+        """
+        most = Y.shape[1] if self.embedding in ("rembrandt", "cs", "plst") else X.shape[1]
+        return {"n_components": (1, int(most)), "n_random_features": (1, math.inf)}
 
     def get_params(self) -> dict:
         """The constructor parameters, as a dict."""
