@@ -132,8 +132,10 @@ def test_conditional_parameters_are_searched_with_the_parameter_they_depend_on(d
                           {"kernel": "gaussian", "bandwidth_scale": 0.5, "alpha": 1e-3},
                           {"kernel": "gaussian", "bandwidth_scale": 4.0, "alpha": 1e-3}]
     first = max(search.results_[:3], key=lambda r: r["score"])["params"]
-    assert all({k: v for k, v in r["params"].items() if k != "alpha"} == {k: v for k, v in first.items() if k != "alpha"}
-               for r in search.results_[3:])
+    def without_alpha(params):
+        return {k: v for k, v in params.items() if k != "alpha"}
+
+    assert all(without_alpha(r["params"]) == without_alpha(first) for r in search.results_[3:])
     assert len(search.results_) == 4
     # a candidate's score does not depend on a bandwidth its kernel ignores
     plain = _template().set_params(kernel="identity", bandwidth_scale=4.0, alpha=1e-3).fit(ds.X, ds.Y)
@@ -155,7 +157,8 @@ class _Scripted:
     conditional_params = {}
 
     def __init__(self, score=None, validation_fraction=0.1, alpha=1.0, n_components=8):
-        self.score, self.validation_fraction, self.alpha, self.n_components = score, validation_fraction, alpha, n_components
+        self.score, self.validation_fraction = score, validation_fraction
+        self.alpha, self.n_components = alpha, n_components
 
     def get_params(self):
         return {"score": self.score, "validation_fraction": self.validation_fraction, "alpha": self.alpha,
@@ -200,7 +203,8 @@ def test_train_job_reports_no_parameter_the_chosen_kernel_ignores(data):
     info = jobs.train(train, str(root / "bw.zarr"), k=8, kernel="none", seed=3, max_epochs=1, bandwidth_scale=0.5,
                       n_random_features=64, search={"kernel": ["none", "gaussian"], "bandwidth_scale": [0.5, 4.0]})
     assert [r["params"] for r in info["search"]] == [
-        {"kernel": "none"}, {"kernel": "gaussian", "bandwidth_scale": 0.5}, {"kernel": "gaussian", "bandwidth_scale": 4.0}]
+        {"kernel": "none"}, {"kernel": "gaussian", "bandwidth_scale": 0.5},
+        {"kernel": "gaussian", "bandwidth_scale": 4.0}]
     chosen = max(info["search"], key=lambda r: r["val_p@1"])["params"]
     assert info["params"]["kernel"] == chosen["kernel"]
     assert ("bandwidth_scale" in info["params"]) == (chosen["kernel"] == "gaussian")
