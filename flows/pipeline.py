@@ -77,7 +77,8 @@ def synthesize(*, storage: str | None, n_samples: int, n_features: int, n_labels
 
 def run_downstream(train: dict, test: dict, *, storage: str | None, run_dir: str, embedding: str, k: int, kernel: str,
                    seed: int, n_random_features: int, max_epochs: int, top_k: int,
-                   spectrum_components: int | None = 50, features: str = "raw", search: dict | None = None) -> dict:
+                   spectrum_components: int | None = 50, features: str = "raw", search: dict | None = None,
+                   n_estimators: int = 1) -> dict:
     """spectrum -> train -> predict -> evaluate (stage flows) on ingested data; returns the records by stage."""
     where = {"storage": storage, "run_dir": run_dir}
     data, test_data = output(train, "data"), output(test, "data")
@@ -85,7 +86,8 @@ def run_downstream(train: dict, test: dict, *, storage: str | None, run_dir: str
     if spectrum_components:
         stages["spectrum"] = spectrum_flow(data, n_components=spectrum_components, seed=seed, **where)
     stages["train"] = train_flow(data, embedding=embedding, k=k, kernel=kernel, features=features, seed=seed,
-                                 n_random_features=n_random_features, max_epochs=max_epochs, search=search, **where)
+                                 n_random_features=n_random_features, max_epochs=max_epochs, search=search,
+                                 n_estimators=n_estimators, **where)
     stages["predict"] = predict_flow(output(stages["train"], "model"), test_data, top_k=top_k, **where)
     stages["evaluate"] = evaluate_flow(output(stages["predict"], "predictions"), test_data, data, **where)
     return stages
@@ -105,7 +107,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
              format: Format = "auto", one_based: bool = False, normalize: Normalize = "none",
              embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian",
              features: Features = "raw", seed: int = 0, n_random_features: PositiveInt = 2000,
-             max_epochs: PositiveInt = 10, search: Search | None = None,
+             max_epochs: PositiveInt = 10, search: Search | None = None, n_estimators: PositiveInt = 1,
              top_k: Annotated[int, Field(ge=10)] = 10, spectrum_components: PositiveInt = 50,
              synthetic_samples: PositiveInt = 20_000, synthetic_features: PositiveInt = 20_000,
              synthetic_labels: PositiveInt = 2_000) -> dict:
@@ -129,6 +131,8 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         The embedding classifier.
     search : dict, optional
         Classifier parameters chosen by held-out P@1 on the training rows (:func:`~flows.stage_flows.train_flow`).
+    n_estimators : int
+        More than 1: an ensemble of that many models with different seeds.
     top_k : int
         Labels predicted per row (at least 10, for P@1..10).
     spectrum_components : int
@@ -160,7 +164,8 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], storage=storage, run_dir=run_dir,
                                      embedding=embedding, k=k, kernel=kernel, seed=seed,
                                      n_random_features=n_random_features, max_epochs=max_epochs, top_k=top_k,
-                                     spectrum_components=spectrum_components, features=features, search=search))
+                                     spectrum_components=spectrum_components, features=features, search=search,
+                                     n_estimators=n_estimators))
         title = f"xmldask pipeline: {', '.join(train)} -> {', '.join(test)}"
         out = report_flow(stages, title=title, dashboard=dashboard, run_dir=run_dir)
     computed = [name for name, rec in stages.items() if not rec["reused"]]
@@ -197,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="choose NAME among the values by held-out P@1 on the training rows (repeatable), "
                         "e.g. --search alpha=0.001,1 --search k=50,150")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--n-estimators", type=int, default=1,
+                        help="an ensemble of N models with different seeds (default 1)")
     parser.add_argument("--n-random-features", type=int, default=2000)
     parser.add_argument("--max-epochs", type=int, default=10)
     parser.add_argument("--top-k", type=int, default=10)

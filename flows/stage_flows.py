@@ -328,7 +328,7 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 @flow(name="xmldask-train", log_prints=True)
 def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian",
                features: Features = "raw", seed: int = 0, n_random_features: PositiveInt = 2000,
-               max_epochs: PositiveInt = 10, search: Search | None = None,
+               max_epochs: PositiveInt = 10, search: Search | None = None, n_estimators: PositiveInt = 1,
                storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
                local_cluster: LocalClusterOptions | None = None) -> dict:
     """Fit the embedding classifier (it fits its own label embedding) on a dataset store.
@@ -342,6 +342,8 @@ def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveI
     search : dict, optional
         Values to choose among by held-out P@1 on the training rows, one parameter at a time
         (:func:`xmldask.jobs.train` ``search``), e.g. ``{"alpha": [0.001, 1], "k": [50, 150]}``.
+    n_estimators : int
+        More than 1: an ensemble of that many models with different seeds (:func:`xmldask.jobs.train`).
     storage, run_dir, scheduler, local_cluster
         As :func:`spectrum_flow`.
 
@@ -354,6 +356,8 @@ def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveI
               "n_random_features": n_random_features, "max_epochs": max_epochs}
     if search:
         params["search"] = {name: list(values) for name, values in search.items()}
+    if n_estimators != 1:  # (absent when 1, so the cache keys of single models stay as they were)
+        params["n_estimators"] = n_estimators
     with dask_client(scheduler, local_cluster):
         return run_cached(train_task, inputs={"train": store_ref(train)}, params=params, storage=storage,
                           run_dir=run_dir)

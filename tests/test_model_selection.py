@@ -13,9 +13,10 @@ from xmldask import jobs
 from xmldask.cli import main as cli_main
 from xmldask.datasets import make_synthetic
 from xmldask.model_selection import HeldOutSearch, held_out_score, parse_grid
-from xmldask.models import EmbeddingClassifier, NotFittedError
+from xmldask.models import ENSEMBLE_VERSION, EmbeddingClassifier, EnsembleClassifier, NotFittedError, load_model
 from xmldask.models.embedding_classifier import MODEL_VERSION
-from xmldask.store import open_dataset
+from xmldask.models.ensemble import member_seed
+from xmldask.store import open_dataset, open_predictions
 from xmldask.store.models import open_model_store
 
 
@@ -209,3 +210,32 @@ def test_train_job_reports_no_parameter_the_chosen_kernel_ignores(data):
     assert info["params"]["kernel"] == chosen["kernel"]
     assert ("bandwidth_scale" in info["params"]) == (chosen["kernel"] == "gaussian")
     assert ("n_random_features" in info["params"]) == (chosen["kernel"] == "gaussian")
+
+
+def test_train_job_ensemble_after_a_search(data, capsys):
+    root, train = data
+    url = str(root / "ensemble.zarr")
+    info = jobs.train(train, url, k=8, kernel="none", seed=3, max_epochs=1, n_estimators=2,
+                      search={"alpha": [1e-3, 10.0]}, search_extensions=0)
+    assert info["params"]["n_estimators"] == 2
+    model = load_model(url)
+    assert isinstance(model, EnsembleClassifier) and len(model.estimators_) == 2
+    chosen = max(info["search"], key=lambda r: r["val_p@1"])["params"]["alpha"]
+    assert [m.alpha for m in model.estimators_] == [chosen, chosen]
+    assert [m.random_state for m in model.estimators_] == [3, member_seed(3, 1)]
+    # member 0 is the search's winner: the same held-out figures as its candidate
+    first = max(info["search"], key=lambda r: r["val_p@1"])
+    assert held_out_score(model.estimators_[0]) == pytest.approx(first["val_p@1"])
+    _, attrs = open_model_store(url, model_version=ENSEMBLE_VERSION, class_name="EnsembleClassifier")
+    assert attrs["search"]["best_params"]["alpha"] == chosen and attrs["train_url"] == train
+    pred = str(root / "ensemble-pred.zarr")
+    out = jobs.predict(url, train, pred, top_k=3)
+    assert out["n_samples"] == open_dataset(train).n_samples
+    labels, scores = model.predict_topk(open_dataset(train).X, k=3)
+    np.testing.assert_array_equal(open_predictions(pred).labels.compute(), labels.compute())
+    # the command line
+    cli_url = str(root / "ensemble-cli.zarr")
+    assert cli_main(["train", train, "--out", cli_url, "--k", "6", "--kernel", "none", "--max-epochs", "1",
+                     "--n-estimators", "2", "--json", "--workers", "1"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"]["n_estimators"] == 2
+    assert len(load_model(cli_url).estimators_) == 2

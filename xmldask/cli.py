@@ -204,6 +204,9 @@ def _add_train(sub) -> None:
     p.add_argument("--alpha", type=float, default=None, help="ridge of the regression onto the embedding")
     p.add_argument("--max-epochs", type=_positive, default=None, help="decoder epochs at most (default 10)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--n-estimators", type=_positive, default=1, metavar="N",
+                   help="an ensemble of N models with different seeds (each holds out its own rows), predicting the "
+                   "mean of their probabilities (default 1: one model)")
     p.add_argument("--search", action="append", default=[], metavar="NAME=V1,V2,...",
                    help="choose NAME among the values by held-out P@1 on the training rows (repeatable), e.g. "
                    "--search k=50,150 --search alpha=0.001,0.03,1 --search kernel=none,gaussian")
@@ -229,7 +232,8 @@ def _cmd_train(args) -> int:
     with _cluster_context(args):
         info = jobs.train(args.train_url, args.out, embedding=args.embedding, k=args.k, kernel=args.kernel,
                           seed=args.seed, overwrite=args.overwrite, search=search,
-                          search_strategy=args.search_strategy, search_extensions=args.search_extensions, **extra)
+                          search_strategy=args.search_strategy, search_extensions=args.search_extensions,
+                          n_estimators=args.n_estimators, **extra)
     if args.json:
         print(json.dumps(info, indent=2))
     else:

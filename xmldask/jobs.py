@@ -27,7 +27,7 @@ KERNELS = {"none": "identity", "identity": "identity", "gaussian": "gaussian", "
 
 def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50, kernel: str = "gaussian",
           seed: int = 0, overwrite: bool = False, search: dict | None = None, search_strategy: str = "coordinate",
-          search_extensions: int = 2, **params) -> dict:
+          search_extensions: int = 2, n_estimators: int = 1, **params) -> dict:
     """Fit an :class:`~xmldask.models.EmbeddingClassifier` on a dataset store and save it.
 
     Parameters
@@ -56,6 +56,9 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
     search_extensions : int
         Under ``"coordinate"``, most geometric steps past a numeric grid's winning end
         (:class:`~xmldask.model_selection.HeldOutSearch` ``max_extensions``; 0: the grid only).
+    n_estimators : int
+        More than 1: save an :class:`~xmldask.models.EnsembleClassifier` of that many members with
+        the (chosen) parameters and different seeds; member 0 is the single (searched) model.
     **params
         Further :class:`~xmldask.models.EmbeddingClassifier` parameters.
 
@@ -91,20 +94,24 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
         params = {name: value for name, value in {**params, **chosen}.items() if name not in ignored}
     else:
         model.fit(data.X, data.Y)
+    single = model
+    if n_estimators != 1:
+        from .models import EnsembleClassifier
+
+        model = EnsembleClassifier(type(single)(**single.get_params()), n_estimators=n_estimators,
+                                   random_state=seed).fit(data.X, data.Y, fitted=[single])
     seconds = time.perf_counter() - start
-    meta = {"train_url": train_url}
-    if grid:
-        fitted.save(out, overwrite=overwrite, meta=meta)
-    else:
-        model.save(out, overwrite=overwrite, meta=meta)
-    last = model.history_[-1] if getattr(model, "history_", None) else {}
+    meta = {"train_url": train_url, **({"search": fitted.record()} if grid else {})}
+    model.save(out, overwrite=overwrite, meta=meta)
+    last = single.history_[-1] if getattr(single, "history_", None) else {}
     return {
         "model": out,
         "train": train_url,
         "seconds": round(seconds, 3),
-        "n_passes": int(getattr(model, "n_passes_", 0)),
+        "n_passes": int(sum(getattr(m, "n_passes_", 0) for m in getattr(model, "estimators_", [model]))),
         "task": getattr(model, "task_", None),
-        "params": {"embedding": embedding, "k": k, "kernel": kernel, "seed": seed, **params},
+        "params": {"embedding": embedding, "k": k, "kernel": kernel, "seed": seed, **params,
+                   **({"n_estimators": n_estimators} if n_estimators != 1 else {})},
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
         **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {}),
     }
@@ -146,16 +153,16 @@ def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwri
         The prediction store's attributes: ``n_samples``, ``top_k``, ``seconds``,
         ``rows_per_second``, ``model``, ``data``, ``url``.
     """
-    from .models import EmbeddingClassifier
+    from .models import load_model
 
     if _fs.exists(out) and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
-    model = EmbeddingClassifier.load(model_url)
+    model = load_model(model_url)
     data = open_dataset(data_url)
     n_labels = int(model.n_labels_)
-    if data.X.shape[1] != model.W_.shape[0]:
+    if data.X.shape[1] != model.n_features_in_:
         raise ValueError(f"{data_url} has {data.X.shape[1]} features but the model {model_url} was trained on "
-                         f"{model.W_.shape[0]}; predict on data ingested like the training data")
+                         f"{model.n_features_in_}; predict on data ingested like the training data")
     if not 1 <= top_k <= n_labels:
         raise ValueError(f"top_k must be between 1 and the model's {n_labels} labels, but is {top_k}")
     labels, scores = model.predict_topk(data.X, k=top_k)

@@ -283,7 +283,11 @@ class HeldOutSearch:
         return self._check_fitted().predict(X)
 
     def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
-        """Save ``best_estimator_`` with the search's results in its ``meta`` (``search``)."""
-        search = {"strategy": self.strategy, "scoring": self.scoring, "best_params": self.best_params_,
-                  "best_score": self.best_score_, "results": self.results_}
-        return self._check_fitted().save(url, overwrite=overwrite, meta={**(meta or {}), "search": search})
+        """Save ``best_estimator_`` with the search's :meth:`record` in its ``meta`` (``search``)."""
+        return self._check_fitted().save(url, overwrite=overwrite, meta={**(meta or {}), "search": self.record()})
+
+    def record(self) -> dict:
+        """The search as JSON: ``strategy``, ``scoring``, ``best_params``, ``best_score``, ``results``."""
+        self._check_fitted()
+        return {"strategy": self.strategy, "scoring": self.scoring, "best_params": self.best_params_,
+                "best_score": self.best_score_, "results": self.results_}

@@ -3,9 +3,33 @@
 :class:`EmbeddingClassifier` is the stagewise decoder of Rembrandt (Mineiro and Karampatziakis 2015,
 Algorithm 3): regress a label embedding on the features, map the result through an optional random
 Fourier feature map, and fit a softmax / independent logistic decoder over row blocks, early-stopped on
-held-out training rows.
+held-out training rows. :class:`EnsembleClassifier` averages the probabilities of several of them fitted
+with different seeds (each on its own random 90% of the rows). :func:`load_model` reads either.
 """
 
 from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier, NotFittedError
+from .ensemble import ENSEMBLE_VERSION, EnsembleClassifier
 
-__all__ = ["MODEL_VERSION", "EmbeddingClassifier", "NotFittedError"]
+__all__ = ["ENSEMBLE_VERSION", "MODEL_VERSION", "EmbeddingClassifier", "EnsembleClassifier", "NotFittedError",
+           "load_model"]
+
+#: the classes :func:`load_model` reads, by the name their stores record
+MODEL_CLASSES = {cls.__name__: cls for cls in (EmbeddingClassifier, EnsembleClassifier)}
+
+
+def load_model(url: str):
+    """The fitted classifier saved at ``url``, of whichever class its store records.
+
+    Raises
+    ------
+    StoreError
+        No model at ``url``, an incomplete or newer store, or a class this xmldask does not know.
+    """
+    from ..store.layout import StoreError
+    from ..store.models import model_class
+
+    name = model_class(url)
+    if name not in MODEL_CLASSES:
+        raise StoreError(f"{url} holds a {name} model, which this xmldask cannot read (it reads "
+                         f"{', '.join(MODEL_CLASSES)})")
+    return MODEL_CLASSES[name].load(url)

@@ -16,7 +16,8 @@ import scipy.sparse as sp
 from ..linalg import dense_operand
 from . import _kernels as K
 
-__all__ = ["decision_scores", "decoder_features", "document_counts", "normal_equations", "topk", "transform_rows"]
+__all__ = ["decision_scores", "decoder_features", "document_counts", "ensemble_probabilities", "ensemble_topk",
+           "normal_equations", "topk", "transform_rows"]
 
 
 def _call(*args, _func, _names, **static):
@@ -187,3 +188,73 @@ def normal_equations(X: da.Array, Y: da.Array, masks: list[np.ndarray], state: d
         parts = [dask.delayed(_add)(*parts[i:i + 2]) if i + 1 < len(parts) else parts[i]
                  for i in range(0, len(parts), 2)]
     return parts[0]
+
+
+# --------------------------------------------------------------------------------------------
+# ensembles: the mean of the members' probabilities
+
+
+def _member_operands(states: list[dict]) -> tuple[dict, dict]:
+    """Every member's arrays under numbered names, and the per-member static values."""
+    whole = {}
+    for i, state in enumerate(states):
+        whole.update({f"{name}{i}": state.get(name) for name in ("idf", "W", "intercept", "omega", "phase", "Q",
+                                                                 "bias")})
+    static = {"features": tuple(state.get("features", "raw") for state in states),
+              "bandwidths": tuple(float(state.get("bandwidth") or 1.0) for state in states)}
+    return whole, static
+
+
+def _mean_probabilities(Xb, ops: dict, features: tuple, bandwidths: tuple, task: str) -> np.ndarray:
+    """The members' mean probabilities of one (sub-)block of raw rows, ``(n_b, n_labels)``."""
+    P = None
+    for i, (kind, bandwidth) in enumerate(zip(features, bandwidths)):
+        Xi = Xb if kind == "raw" else K.transform_rows(Xb, ops.get(f"idf{i}") if kind == "tfidf" else None)
+        F = K.decoder_features(Xi, ops[f"W{i}"], ops[f"intercept{i}"], ops.get(f"omega{i}"), ops.get(f"phase{i}"),
+                               bandwidth)
+        S = F[:, :-1] @ ops[f"Q{i}"]
+        S += ops[f"bias{i}"]
+        K.probabilities(S, task)
+        P = S if P is None else np.add(P, S, out=P)
+    P /= len(features)
+    return P
+
+
+def _ensemble_kernel(Xb, *, features, bandwidths, task, k=None, budget=K.SCORE_BUDGET, **ops):
+    n, n_labels = Xb.shape[0], ops["Q0"].shape[1]
+    widest = max(max(ops[f"Q{i}"].shape) for i in range(len(features)))
+    step = _sub_rows(max(widest, n_labels), budget)
+    out = np.empty((n, 2 * k if k else n_labels), dtype=np.float64 if k else ops["Q0"].dtype)
+    for a in range(0, n, step):
+        P = _mean_probabilities(Xb[a:a + step], ops, features, bandwidths, task)
+        if k:
+            out[a:a + step, :k], out[a:a + step, k:] = K.topk_rows(P, k)
+        else:
+            out[a:a + step] = P
+    return out
+
+
+def ensemble_probabilities(X: da.Array, states: list[dict], task: str) -> da.Array:
+    """Lazy mean probabilities of the members, ``(n_samples, n_labels)``, chunked like the raw rows ``X``.
+
+    Every member's ``state`` holds its feature map and decoder (as for :func:`topk`) and its input
+    transform (``features``: ``"raw"``, ``"l2"`` or ``"tfidf"`` with ``idf``), applied per block here.
+    """
+    whole, static = _member_operands(states)
+    n_labels = states[0]["Q"].shape[1]
+    return _map_rows(_ensemble_kernel, X, whole=whole, static={**static, "task": task}, out_cols=n_labels,
+                     dtype=states[0]["Q"].dtype, token="ensemble-probabilities")
+
+
+def ensemble_topk(X: da.Array, states: list[dict], task: str, k: int, *,
+                  budget: int = K.SCORE_BUDGET) -> tuple[da.Array, da.Array]:
+    """Lazy top-``k`` labels (int32) and mean probabilities (float32) of the members, best first.
+
+    Like :func:`topk`, one task per row block computes both, and at most ``budget`` entries of a
+    member's scores are held at once (two such buffers: a member's and the running mean).
+    """
+    whole, static = _member_operands(states)
+    packed = _map_rows(_ensemble_kernel, X, whole=whole,
+                       static={**static, "task": task, "k": int(k), "budget": int(budget)},
+                       out_cols=2 * k, dtype=np.float64, token="ensemble-topk")
+    return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)

@@ -32,6 +32,7 @@ __all__ = [
     "transform_rows",
     "KERNELS",
     "SCORE_BUDGET",
+    "probabilities",
     "decoder_features",
     "kernel_value",
     "logistic_loss",
@@ -348,6 +349,29 @@ def logistic_loss(S: np.ndarray, Yb, *, gradient: bool = True) -> tuple[float, n
 
 # --------------------------------------------------------------------------------------------
 # top-k
+
+
+def probabilities(S: np.ndarray, task: str) -> np.ndarray:
+    """Scores to probabilities in place: softmax of every row (multiclass) or a sigmoid per entry.
+
+    Parameters
+    ----------
+    S : ndarray, shape (n_rows, n_labels)
+        Scores; overwritten.
+    task : {"multiclass", "multilabel"}
+
+    Returns
+    -------
+    ndarray
+        ``S``.
+    """
+    if task == "multiclass":
+        S -= S.max(axis=1, keepdims=True)
+        np.exp(S, out=S)
+        S /= S.sum(axis=1, keepdims=True)
+    else:
+        expit(S, out=S)
+    return S
 
 
 def topk_rows(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

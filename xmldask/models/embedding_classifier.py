@@ -757,13 +757,31 @@ class EmbeddingClassifier:
         str
             ``url``.
         """
+        params, fitted, arrays = self._parts()
+        return write_model_store(url, class_name=type(self).__name__, model_version=MODEL_VERSION, params=params,
+                                 fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
+
+    def _parts(self) -> tuple[dict, dict, dict]:
+        """What :meth:`save` writes: the parameters and fitted scalars as JSON, the fitted arrays."""
         self._check_fitted()
         params = {name: jsonable(value) for name, value in self.get_params().items()}
         params["dtype"] = np.dtype(self.dtype).name
-        return write_model_store(
-            url, class_name=type(self).__name__, model_version=MODEL_VERSION, params=params,
-            fitted={name: jsonable(getattr(self, name + "_", None)) for name in _SCALARS},
-            arrays={name: getattr(self, name + "_", None) for name in _ARRAYS}, meta=meta, overwrite=overwrite)
+        fitted = {name: jsonable(getattr(self, name + "_", None)) for name in _SCALARS}
+        return params, fitted, {name: getattr(self, name + "_", None) for name in _ARRAYS}
+
+    @classmethod
+    def _from_parts(cls, params: dict, fitted: dict, arrays) -> EmbeddingClassifier:
+        """The fitted model from :meth:`_parts` (``arrays``: a mapping that may lack the ``None`` ones)."""
+        params = {k: v for k, v in params.items() if k in cls._param_names}
+        arrays = {name: arrays[name][...] if name in arrays else None for name in _ARRAYS}
+        params["embedding"] = arrays["R"]
+        params["dtype"] = np.dtype(params.get("dtype", "float32"))
+        model = cls(**params)
+        for name, value in arrays.items():
+            setattr(model, name + "_", value)
+        for name, value in fitted.items():
+            setattr(model, name + "_", value)
+        return model
 
     @classmethod
     def load(cls, url: str) -> EmbeddingClassifier:
@@ -784,15 +802,7 @@ class EmbeddingClassifier:
         StoreError
             No model at ``url``, an incomplete or newer store, or a model of another class.
         """
-        group, _ = open_model_store(url, model_version=MODEL_VERSION, class_name=cls.__name__)
+        group, _ = open_model_store(url, model_version=MODEL_VERSION, class_name=cls.__name__,
+                                    hint=" (or xmldask.models.load_model(url) for any model)")
         attrs = dict(group.attrs)
-        params = {k: v for k, v in attrs["params"].items() if k in cls._param_names}
-        arrays = {name: group[name][...] if name in group else None for name in _ARRAYS}
-        params["embedding"] = arrays["R"]
-        params["dtype"] = np.dtype(params.get("dtype", "float32"))
-        model = cls(**params)
-        for name, value in arrays.items():
-            setattr(model, name + "_", value)
-        for name, value in attrs.get("fitted", {}).items():
-            setattr(model, name + "_", value)
-        return model
+        return cls._from_parts(attrs["params"], attrs.get("fitted", {}), group)

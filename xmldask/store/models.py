@@ -18,7 +18,7 @@ import zarr
 from . import _fs
 from .layout import ATTR, LAYOUT_VERSION, StoreError, compressors
 
-__all__ = ["jsonable", "open_model_store", "write_model_store"]
+__all__ = ["jsonable", "model_class", "open_model_store", "write_model_store"]
 
 #: largest chunk side of a model array
 MODEL_CHUNK = 1 << 16
@@ -87,6 +87,18 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
         _fs.remove(tmp)
         raise
     return url
+
+
+def model_class(url: str) -> str:
+    """The estimator class recorded in the model store at ``url`` (``StoreError`` if it is not one)."""
+    try:
+        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
+    except FileNotFoundError as exc:
+        raise StoreError(f"no model store at {url}") from exc
+    meta = dict(group.attrs).get(ATTR) or {}
+    if meta.get("kind") != "model":
+        raise StoreError(f"{url} is not a saved xmldask model (kind {meta.get('kind')!r})")
+    return str(meta.get("class"))
 
 
 def open_model_store(url: str, *, model_version: int, class_name: str | None = None, hint: str = ""):

@@ -1,0 +1,147 @@
+"""EnsembleClassifier: the mean of the members' probabilities against a NumPy reference, seeds, reuse, storage."""
+
+from __future__ import annotations
+
+import dask
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.special import expit, softmax
+
+from xmldask.datasets import make_synthetic
+from xmldask.models import EmbeddingClassifier, EnsembleClassifier, NotFittedError, _graph, load_model
+from xmldask.models.ensemble import member_seed
+from xmldask.store import StoreError
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    with dask.config.set(scheduler="threads"):
+        yield
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    root = tmp_path_factory.mktemp("ensemble")
+    out = {}
+    for name, multiclass, seed in (("multiclass", True, 1), ("multilabel", False, 2)):
+        ds = make_synthetic(str(root / f"{name}.zarr"), n_samples=1500, n_features=200, n_labels=25,
+                            multiclass=multiclass, rank=6, seed=seed, block_rows=400)
+        out[name] = (sp.csr_matrix(ds.X.compute()), sp.csr_matrix(ds.Y.compute()))
+    return out
+
+
+def _template(**kw):
+    return EmbeddingClassifier(**{"embedding": "rembrandt", "n_components": 6, "kernel": "gaussian",
+                                  "n_random_features": 64, "max_epochs": 2, "batch_size": 256, **kw})
+
+
+def _reference(members, X, task):
+    """The mean probabilities, from each member's dense logits, in float64."""
+    P = 0
+    for member in members:
+        S = np.asarray(member.decision_function(X).compute(), dtype=np.float64)
+        P = P + (softmax(S, axis=1) if task == "multiclass" else expit(S))
+    return P / len(members)
+
+
+@pytest.mark.parametrize("task", ["multiclass", "multilabel"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mean_probabilities_and_topk_match_a_numpy_reference(data, task, dtype):
+    X, Y = data[task]
+    features = "tfidf" if task == "multiclass" else "l2"  # each member transforms the raw rows itself
+    clf = EnsembleClassifier(_template(features=features, dtype=dtype), n_estimators=3, random_state=5).fit(X, Y)
+    assert clf.task_ == task and len(clf.estimators_) == 3
+    Xd = da.from_array(X, chunks=(333, -1), asarray=False, fancy=False)  # uneven blocks
+    ref = _reference(clf.estimators_, Xd, task)
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    P = clf.decision_function(Xd).compute()
+    assert P.dtype == dtype
+    np.testing.assert_allclose(P, ref, atol=tol)
+    if task == "multiclass":
+        np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=10 * tol)
+    labels, scores = dask.compute(*clf.predict_topk(Xd, k=4))
+    order = np.argsort(-ref, axis=1, kind="stable")[:, :4]
+    # the labels are the reference's, except where two probabilities tie to rounding
+    gap = np.take_along_axis(ref, order[:, :-1], 1) - np.take_along_axis(ref, order[:, 1:], 1)
+    clear = (gap > 10 * tol).all(axis=1)
+    assert clear.mean() > 0.95
+    np.testing.assert_array_equal(labels[clear], order[clear])
+    np.testing.assert_allclose(scores, np.take_along_axis(ref, labels, 1), atol=tol)
+    # a score budget smaller than one block's probabilities gives the same answer
+    small = _graph.ensemble_topk(Xd, clf._states(), clf.task_, 4, budget=25 * 7)
+    small_labels, small_scores = dask.compute(*small)
+    np.testing.assert_array_equal(small_labels, labels)
+    np.testing.assert_allclose(small_scores, scores, atol=tol)
+
+
+def test_members_differ_only_in_their_seeds_and_member_0_is_the_single_model(data):
+    X, Y = data["multilabel"]
+    clf = EnsembleClassifier(_template(kernel="identity"), n_estimators=3, random_state=11).fit(X, Y)
+    seeds = [m.random_state for m in clf.estimators_]
+    assert seeds[0] == 11 and len(set(seeds)) == 3 and seeds == [member_seed(11, i) for i in range(3)]
+    single = _template(kernel="identity", random_state=11).fit(X, Y)
+    np.testing.assert_array_equal(clf.estimators_[0].Q_, single.Q_)
+    # different seeds hold out different rows, so the members' W differ
+    assert not np.allclose(clf.estimators_[0].W_, clf.estimators_[1].W_)
+    assert set(clf.held_out_) == {"val_p@1", "val_loss"}
+    assert clf.held_out_["val_p@1"] == pytest.approx(np.mean([max(m.history_, key=lambda h: -h["val_loss"])["val_p@1"]
+                                                               for m in clf.estimators_]))
+    # an ensemble of one is the single model
+    one = EnsembleClassifier(_template(kernel="identity"), n_estimators=1, random_state=11).fit(X, Y)
+    np.testing.assert_allclose(one.decision_function(X).compute(), expit(single.decision_function(X).compute()),
+                               atol=1e-6)
+
+
+def test_fitted_members_are_reused_and_checked(data):
+    X, Y = data["multiclass"]
+    template = _template(kernel="identity")
+    first = _template(kernel="identity", random_state=3).fit(X, Y)
+    clf = EnsembleClassifier(template, n_estimators=2, random_state=3).fit(X, Y, fitted=[first])
+    assert clf.estimators_[0] is first and clf.estimators_[1].random_state == member_seed(3, 1)
+    with pytest.raises(ValueError, match=r"fitted member 0 .* \(differs in random_state\)"):
+        EnsembleClassifier(template, n_estimators=2, random_state=4).fit(X, Y, fitted=[first])
+    with pytest.raises(ValueError, match=r"\(differs in alpha\)"):
+        EnsembleClassifier(_template(kernel="identity", alpha=5.0), n_estimators=2, random_state=3).fit(
+            X, Y, fitted=[first])
+    with pytest.raises(ValueError, match="3 fitted members given for an ensemble of 2"):
+        EnsembleClassifier(template, n_estimators=2, random_state=3).fit(X, Y, fitted=[first] * 3)
+
+
+def test_save_load_and_load_model(data, tmp_path):
+    X, Y = data["multiclass"]
+    clf = EnsembleClassifier(_template(features="tfidf"), n_estimators=2, random_state=0).fit(X, Y)
+    url = str(tmp_path / "ensemble.zarr")
+    clf.save(url, meta={"train_url": "somewhere"})
+    with pytest.raises(FileExistsError):
+        clf.save(url)
+    back = load_model(url)
+    assert isinstance(back, EnsembleClassifier) and len(back.estimators_) == 2
+    assert back.held_out_ == pytest.approx(clf.held_out_)
+    np.testing.assert_array_equal(back.estimators_[1].idf_, clf.estimators_[1].idf_)
+    a, b = clf.predict_topk(X, k=3), back.predict_topk(X, k=3)
+    np.testing.assert_array_equal(a[0].compute(), b[0].compute())
+    np.testing.assert_allclose(a[1].compute(), b[1].compute())
+    with pytest.raises(StoreError, match=r"holds a EnsembleClassifier model.*load_model"):
+        EmbeddingClassifier.load(url)
+    single = str(tmp_path / "single.zarr")
+    clf.estimators_[0].save(single)
+    assert isinstance(load_model(single), EmbeddingClassifier)
+    with pytest.raises(StoreError, match="no model store"):
+        load_model(str(tmp_path / "missing.zarr"))
+
+
+def test_refusals(data):
+    X, Y = data["multiclass"]
+    with pytest.raises(ValueError, match="n_estimators must be an integer of at least 1"):
+        EnsembleClassifier(_template(), n_estimators=0).fit(X, Y)
+    with pytest.raises(TypeError, match="estimator must be an EmbeddingClassifier"):
+        EnsembleClassifier("rembrandt").fit(X, Y)
+    with pytest.raises(NotFittedError):
+        EnsembleClassifier(_template()).predict_topk(X)
+    clf = EnsembleClassifier(_template(kernel="identity"), n_estimators=1, random_state=0).fit(X, Y)
+    with pytest.raises(ValueError, match="k must be an integer between 1 and n_labels = 25"):
+        clf.predict_topk(X, k=26)
+    with pytest.raises(ValueError, match="X has 3 features"):
+        clf.predict_topk(np.zeros((2, 3), np.float32))

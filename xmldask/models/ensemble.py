@@ -1,0 +1,231 @@
+"""Bagged ensembles of embedding classifiers: the mean of the members' predicted probabilities.
+
+:class:`EnsembleClassifier` fits ``n_estimators`` copies of an :class:`EmbeddingClassifier` that differ
+only in their seed. A member's seed draws the rows it holds out for early stopping (so each member
+fits ``W`` and its decoder on a different random 90% of the training rows), its random features and
+its SGD order; the ensemble predicts the mean of the members' probabilities (softmax rows for
+multiclass problems, per-label sigmoids for multilabel ones), streamed over row blocks like a single
+model (:func:`xmldask.models._graph.ensemble_topk`). Ensembles are the rule among XMC methods: Parabel,
+Bonsai and Omikuji grow 3 trees by default, FastXML and SLEEC 15 or more learners.
+
+Measured (``python bench/peers.py``, the same held-out search, then 3 members): see the README.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import dask.array as da
+import numpy as np
+
+from ..store.models import jsonable, open_model_store, write_model_store
+from . import _graph
+from .embedding_classifier import EmbeddingClassifier, NotFittedError, _as_rows, _seed_of
+
+__all__ = ["ENSEMBLE_VERSION", "EnsembleClassifier"]
+
+#: version of the saved ensemble layout
+ENSEMBLE_VERSION = 1
+
+
+def member_seed(seed: int, index: int) -> int:
+    """The seed of member ``index`` of an ensemble seeded with ``seed``: member 0 has ``seed`` itself."""
+    if index == 0:
+        return int(seed)
+    return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1, np.uint64)[0] >> 1)
+
+
+class EnsembleClassifier:
+    """Mean of the probabilities of ``n_estimators`` :class:`EmbeddingClassifier` s fitted with different seeds.
+
+    Parameters
+    ----------
+    estimator : EmbeddingClassifier
+        The template: every member is ``EmbeddingClassifier(**estimator.get_params())`` with its own
+        ``random_state`` (member 0 gets ``random_state`` itself, so it is the model a single fit with
+        that seed gives). Needs ``validation_fraction > 0`` for the members to differ in their rows.
+    n_estimators : int, default 3
+    random_state : int or None
+        Seed of member 0 and, through :func:`member_seed`, of the others.
+
+    Attributes
+    ----------
+    estimators_ : list of EmbeddingClassifier
+        The fitted members.
+    task_ : str
+    n_labels_, n_features_in_ : int
+    held_out_ : dict
+        The members' mean held-out ``val_p@1`` and ``val_loss`` at their kept epochs (each member on
+        its own held-out rows: an estimate of a single member, not of the ensemble).
+
+    Examples
+    --------
+    >>> import numpy as np, scipy.sparse as sp
+    >>> from xmldask.models import EmbeddingClassifier, EnsembleClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = sp.csr_matrix(rng.normal(size=(600, 8)).astype(np.float32))
+    >>> y = X.toarray()[:, :3].argmax(axis=1)
+    >>> Y = sp.csr_matrix((np.ones(600, np.float32), (np.arange(600), y)), shape=(600, 3))
+    >>> member = EmbeddingClassifier(embedding=np.eye(3), kernel="identity", max_epochs=3, batch_size=256)
+    >>> clf = EnsembleClassifier(member, n_estimators=3, random_state=0).fit(X, Y)
+    >>> labels, scores = clf.predict_topk(X, k=1)
+    >>> bool((labels.compute()[:, 0] == y).mean() > 0.8)
+    True
+    """
+
+    _param_names = ("estimator", "n_estimators", "random_state")
+
+    def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None):
+        self.estimator = estimator
+        self.n_estimators = n_estimators
+        self.random_state = random_state
+
+    def get_params(self) -> dict:
+        """The constructor parameters, as a dict."""
+        return {name: getattr(self, name) for name in self._param_names}
+
+    def set_params(self, **params) -> EnsembleClassifier:
+        """Set constructor parameters (unknown names are an error); returns ``self``."""
+        for name, value in params.items():
+            if name not in self._param_names:
+                raise ValueError(f"unknown parameter {name!r}; parameters are {', '.join(self._param_names)}")
+            setattr(self, name, value)
+        return self
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.estimator!r}, n_estimators={self.n_estimators!r})"
+
+    def _members(self) -> list[EmbeddingClassifier]:
+        if not isinstance(self.estimator, EmbeddingClassifier):
+            raise TypeError(f"estimator must be an EmbeddingClassifier, but is {type(self.estimator).__name__}")
+        n = self.n_estimators
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"n_estimators must be an integer of at least 1, but is {n!r}")
+        seed = _seed_of(self.random_state)
+        params = self.estimator.get_params()
+        return [EmbeddingClassifier(**{**params, "random_state": member_seed(seed, i)}) for i in range(int(n))]
+
+    def fit(self, X, Y, *, fitted: list | None = None) -> EnsembleClassifier:
+        """Fit the members on ``X``, ``Y`` (row blocks, as for :meth:`EmbeddingClassifier.fit`).
+
+        Parameters
+        ----------
+        fitted : list of EmbeddingClassifier, optional
+            Members already fitted on the same data with the template's parameters and the first
+            seeds (e.g. the winner of a :class:`~xmldask.model_selection.HeldOutSearch`, which is
+            member 0): they are reused, not fitted again.
+
+        Returns
+        -------
+        EnsembleClassifier
+            ``self``, fitted.
+        """
+        members = self._members()
+        X = _as_rows(X, "X")
+        fitted = list(fitted or [])
+        if len(fitted) > len(members):
+            raise ValueError(f"{len(fitted)} fitted members given for an ensemble of {len(members)}")
+        for i, model in enumerate(fitted):
+            want = members[i].get_params()
+            have = model.get_params()
+            differ = [name for name in want if not _same(want[name], have[name])]
+            if differ or getattr(model, "Q_", None) is None:
+                raise ValueError(f"fitted member {i} is not the template fitted with seed {want['random_state']} "
+                                 f"(differs in {', '.join(differ) or 'being unfitted'})")
+        self.estimators_ = fitted + [member.fit(X, Y) for member in members[len(fitted):]]
+        return self._fitted()
+
+    def _fitted(self) -> EnsembleClassifier:
+        first = self.estimators_[0]
+        self.task_, self.n_labels_, self.n_features_in_ = first.task_, first.n_labels_, first.n_features_in_
+        kept = []
+        for member in self.estimators_:
+            history = getattr(member, "history_", None) or []
+            if history and history[0].get("val_loss") is not None and not np.isnan(history[0]["val_loss"]):
+                from ..model_selection import kept_epoch
+
+                kept.append(kept_epoch(member))
+        self.held_out_ = ({key: float(np.mean([h[key] for h in kept])) for key in ("val_p@1", "val_loss")}
+                          if kept else {})
+        return self
+
+    # -- prediction -----------------------------------------------------------------------------
+
+    def _check_fitted(self) -> None:
+        if not getattr(self, "estimators_", None):
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, Y) first")
+
+    def _check_x(self, X) -> da.Array:
+        self._check_fitted()
+        X = _as_rows(X, "X")
+        if X.shape[1] != self.n_features_in_:
+            raise ValueError(f"X has {X.shape[1]} features, but this model was fitted on {self.n_features_in_}")
+        return X
+
+    def _states(self) -> list[dict]:
+        return [{**member._state(), "features": member.features, "idf": member.idf_} for member in self.estimators_]
+
+    def decision_function(self, X) -> da.Array:
+        """Dense mean probabilities of every label, lazily, chunked like ``X`` (``n_samples x n_labels``)."""
+        return _graph.ensemble_probabilities(self._check_x(X), self._states(), self.task_)
+
+    def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:
+        """Top-``k`` labels and their mean probabilities, best first, computed per row block.
+
+        Returns
+        -------
+        labels : dask.array.Array of int32, shape (n_samples, k)
+        scores : dask.array.Array of float32, shape (n_samples, k)
+            Compute both together (``dask.compute(labels, scores)``) for one pass.
+        """
+        X = self._check_x(X)
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.n_labels_:
+            raise ValueError(f"k must be an integer between 1 and n_labels = {self.n_labels_}, but is {k!r}")
+        return _graph.ensemble_topk(X, self._states(), self.task_, int(k))
+
+    def predict(self, X) -> da.Array:
+        """The best label of every row (int32), lazily."""
+        labels, _ = self.predict_topk(X, k=1)
+        return labels[:, 0]
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
+        """Write the ensemble to a new Zarr store at ``url`` (atomically).
+
+        Layout: a model store (:mod:`xmldask.store.models`) of class ``EnsembleClassifier`` whose
+        ``fitted`` attribute lists every member's parameters and fitted scalars, with member ``i``'s
+        arrays under ``members/i/`` (``W``, ``Q``, ... as in :meth:`EmbeddingClassifier.save`).
+        """
+        self._check_fitted()
+        members, arrays = [], {}
+        for i, member in enumerate(self.estimators_):
+            params, fitted, member_arrays = member._parts()
+            members.append({"params": params, "fitted": fitted})
+            arrays.update({f"members/{i}/{name}": value for name, value in member_arrays.items()})
+        params = {"n_estimators": len(self.estimators_), "random_state": jsonable(self.random_state),
+                  "estimator": members[0]["params"]}
+        fitted = {"members": members, "held_out": self.held_out_}
+        return write_model_store(url, class_name=type(self).__name__, model_version=ENSEMBLE_VERSION, params=params,
+                                 fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, url: str) -> EnsembleClassifier:
+        """Read an ensemble written by :meth:`save`; refuses a store of another class."""
+        group, _ = open_model_store(url, model_version=ENSEMBLE_VERSION, class_name=cls.__name__,
+                                    hint=" (or xmldask.models.load_model(url) for any model)")
+        attrs = dict(group.attrs)
+        members = [EmbeddingClassifier._from_parts(m["params"], m["fitted"], group[f"members/{i}"])
+                   for i, m in enumerate(attrs["fitted"]["members"])]
+        model = cls(members[0], n_estimators=len(members), random_state=attrs["params"].get("random_state"))
+        model.estimators_ = members
+        return model._fitted()
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return isinstance(a, np.ndarray) and isinstance(b, np.ndarray) and a.shape == b.shape and bool(np.all(a == b))
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):
+        return a is b
