@@ -44,6 +44,7 @@ from ..linalg import ridge_lstsq, x_q
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
 from . import _kernels as K
+from ._base import ParamsMixin, _as_rows
 
 __all__ = ["MODEL_VERSION", "EmbeddingClassifier", "NotFittedError"]
 
@@ -80,28 +81,6 @@ def _check_float(value, name: str, *, low: float = 0.0, high: float = math.inf, 
     return float(value)
 
 
-def _as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
-    """A Dask array of row blocks (an in-memory matrix is split into blocks of ``block_rows``)."""
-    if isinstance(A, da.Array):
-        if A.ndim != 2:
-            raise ValueError(f"{name} must be 2-D, but has shape {A.shape}")
-        if any(math.isnan(c) for c in A.chunks[0]):
-            raise ValueError(f"{name} has unknown row-chunk sizes; fix: {name} = {name}.compute_chunk_sizes()")
-        if len(A.chunks[1]) != 1:
-            raise ValueError(f"{name} must be chunked by rows only (one column chunk), but has {len(A.chunks[1])} "
-                             f"column chunks; fix: {name} = {name}.rechunk({{1: -1}})")
-        return A
-    if sp.issparse(A):
-        A = sp.csr_matrix(A)
-    elif np.ndim(A) == 2:
-        A = np.asarray(A)
-    else:
-        raise TypeError(f"{name} must be a 2-D Dask array of row blocks (open_dataset(url).{name}) or an in-memory "
-                        f"matrix, but is a {type(A).__name__}")
-    rows = block_rows or max(1, min(A.shape[0], 8192))
-    return da.from_array(A, chunks=(rows, -1), asarray=False, fancy=False)
-
-
 def _seed_of(random_state) -> int:
     """An integer seed from ``None``, an int, a ``SeedSequence`` or a ``Generator`` (normalised once)."""
     if random_state is None:
@@ -116,7 +95,7 @@ def _seed_of(random_state) -> int:
                      f"but is {random_state!r}")
 
 
-class EmbeddingClassifier:
+class EmbeddingClassifier(ParamsMixin):
     """Multiclass / multilabel classifier through a label embedding (Algorithm 3 of Rembrandt).
 
     Parameters
@@ -282,18 +261,6 @@ class EmbeddingClassifier:
         most = Y.shape[1] if self.embedding in ("rembrandt", "cs", "plst") else X.shape[1]
         return {"n_components": (1, int(most)), "n_random_features": (1, math.inf)}
 
-    def get_params(self) -> dict:
-        """The constructor parameters, as a dict."""
-        return {name: getattr(self, name) for name in self._param_names}
-
-    def set_params(self, **params) -> EmbeddingClassifier:
-        """Set constructor parameters (unknown names are an error); returns ``self``."""
-        for name, value in params.items():
-            if name not in self._param_names:
-                raise ValueError(f"unknown parameter {name!r}; parameters are {', '.join(self._param_names)}")
-            setattr(self, name, value)
-        return self
-
     def __repr__(self) -> str:
         shown = [f"{k}={v!r}" for k, v in self.get_params().items()
                  if not isinstance(v, np.ndarray) and k in ("embedding", "kernel", "n_random_features", "task")]
@@ -337,11 +304,7 @@ class EmbeddingClassifier:
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, Y) first")
 
     def _check_x(self, X) -> da.Array:
-        self._check_fitted()
-        X = _as_rows(X, "X")
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but this model was fitted on {self.n_features_in_}")
-        return self._input_features(X)
+        return self._input_features(self._rows(X))
 
     def _input_features(self, X: da.Array) -> da.Array:
         """``X`` as the model sees it (the ``features`` transform, with the fitted ``idf_``)."""
@@ -716,19 +679,7 @@ class EmbeddingClassifier:
             Compute both together (``dask.compute(labels, scores)``) for one pass.
         """
         X = self._check_x(X)
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.n_labels_:
-            raise ValueError(f"k must be an integer between 1 and n_labels = {self.n_labels_}, but is {k!r}")
-        return _graph.topk(X, self._state(), int(k))
-
-    def predict(self, X) -> da.Array:
-        """The best label of every row (int32), lazily; for multiclass problems.
-
-        Returns
-        -------
-        dask.array.Array of int32, shape (n_samples,)
-        """
-        labels, _ = self.predict_topk(X, k=1)
-        return labels[:, 0]
+        return _graph.topk(X, self._state(), self._checked_k(k))
 
     # -- persistence ----------------------------------------------------------------------------
 

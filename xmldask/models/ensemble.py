@@ -20,7 +20,8 @@ import numpy as np
 
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
-from .embedding_classifier import EmbeddingClassifier, NotFittedError, _as_rows, _seed_of
+from ._base import ParamsMixin, _as_rows
+from .embedding_classifier import EmbeddingClassifier, NotFittedError, _seed_of
 
 __all__ = ["ENSEMBLE_VERSION", "EnsembleClassifier"]
 
@@ -35,7 +36,7 @@ def member_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1, np.uint64)[0] >> 1)
 
 
-class EnsembleClassifier:
+class EnsembleClassifier(ParamsMixin):
     """Mean of the probabilities of ``n_estimators`` :class:`EmbeddingClassifier` s fitted with different seeds.
 
     Parameters
@@ -79,18 +80,6 @@ class EnsembleClassifier:
         self.estimator = estimator
         self.n_estimators = n_estimators
         self.random_state = random_state
-
-    def get_params(self) -> dict:
-        """The constructor parameters, as a dict."""
-        return {name: getattr(self, name) for name in self._param_names}
-
-    def set_params(self, **params) -> EnsembleClassifier:
-        """Set constructor parameters (unknown names are an error); returns ``self``."""
-        for name, value in params.items():
-            if name not in self._param_names:
-                raise ValueError(f"unknown parameter {name!r}; parameters are {', '.join(self._param_names)}")
-            setattr(self, name, value)
-        return self
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.estimator!r}, n_estimators={self.n_estimators!r})"
@@ -155,19 +144,12 @@ class EnsembleClassifier:
         if not getattr(self, "estimators_", None):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, Y) first")
 
-    def _check_x(self, X) -> da.Array:
-        self._check_fitted()
-        X = _as_rows(X, "X")
-        if X.shape[1] != self.n_features_in_:
-            raise ValueError(f"X has {X.shape[1]} features, but this model was fitted on {self.n_features_in_}")
-        return X
-
     def _states(self) -> list[dict]:
         return [{**member._state(), "features": member.features, "idf": member.idf_} for member in self.estimators_]
 
     def decision_function(self, X) -> da.Array:
         """Dense mean probabilities of every label, lazily, chunked like ``X`` (``n_samples x n_labels``)."""
-        return _graph.ensemble_probabilities(self._check_x(X), self._states(), self.task_)
+        return _graph.ensemble_probabilities(self._rows(X), self._states(), self.task_)
 
     def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:
         """Top-``k`` labels and their mean probabilities, best first, computed per row block.
@@ -178,15 +160,8 @@ class EnsembleClassifier:
         scores : dask.array.Array of float32, shape (n_samples, k)
             Compute both together (``dask.compute(labels, scores)``) for one pass.
         """
-        X = self._check_x(X)
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 1 <= k <= self.n_labels_:
-            raise ValueError(f"k must be an integer between 1 and n_labels = {self.n_labels_}, but is {k!r}")
-        return _graph.ensemble_topk(X, self._states(), self.task_, int(k))
-
-    def predict(self, X) -> da.Array:
-        """The best label of every row (int32), lazily."""
-        labels, _ = self.predict_topk(X, k=1)
-        return labels[:, 0]
+        X = self._rows(X)
+        return _graph.ensemble_topk(X, self._states(), self.task_, self._checked_k(k))
 
     # -- persistence ----------------------------------------------------------------------------
 

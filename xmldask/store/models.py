@@ -89,8 +89,8 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
     return url
 
 
-def model_class(url: str) -> str:
-    """The estimator class recorded in the model store at ``url`` (``StoreError`` if it is not one)."""
+def _model_group(url: str):
+    """The group and ``xmldask`` attribute of the model store at ``url``, after checking its kind."""
     try:
         group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
     except FileNotFoundError as exc:
@@ -98,7 +98,12 @@ def model_class(url: str) -> str:
     meta = dict(group.attrs).get(ATTR) or {}
     if meta.get("kind") != "model":
         raise StoreError(f"{url} is not a saved xmldask model (kind {meta.get('kind')!r})")
-    return str(meta.get("class"))
+    return group, meta
+
+
+def model_class(url: str) -> str:
+    """The estimator class recorded in the model store at ``url`` (``StoreError`` if it is not one)."""
+    return str(_model_group(url)[1].get("class"))
 
 
 def open_model_store(url: str, *, model_version: int, class_name: str | None = None, hint: str = ""):
@@ -110,13 +115,7 @@ def open_model_store(url: str, *, model_version: int, class_name: str | None = N
     meta : dict
         The ``xmldask`` attribute.
     """
-    try:
-        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-    except FileNotFoundError as exc:
-        raise StoreError(f"no model store at {url}") from exc
-    meta = dict(group.attrs).get(ATTR) or {}
-    if meta.get("kind") != "model":
-        raise StoreError(f"{url} is not a saved xmldask model (kind {meta.get('kind')!r})")
+    group, meta = _model_group(url)
     if meta.get("model_version") != model_version:
         raise StoreError(f"{url} has model version {meta.get('model_version')}; this xmldask reads {model_version}")
     if not meta.get("complete"):
