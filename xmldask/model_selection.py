@@ -24,7 +24,7 @@ Under ``"coordinate"``, a numeric grid whose best value is its largest (or small
 geometrically, by the ratio of its last (first) two values, while the held-out score improves, at most
 ``max_extensions`` steps per side and within the estimator's ``search_bounds`` (``n_components`` is
 at most the number of labels): a grid of ``alpha=0.001,0.03,1`` whose best is 1 tries 33.3, then
-1111. A grid is a guess; the edge of a grid is where a guess is most often wrong.
+1110. A grid is a guess; the edge of a grid is where a guess is most often wrong.
 
 Examples
 --------
@@ -253,7 +253,7 @@ class HeldOutSearch:
             bounds = self.estimator.search_bounds(X, Y) if hasattr(self.estimator, "search_bounds") else {}
             for name, options in self._coordinates(grid):
                 scores = [self._fit_one({**current, **option}, X, Y)[0] for option in options]
-                if len(options[0]) == 1:  # no conditional parameters: the grid may be extended
+                if all(len(option) == 1 for option in options):  # no conditional parameters: may be extended
                     for value in self._extensions(grid[name], scores, bounds.get(name, (0, math.inf))):
                         options.append({name: value})
                         scores.append(self._fit_one({**current, name: value}, X, Y)[0])
