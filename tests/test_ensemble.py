@@ -145,3 +145,16 @@ def test_refusals(data):
         clf.predict_topk(X, k=26)
     with pytest.raises(ValueError, match="X has 3 features"):
         clf.predict_topk(np.zeros((2, 3), np.float32))
+
+
+def test_members_with_different_input_transforms(data):
+    """Members that share a transform reuse it per block; members with their own get theirs."""
+    X, Y = data["multiclass"]
+    tfidf = EnsembleClassifier(_template(features="tfidf"), n_estimators=2, random_state=1).fit(X, Y)
+    raw = _template(features="raw", random_state=2).fit(X, Y)
+    members = tfidf.estimators_ + [raw]
+    states = [{**m._state(), "features": m.features, "idf": m.idf_} for m in members]
+    assert _graph._member_operands(states)[1]["same_input"] == (0, 0, 2)
+    ref = _reference(members, X, "multiclass")
+    Xd = da.from_array(X, chunks=(500, -1), asarray=False, fancy=False)
+    np.testing.assert_allclose(_graph.ensemble_probabilities(Xd, states, "multiclass").compute(), ref, atol=1e-5)

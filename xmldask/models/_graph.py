@@ -200,16 +200,28 @@ def _member_operands(states: list[dict]) -> tuple[dict, dict]:
     for i, state in enumerate(states):
         whole.update({f"{name}{i}": state.get(name) for name in ("idf", "W", "intercept", "omega", "phase", "Q",
                                                                  "bias")})
-    static = {"features": tuple(state.get("features", "raw") for state in states),
+    features = tuple(state.get("features", "raw") for state in states)
+    # the first member with the same input transform (members of one fit share their idf): done once per block
+    same = tuple(next(j for j in range(i + 1) if features[j] == features[i] and _same_idf(states[j], states[i]))
+                 for i in range(len(states)))
+    static = {"features": features, "same_input": same,
               "bandwidths": tuple(float(state.get("bandwidth") or 1.0) for state in states)}
     return whole, static
 
 
-def _mean_probabilities(Xb, ops: dict, features: tuple, bandwidths: tuple, task: str) -> np.ndarray:
+def _same_idf(a: dict, b: dict) -> bool:
+    x, y = a.get("idf"), b.get("idf")
+    return (x is None and y is None) or (x is not None and y is not None and np.array_equal(x, y))
+
+
+def _mean_probabilities(Xb, ops: dict, features: tuple, same_input: tuple, bandwidths: tuple,
+                        task: str) -> np.ndarray:
     """The members' mean probabilities of one (sub-)block of raw rows, ``(n_b, n_labels)``."""
-    P = None
+    P, inputs = None, {}
     for i, (kind, bandwidth) in enumerate(zip(features, bandwidths)):
-        Xi = Xb if kind == "raw" else K.transform_rows(Xb, ops.get(f"idf{i}") if kind == "tfidf" else None)
+        if same_input[i] == i:  # a transform no earlier member made
+            inputs[i] = Xb if kind == "raw" else K.transform_rows(Xb, ops.get(f"idf{i}") if kind == "tfidf" else None)
+        Xi = inputs[same_input[i]]
         F = K.decoder_features(Xi, ops[f"W{i}"], ops[f"intercept{i}"], ops.get(f"omega{i}"), ops.get(f"phase{i}"),
                                bandwidth)
         S = F[:, :-1] @ ops[f"Q{i}"]
@@ -220,13 +232,13 @@ def _mean_probabilities(Xb, ops: dict, features: tuple, bandwidths: tuple, task:
     return P
 
 
-def _ensemble_kernel(Xb, *, features, bandwidths, task, k=None, budget=K.SCORE_BUDGET, **ops):
+def _ensemble_kernel(Xb, *, features, same_input, bandwidths, task, k=None, budget=K.SCORE_BUDGET, **ops):
     n, n_labels = Xb.shape[0], ops["Q0"].shape[1]
     widest = max(max(ops[f"Q{i}"].shape) for i in range(len(features)))
     step = _sub_rows(max(widest, n_labels), budget)
     out = np.empty((n, 2 * k if k else n_labels), dtype=np.float64 if k else ops["Q0"].dtype)
     for a in range(0, n, step):
-        P = _mean_probabilities(Xb[a:a + step], ops, features, bandwidths, task)
+        P = _mean_probabilities(Xb[a:a + step], ops, features, same_input, bandwidths, task)
         if k:
             out[a:a + step, :k], out[a:a + step, k:] = K.topk_rows(P, k)
         else:

@@ -6,7 +6,7 @@ fits ``W`` and its decoder on a different random 90% of the training rows), its 
 its SGD order; the ensemble predicts the mean of the members' probabilities (softmax rows for
 multiclass problems, per-label sigmoids for multilabel ones), streamed over row blocks like a single
 model (:func:`xmldask.models._graph.ensemble_topk`). Ensembles are the rule among XMC methods: Parabel,
-Bonsai and Omikuji grow 3 trees by default, FastXML and SLEEC 15 or more learners.
+Bonsai and Omikuji grow 3 trees by default, and FastXML and SLEEC are ensembles too.
 
 Measured (``python bench/peers.py``, the same held-out search, then 3 members): see the README.
 """
