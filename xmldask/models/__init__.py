@@ -4,17 +4,21 @@
 Algorithm 3): regress a label embedding on the features, map the result through an optional random
 Fourier feature map, and fit a softmax / independent logistic decoder over row blocks, early-stopped on
 held-out training rows. :class:`EnsembleClassifier` averages the probabilities of several of them fitted
-with different seeds (each on its own random 90% of the rows). :func:`load_model` reads either.
+with different seeds (each on its own random 90% of the rows). :class:`LEML` is low-rank empirical risk
+minimisation with missing labels (Yu et al. 2014), :class:`BinaryRelevance` its per-label baseline.
+:func:`load_model` reads any of them.
 """
 
 from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier, NotFittedError
 from .ensemble import ENSEMBLE_VERSION, EnsembleClassifier
+from .leml import LEML, LEML_VERSION, BinaryRelevance
 
-__all__ = ["ENSEMBLE_VERSION", "MODEL_VERSION", "EmbeddingClassifier", "EnsembleClassifier", "NotFittedError",
-           "load_model"]
+__all__ = ["ENSEMBLE_VERSION", "LEML", "LEML_VERSION", "MODEL_VERSION", "BinaryRelevance", "EmbeddingClassifier",
+           "EnsembleClassifier", "NotFittedError", "load_model"]
 
 #: the classes :func:`load_model` reads, by the name their stores record
-MODEL_CLASSES = {cls.__name__: cls for cls in (EmbeddingClassifier, EnsembleClassifier)}
+MODEL_CLASSES = {cls.__name__: cls for cls in (EmbeddingClassifier, EnsembleClassifier, LEML,
+                                                               BinaryRelevance)}
 
 
 def load_model(url: str):

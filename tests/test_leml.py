@@ -1,0 +1,243 @@
+"""LEML and binary relevance against in-memory NumPy/SciPy references (Yu et al., ICML 2014)."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmldask.models import _leml_kernels as LK
+from xmldask.models.leml import LEML, BinaryRelevance
+from xmldask.store.layout import StoreError
+
+CHUNKS = (7, 13, 5, 15)  # uneven row blocks
+
+
+def _rows(A, chunks=CHUNKS):
+    return da.from_array(sp.csr_matrix(A), chunks=(chunks, -1), asarray=False, fancy=False)
+
+
+def _data(seed=0, n=40, d=12, L=9, dtype=np.float32, observed=None):
+    rng = np.random.default_rng(seed)
+    X = sp.random(n, d, density=0.5, format="csr", random_state=rng, dtype=np.float64).astype(dtype)
+    Y = sp.csr_matrix((rng.random((n, L)) < 0.3).astype(np.float32))
+    O = None
+    if observed is not None:
+        O = sp.csr_matrix(((rng.random((n, L)) < observed) | (Y.toarray() > 0)).astype(np.float32))
+    return X, Y, O
+
+
+def _signs(Y, O):
+    A = np.where(Y.toarray() > 0, 1.0, -1.0)
+    mask = np.ones_like(A, bool) if O is None else O.toarray() > 0
+    return A, mask
+
+
+def _ref_loss(a, s, loss):
+    if loss == "squared":
+        return (a - s) ** 2, 2 * (s - a), np.full_like(s, 2.0)
+    if loss == "logistic":
+        p = 1 / (1 + np.exp(-a * s))
+        return np.log1p(np.exp(-a * s)), a * (p - 1), p * (1 - p)
+    m = np.maximum(1 - a * s, 0)
+    return m ** 2, -2 * a * m, 2.0 * (m > 0)
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
+@pytest.mark.parametrize("observed", [None, 0.3])
+def test_block_gradient_and_hessp_match_dense_reference(loss, observed):
+    X, Y, O = _data(observed=observed)
+    rng = np.random.default_rng(1)
+    W, H, S = rng.standard_normal((12, 4)), rng.standard_normal((9, 4)), rng.standard_normal((12, 4))
+    A, mask = _signs(Y, O)
+    Xd = X.toarray().astype(np.float64)
+    scores = Xd @ W @ H.T
+    value, d1, d2 = _ref_loss(A, scores, loss)
+    ref_f = value[mask].sum()
+    ref_g = Xd.T @ np.where(mask, d1, 0) @ H
+    ref_hv = Xd.T @ np.where(mask, d2 * (Xd @ S @ H.T), 0) @ H
+    # small budget: many row sub-batches
+    got = LK.block_grad(X, Y, W, H, O, loss=loss, budget=64)
+    np.testing.assert_allclose(got[:-1], ref_g, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got[-1, 0], ref_f, rtol=1e-6)
+    hv = LK.block_hessp(X, Y, W, H, S, O, loss=loss, budget=64)
+    np.testing.assert_allclose(hv, ref_hv, rtol=1e-5, atol=1e-5)
+
+
+def test_full_squared_gradient_kernel():
+    X, Y, _ = _data()
+    rng = np.random.default_rng(2)
+    W, H = rng.standard_normal((12, 3)), rng.standard_normal((9, 3))
+    Xd, Yd = X.toarray().astype(np.float64), Y.toarray()
+    out = LK.block_sq_full_grad(X, Y, W, H, H.T @ H)
+    R = Xd @ W @ H.T - Yd
+    np.testing.assert_allclose(out[:-1], Xd.T @ R @ H, rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(out[-1, 0], (R ** 2).sum(), rtol=1e-6)
+
+
+def test_mask_must_cover_relevant_labels():
+    X, Y, O = _data(observed=0.3)
+    O = O.tolil()
+    i, j = Y.nonzero()
+    O[i[0], j[0]] = 0
+    with pytest.raises(ValueError, match="outside its observed-entry mask"):
+        LK.signed_entries(Y, sp.csr_matrix(O), Y.shape[1])
+
+
+def _claim1(X, Y, k):
+    """Claim 1: argmin_{rank Z <= k} ||Y - X Z||_F = V_X S_X^-1 M_k, M = U_X^T Y."""
+    U, s, Vt = np.linalg.svd(X, full_matrices=False)
+    M = U.T @ Y
+    Um, sm, Vmt = np.linalg.svd(M, full_matrices=False)
+    Mk = (Um[:, :k] * sm[:k]) @ Vmt[:k]
+    return Vt.T @ (Mk / s[:, None])
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_full_label_squared_loss_reaches_claim1_closed_form(dtype):
+    rng = np.random.default_rng(3)
+    n, d, L, k = 60, 10, 8, 3
+    X = sp.random(n, d, density=0.6, format="csr", random_state=rng, dtype=np.float64).astype(dtype)
+    X = X + sp.identity(n, format="csr", dtype=dtype)[:, :d] * 2  # full column rank
+    # labels with a planted rank-k structure plus noise flips: a clear gap after sigma_k
+    C = np.eye(k)[rng.integers(0, k, n)]
+    P = (rng.random((k, L)) < 0.5).astype(float)
+    Yd = (C @ P > 0).astype(float)
+    flip = rng.random((n, L)) < 0.03
+    Yd[flip] = 1 - Yd[flip]
+    Y = sp.csr_matrix(Yd.astype(np.float32))
+    model = LEML(k=k, loss="squared", lam=1e-8, n_iter=30, tol=1e-12, max_cg_iter=500, random_state=0)
+    model.fit(_rows(X, (11, 20, 29)), _rows(Y, (11, 20, 29)))
+    Xd = X.toarray().astype(np.float64)
+    Z_ref = _claim1(Xd, Yd, k)
+    Z = model.W_ @ model.H_.T
+    # the fitted predictions equal the closed form's (Z itself is identified up to X's null space; X has full rank)
+    np.testing.assert_allclose(Xd @ Z, Xd @ Z_ref, atol=1e-5 if dtype == np.float64 else 2e-4)
+    np.testing.assert_allclose(Z, Z_ref, atol=1e-4 if dtype == np.float64 else 2e-3)
+    assert model.threshold_ == 0.5
+
+
+def _dense_w_step(Xd, A, mask, H, lam, loss):
+    """The W-step of eq. (6) with explicit Kronecker rows x_ij = h_j (x) x_i, solved in memory."""
+    from scipy.optimize import minimize
+
+    rows, cols = np.nonzero(mask)
+    Xt = np.stack([np.kron(Xd[i], H[j]) for i, j in zip(rows, cols)])  # vec(W) row-major: W[a, b] -> a*k + b
+    a = A[rows, cols]
+    if loss == "squared":
+        dk = Xt.shape[1]
+        return np.linalg.solve(2 * Xt.T @ Xt + lam * np.eye(dk), 2 * Xt.T @ a)
+
+    def f(w):
+        s = Xt @ w
+        v, d1, _ = _ref_loss(a, s, loss)
+        return v.sum() + 0.5 * lam * w @ w, Xt.T @ d1 + lam * w
+
+    return minimize(f, np.zeros(Xt.shape[1]), jac=True, method="L-BFGS-B", options={"gtol": 1e-12, "ftol": 0}).x
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
+def test_w_step_equals_kronecker_solution(loss):
+    from xmldask.models.leml import _Counter, _solve_newton, _solve_quadratic, _WProblem
+
+    X, Y, O = _data(n=30, d=6, L=5, observed=0.4, dtype=np.float32)
+    rng = np.random.default_rng(4)
+    H = rng.standard_normal((5, 2))
+    lam = 0.5
+    problem = _WProblem(_rows(X, (9, 14, 7)), _rows(Y, (9, 14, 7)), _rows(O, (9, 14, 7)), H, lam, loss, False,
+                        _Counter())
+    W0 = np.zeros((6, 2))
+    if loss == "squared":
+        W, _ = _solve_quadratic(problem, W0, tol=1e-12, max_iter=200)
+    else:
+        w, _ = _solve_newton(problem.fun_grad, problem.hessp, W0.ravel(), tol=1e-10, max_iter=100)
+        W = w.reshape(6, 2)
+    A, mask = _signs(Y, O)
+    ref = _dense_w_step(X.toarray().astype(np.float64), A, mask, H, lam, loss).reshape(6, 2)
+    np.testing.assert_allclose(W, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
+def test_h_step_equals_per_label_solution(loss):
+    X, Y, O = _data(n=30, d=6, L=5, observed=0.4)
+    model = LEML(k=2, loss=loss, lam=0.7, n_iter=1, tol=1e-10, max_newton_iter=100, random_state=5)
+    from xmldask.models.leml import _Counter
+
+    Xr, Yr, Or = (_rows(M, (9, 14, 7)) for M in (X, Y, O))
+    rng = np.random.default_rng(6)
+    W = rng.standard_normal((6, 2))
+    p = dict(lam=0.7, loss=loss, tol=1e-10, max_newton_iter=100)
+    c = _Counter()
+    if loss == "squared":
+        H, _ = model._h_step_sq_omega(Xr, Yr, Or, W, 0.7, c)
+    else:
+        E = model._gather_entries(Yr, Or, c)
+        H, _ = model._h_step_newton(Xr, E, W, np.zeros((5, 2)), p, c)
+    Z = X.toarray().astype(np.float64) @ W
+    A, mask = _signs(Y, O)
+    from scipy.optimize import minimize
+
+    for j in range(5):
+        Zj, aj = Z[mask[:, j]], A[mask[:, j], j]
+
+        def f(h):
+            v, d1, _ = _ref_loss(aj, Zj @ h, loss)
+            return v.sum() + 0.35 * h @ h, Zj.T @ d1 + 0.7 * h
+
+        ref = minimize(f, np.zeros(2), jac=True, method="L-BFGS-B", options={"gtol": 1e-12, "ftol": 0}).x
+        np.testing.assert_allclose(H[j], ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
+@pytest.mark.parametrize("observed", [None, 0.3])
+def test_objective_never_increases(loss, observed):
+    X, Y, O = _data(n=50, d=10, L=8, observed=observed)
+    model = LEML(k=3, loss=loss, lam=0.5, n_iter=4, tol=1e-6, random_state=0)
+    model.fit(_rows(X, (20, 30)), _rows(Y, (20, 30)), None if O is None else _rows(O, (20, 30)))
+    J = [h["J_after_H"] for h in model.history_]
+    assert all(b <= a * (1 + 1e-9) + 1e-9 for a, b in zip(J, J[1:])), J
+    assert model.threshold_ == (0.5 if observed is None and loss == "squared" else 0.0)
+
+
+def test_binary_relevance_equals_per_label_ridge():
+    X, Y, O = _data(n=40, d=8, L=6, observed=0.4)
+    lam = 0.3
+    br = BinaryRelevance(loss="squared", lam=lam, tol=1e-12, max_cg_iter=500)
+    br.fit(_rows(X), _rows(Y), _rows(O))
+    Xd = X.toarray().astype(np.float64)
+    A, mask = _signs(Y, O)
+    for j in range(6):
+        Xj = Xd[mask[:, j]]
+        ref = np.linalg.solve(Xj.T @ Xj + lam / 2 * np.eye(8), Xj.T @ A[mask[:, j], j])
+        np.testing.assert_allclose(br.W_[:, j], ref, rtol=1e-6, atol=1e-8)
+
+
+def test_predict_save_load_roundtrip(tmp_path):
+    X, Y, O = _data(observed=0.5)
+    model = LEML(k=3, loss="logistic", lam=0.5, n_iter=2, random_state=0).fit(_rows(X), _rows(Y), _rows(O))
+    S = model.decision_function(_rows(X)).compute()
+    np.testing.assert_allclose(S, X.toarray() @ model.W_ @ model.H_.T, rtol=1e-5, atol=1e-5)
+    labels, scores = da.compute(*model.predict_topk(_rows(X), k=3))
+    np.testing.assert_array_equal(labels, np.argsort(-S, axis=1, kind="stable")[:, :3])
+    url = str(tmp_path / "leml.zarr")
+    model.save(url)
+    from xmldask.models import load_model
+
+    again = load_model(url)
+    assert isinstance(again, LEML) and again.loss_ == "logistic" and again.threshold_ == 0.0
+    np.testing.assert_array_equal(again.W_, model.W_)
+    with pytest.raises(StoreError, match="LEML"):
+        BinaryRelevance.load(url)
+
+
+def test_bad_input_fails_before_any_pass():
+    X, Y, O = _data(observed=0.5)
+    with pytest.raises(ValueError, match="at most the number of labels"):
+        LEML(k=10).fit(_rows(X), _rows(Y))
+    with pytest.raises(ValueError, match="loss must be one of"):
+        LEML(k=2, loss="hinge").fit(_rows(X), _rows(Y))
+    with pytest.raises(ValueError, match="mask has shape"):
+        LEML(k=2).fit(_rows(X), _rows(Y), _rows(O[:, :5]))
+    with pytest.raises(ValueError, match="row blocks"):
+        LEML(k=2).fit(_rows(X), _rows(Y), _rows(O, (20, 20)))

@@ -1,0 +1,568 @@
+"""LEML: low-rank empirical risk minimisation for multi-label learning with missing labels, out of core.
+
+:class:`LEML` fits ``Z = W H^T`` (``W``: ``n_features x k``, ``H``: ``n_labels x k``) minimising eq. (4)
+
+    ``J(W, H) = sum_{(i, j) in Omega} l(Y_ij, x_i^T W h_j) + lam / 2 (||W||_F^2 + ||H||_F^2)``
+
+(a sum over the observed entries ``Omega``, not a mean) by alternating minimisation, H-step first
+(the paper's order) from a random ``W``:
+
+- **W-step** (eq. (6)): a ``d k``-dimensional regularised problem whose gradient and Hessian-vector
+  products are one pass each over the row blocks of ``X``, ``Y`` (and the observed-entry mask):
+  eqs. (9)-(10) / Algorithm 1 for losses on ``Omega``, eqs. (11)-(12) / Algorithm 2 for the squared
+  loss with full labels. Neither the ``n x L`` residual nor the ``d k``-dimensional Kronecker rows
+  are formed; ``W`` and ``H`` are the only dense operands shipped to the blocks. The squared loss
+  gives a linear system, solved by conjugate gradients (``scipy.sparse.linalg.cg``, warm-started
+  from the previous ``W``: ``J`` never increases); the logistic and squared-hinge losses by
+  trust-region Newton-CG (``scipy.optimize.minimize(method="trust-ncg")`` with ``hessp``), the
+  Newton method of TRON that the paper uses.
+- **H-step** (eq. (5)): independent per label, ``k`` variables each, in memory. Squared loss, full
+  labels: ``H = Y^T Z (Z^T Z + lam/2 I)^-1`` from one pass (``Z^T Z``, ``Y^T Z``, ``Z = X W``);
+  squared loss on ``Omega``: one pass accumulates every label's ``k x k`` Gram matrix over its
+  observed rows, then ``L`` Cholesky solves; logistic / squared hinge: ``Z`` (``n x k``) and the
+  observed entries are gathered once per H-step and every label's problem is solved by
+  trust-region Newton-CG in memory.
+
+Labels: the squared loss with full labels keeps ``Y`` in ``{0, 1}`` (decision threshold 0.5);
+every other case encodes observed entries ``+1`` (relevant) / ``-1`` (not) and thresholds at 0, as
+the reference implementation does. :class:`BinaryRelevance` is the paper's baseline: one ridge
+regression per label on its observed entries, i.e. eq. (2) with a Frobenius regulariser, solved
+as the W-step with ``H = I``.
+
+References
+----------
+Yu, H.-F., Jain, P., Kar, P. and Dhillon, I. S. "Large-scale Multi-label Learning with Missing Labels"
+(ICML 2014): eqs. (1)-(12), Algorithms 1-2, Claim 1 (the closed form the full-label squared loss
+reaches as ``lam -> 0``), Section 5.2 (binary relevance on observed entries). Lin, C.-J., Weng, R. C.
+and Keerthi, S. S. "Trust region Newton method for large-scale logistic regression" (JMLR 2008).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.linalg
+import scipy.optimize
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+
+from ..linalg import dense_operand, x_q, xt_x_q, yt_x_z
+from ..linalg.passes import _per_block, _tree_sum
+from ..store.models import jsonable, open_model_store, write_model_store
+from . import _graph
+from . import _kernels as K
+from . import _leml_kernels as LK
+from ._base import ParamsMixin, _as_rows
+from .embedding_classifier import NotFittedError, _check_float, _check_int, _seed_of
+
+__all__ = ["LEML", "LEML_VERSION", "BinaryRelevance"]
+
+logger = logging.getLogger("xmldask.models")
+
+#: version of the saved-model layout of :class:`LEML` and :class:`BinaryRelevance`
+LEML_VERSION = 1
+
+#: the loss names (:data:`xmldask.models._leml_kernels.LOSSES`)
+LOSSES = LK.LOSSES
+
+#: decision thresholds of the two label encodings: ``{0, 1}`` targets (full-label squared loss), ``+-1``
+THRESHOLD_01, THRESHOLD_PM1 = 0.5, 0.0
+
+#: largest per-block result of the squared-loss H-step on ``Omega`` (``n_labels x (k^2 + k + 1)`` float64)
+LABEL_GRAM_MAX_BYTES = 1 << 30
+
+_ROWS, _WHOLE = "rows", "whole"
+_ARRAYS = ("W", "H")
+_SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction")
+
+
+# --------------------------------------------------------------------------------------------
+# graph functions: one pass each
+
+
+def _pass(kernel, X, Y, O, whole: dict, *, tail: tuple, static: dict, token: str, split_every: int = 8):
+    """Tree sum over row blocks of ``kernel(Xb, Yb, [Ob], **whole, **static)``, lazily."""
+    ops = [("Xb", X, _ROWS), ("Yb", Y, _ROWS), ("Ob", O, _ROWS)]
+    ops += [(name, dense_operand(value, name=name), _WHOLE) for name, value in whole.items()]
+    parts = _per_block(kernel, ops, tail=tail, dtype=np.float64, token=token, static=static)
+    return _tree_sum(parts, split_every)
+
+
+def _label_stats_kernel(Xb, Yb, W, Ob=None, *, n_labels: int):
+    E = LK.signed_entries(Yb, Ob, n_labels)
+    Z = np.asarray(Xb @ W, dtype=np.float64)
+    G, r = LK.label_grams(Z, E)
+    count = np.diff(E.tocsc().indptr).astype(np.float64)
+    return np.concatenate([G.reshape(n_labels, -1), r, count[:, None]], axis=1)
+
+
+def _topk_kernel(Xb, W, HT, k=5):
+    F = np.asarray(Xb @ W, dtype=np.float64)
+    labels, scores = K.topk_scores(F, HT, None, k)
+    return np.concatenate([labels.astype(np.float64), scores.astype(np.float64)], axis=1)
+
+
+def _scores_kernel(Xb, W, HT):
+    return (np.asarray(Xb @ W, dtype=np.float64) @ HT).astype(np.float32)
+
+
+def _nnz_pass(A: da.Array):
+    """Lazy number of stored entries of a Dask array of sparse row blocks."""
+    return A.map_blocks(lambda b: np.array([[b.nnz]], dtype=np.int64), chunks=((1,) * A.numblocks[0], (1,)),
+                        dtype=np.int64, meta=np.empty((0, 0), np.int64)).sum()
+
+
+class _Counter:
+    """Counts passes over the row blocks (one ``dask.compute`` of a pass graph each)."""
+
+    def __init__(self):
+        self.n = 0
+
+    def compute(self, *graphs):
+        self.n += 1
+        return dask.compute(*graphs)
+
+
+class _WProblem:
+    """The W-step objective of eq. (6) for fixed ``H``: value + gradient and Hessian-vector products, one pass each.
+
+    ``full_sq``: squared loss, every entry observed, ``Y`` in ``{0, 1}`` (Algorithm 2); otherwise
+    Algorithm 1 over ``Omega`` (the mask ``O``, or every entry) with ``+-1`` labels.
+    """
+
+    def __init__(self, X, Y, O, H, lam, loss, full_sq, counter: _Counter):
+        self.X, self.Y, self.O, self.H, self.lam, self.loss = X, Y, O, H, lam, loss
+        self.full_sq, self.counter = full_sq, counter
+        self.d, self.k = X.shape[1], H.shape[1]
+        self.M = H.T @ H
+        self._last = None
+
+    def fun_grad(self, w):
+        if self._last is not None and np.array_equal(self._last[0], w):
+            return self._last[1], self._last[2]
+        W = w.reshape(self.d, self.k)
+        d = self.d
+        if self.full_sq:
+            out = _pass(LK.block_sq_full_grad, self.X, self.Y, None, {"W": W, "H": self.H, "M": self.M},
+                        tail=(d + 1, self.k), static={}, token="leml-sq-grad-block")
+            (out,) = self.counter.compute(out)
+            G = 2.0 * out[:d]
+        else:
+            out = _pass(LK.block_grad, self.X, self.Y, self.O, {"W": W, "H": self.H}, tail=(d + 1, self.k),
+                        static={"loss": self.loss}, token="leml-grad-block")
+            (out,) = self.counter.compute(out)
+            G = out[:d]
+        f = float(out[d, 0]) + 0.5 * self.lam * float(np.vdot(W, W))
+        g = (G + self.lam * W).ravel()
+        self._last = (w.copy(), f, g)
+        return f, g
+
+    def hessp(self, w, s):
+        S = np.asarray(s).reshape(self.d, self.k)
+        if self.full_sq:
+            (HS,) = self.counter.compute(xt_x_q(self.X, S @ self.M))
+            HS = 2.0 * np.asarray(HS, dtype=np.float64)
+        else:
+            W = np.zeros_like(S) if w is None else np.asarray(w).reshape(self.d, self.k)
+            out = _pass(LK.block_hessp, self.X, self.Y, self.O, {"W": W, "H": self.H, "S": S}, tail=(self.d, self.k),
+                        static={"loss": self.loss}, token="leml-hessp-block")
+            (HS,) = self.counter.compute(out)
+        return (HS + self.lam * S).ravel()
+
+
+def _solve_quadratic(problem: _WProblem, W0: np.ndarray, *, tol: float, max_iter: int) -> tuple[np.ndarray, dict]:
+    """The squared-loss W-step: ``(grad^2 g) w = -grad g(0)`` by CG from ``W0`` (1 pass per iteration)."""
+    n = W0.size
+    _, g0 = problem.fun_grad(np.zeros(n))
+    b = -g0
+    iters = [0]
+
+    def matvec(s):
+        iters[0] += 1
+        return problem.hessp(None, s)
+
+    op = spla.LinearOperator((n, n), matvec=matvec, dtype=np.float64)
+    w, info = spla.cg(op, b, x0=W0.ravel(), rtol=tol, maxiter=max_iter)
+    return w.reshape(W0.shape), {"cg_iterations": iters[0], "converged": info == 0}
+
+
+def _solve_newton(fun_grad, hessp, x0: np.ndarray, *, tol: float, max_iter: int) -> tuple[np.ndarray, dict]:
+    """Trust-region Newton-CG from ``x0`` until ``||grad|| <= tol ||grad(x0)||``."""
+    _, g0 = fun_grad(x0)
+    gtol = max(tol * float(np.linalg.norm(g0)), np.finfo(np.float64).tiny)
+    res = scipy.optimize.minimize(fun_grad, x0, jac=True, hessp=hessp, method="trust-ncg",
+                                  options={"gtol": gtol, "maxiter": max_iter})
+    return res.x, {"newton_iterations": int(res.nit), "converged": bool(res.success), "fun": float(res.fun)}
+
+
+def _solve_sym(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """``A^-1 B`` for symmetric positive (semi)definite ``A`` (least squares when singular)."""
+    try:
+        return scipy.linalg.solve(A, B, assume_a="pos")
+    except (np.linalg.LinAlgError, scipy.linalg.LinAlgError):
+        return scipy.linalg.lstsq(A, B)[0]
+
+
+# --------------------------------------------------------------------------------------------
+# estimators
+
+
+class _LowRankLinear(ParamsMixin):
+    """Scores ``x^T W H^T``: prediction, persistence and input checks shared by LEML and binary relevance."""
+
+    def _check_fitted(self) -> None:
+        if getattr(self, "H_", None) is None:
+            raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, Y) first")
+
+    def _inputs(self, X, Y, observed):
+        """Row blocks of ``X``, ``Y`` and the mask, checked for matching rows before any pass."""
+        X = _as_rows(X, "X")
+        blocks = X.chunks[0][0] if X.chunks[0] else None
+        Y = _as_rows(Y, "Y", block_rows=None if isinstance(Y, da.Array) else blocks)
+        if Y.shape[0] != X.shape[0]:
+            raise ValueError(f"Y has {Y.shape[0]} rows but X has {X.shape[0]}; they must hold the same samples")
+        if tuple(Y.chunks[0]) != tuple(X.chunks[0]):
+            raise ValueError(f"Y's row blocks must be X's ({len(X.chunks[0])} blocks); fix: Y = Y.rechunk({{0: "
+                             f"X.chunks[0]}}) (or open both from one dataset store)")
+        if observed is not None:
+            observed = _as_rows(observed, "observed", block_rows=None if isinstance(observed, da.Array) else blocks)
+            if observed.shape != Y.shape:
+                raise ValueError(f"the observed-entry mask has shape {observed.shape} but Y has {Y.shape}; the mask "
+                                 "must have one row per sample and one column per label (build it with xmldask mask)")
+            if tuple(observed.chunks[0]) != tuple(Y.chunks[0]):
+                raise ValueError("the observed-entry mask's row blocks must be Y's; fix: observed = "
+                                 "observed.rechunk({0: Y.chunks[0]}) (or open both from one dataset store)")
+        return X, Y, observed
+
+    def decision_function(self, X) -> da.Array:
+        """Dense scores ``X W H^T`` of every label (float32), lazily, chunked like ``X``.
+
+        Large for many labels (``n_samples x n_labels``); use :meth:`predict_topk` for rankings.
+        Labels are predicted relevant where the score is ``>= threshold_``.
+
+        Returns
+        -------
+        dask.array.Array, shape (n_samples, n_labels)
+        """
+        X = self._rows(X)
+        return _graph._map_rows(_scores_kernel, X, whole={"W": self.W_, "HT": np.ascontiguousarray(self.H_.T)},
+                                out_cols=self.n_labels_, dtype=np.float32, token="leml-scores")
+
+    def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:
+        """Top-``k`` labels (int32) and scores (float32), best first, per row block (ties: smaller id).
+
+        A block's ``n_b x n_labels`` scores are formed in row sub-batches of at most
+        :data:`xmldask.models._kernels.SCORE_BUDGET` entries. Compute both together for one pass.
+        """
+        X = self._rows(X)
+        k = self._checked_k(k)
+        packed = _graph._map_rows(_topk_kernel, X, whole={"W": self.W_, "HT": np.ascontiguousarray(self.H_.T)},
+                                  static={"k": k}, out_cols=2 * k, dtype=np.float64, token="leml-topk")
+        return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
+    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
+        """Write the parameters, ``W``, ``H`` and fitted scalars to a new model store (atomically)."""
+        self._check_fitted()
+        params = {name: jsonable(value) for name, value in self.get_params().items()}
+        fitted = {name: jsonable(getattr(self, name + "_", None)) for name in _SCALARS}
+        arrays = {name: getattr(self, name + "_") for name in _ARRAYS}
+        return write_model_store(url, class_name=type(self).__name__, model_version=LEML_VERSION, params=params,
+                                 fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, url: str):
+        """Read a model written by :meth:`save`; refuses a store of another class."""
+        group, _ = open_model_store(url, model_version=LEML_VERSION, class_name=cls.__name__,
+                                    hint=" (or xmldask.models.load_model(url) for any model)")
+        attrs = dict(group.attrs)
+        model = cls(**{k: v for k, v in attrs["params"].items() if k in cls._param_names})
+        for name in _ARRAYS:
+            setattr(model, name + "_", np.asarray(group[name][...]))
+        for name, value in attrs.get("fitted", {}).items():
+            setattr(model, name + "_", value)
+        return model
+
+    def _common_fit_state(self, X, Y, O, loss):
+        self.n_features_in_, self.n_labels_ = int(X.shape[1]), int(Y.shape[1])
+        self.loss_ = loss
+        self.full_sq_ = O is None and loss == "squared"
+        self.threshold_ = THRESHOLD_01 if self.full_sq_ else THRESHOLD_PM1
+        self.observed_fraction_ = None if O is None else float("nan")
+
+
+def _check_loss(loss) -> str:
+    if loss not in LOSSES:
+        raise ValueError(f"loss must be one of {', '.join(map(repr, LOSSES))}, but is {loss!r}")
+    return loss
+
+
+class LEML(_LowRankLinear):
+    """Low-rank ERM multi-label classifier ``Z = W H^T`` with missing labels (Yu et al. 2014).
+
+    Parameters
+    ----------
+    k : int, default 50
+        Rank of ``Z`` (at most the number of labels).
+    loss : {"squared", "logistic", "sqhinge"}, default "squared"
+        Loss on the observed entries.
+    lam : float, default 0.1
+        ``lam`` of eq. (4), multiplying ``(||W||^2 + ||H||^2) / 2`` against a *summed* loss (the
+        reference implementation's default ``-l 0.1``); choose it on held-out training rows.
+    n_iter : int, default 5
+        Alternations (H-step then W-step); the paper reports results after 5.
+    tol : float, default 1e-3
+        Relative stopping tolerance of each W-step (CG residual ``||r|| <= tol ||b||``; Newton:
+        ``||grad|| <= tol ||grad(W_0)||``) and H-step Newton solve.
+    max_cg_iter : int, default 100
+        Most CG iterations (passes) of one squared-loss W-step.
+    max_newton_iter : int, default 10
+        Most trust-region Newton iterations of one W-step or H-step (logistic / squared hinge).
+    init_scale : float, default 1.0
+        The initial ``W`` is normal with standard deviation ``init_scale / sqrt(n_features)``.
+    random_state : int, Generator, SeedSequence or None
+        Seed of the initial ``W``.
+
+    Attributes
+    ----------
+    W_ : ndarray, shape (n_features, k)
+    H_ : ndarray, shape (n_labels, k)
+    threshold_ : float
+        0.5 (full-label squared loss, ``{0, 1}`` targets) or 0 (``+-1`` targets).
+    history_ : list of dict
+        Per alternation: ``J`` after the H-step and after the W-step, passes, solver iterations.
+    n_passes_ : int
+        Passes over the row blocks during ``fit``.
+    """
+
+    _param_names = ("k", "loss", "lam", "n_iter", "tol", "max_cg_iter", "max_newton_iter", "init_scale",
+                    "random_state")
+
+    def __init__(self, *, k: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5, tol: float = 1e-3,
+                 max_cg_iter: int = 100, max_newton_iter: int = 10, init_scale: float = 1.0, random_state=None):
+        self.k = k
+        self.loss = loss
+        self.lam = lam
+        self.n_iter = n_iter
+        self.tol = tol
+        self.max_cg_iter = max_cg_iter
+        self.max_newton_iter = max_newton_iter
+        self.init_scale = init_scale
+        self.random_state = random_state
+
+    def __repr__(self) -> str:
+        return f"LEML(k={self.k!r}, loss={self.loss!r}, lam={self.lam!r})"
+
+    def search_bounds(self, X, Y) -> dict[str, tuple]:
+        """``k`` is at most the number of labels; ``lam`` is positive."""
+        return {"k": (1, int(Y.shape[1])), "lam": (0.0, math.inf)}
+
+    def _validated(self, n_labels: int) -> dict:
+        loss = _check_loss(self.loss)
+        k = _check_int(self.k, "k", 1)
+        if k > n_labels:
+            raise ValueError(f"k must be at most the number of labels ({n_labels}), but is {k}; a rank-k Z = W H^T "
+                             f"with k > n_labels is not low rank: pass k <= {n_labels}")
+        return dict(loss=loss, k=k, lam=_check_float(self.lam, "lam"), n_iter=_check_int(self.n_iter, "n_iter", 1),
+                    tol=_check_float(self.tol, "tol", low_open=True, high=1.0),
+                    max_cg_iter=_check_int(self.max_cg_iter, "max_cg_iter", 1),
+                    max_newton_iter=_check_int(self.max_newton_iter, "max_newton_iter", 1),
+                    init_scale=_check_float(self.init_scale, "init_scale", low_open=True))
+
+    def fit(self, X, Y, observed=None) -> LEML:
+        """Alternating minimisation of eq. (4): ``n_iter`` times an H-step, then a W-step.
+
+        Parameters
+        ----------
+        X : dask.array.Array or scipy.sparse matrix, shape (n_samples, n_features)
+            Row blocks (``open_dataset(url).X``).
+        Y : dask.array.Array or scipy.sparse matrix, shape (n_samples, n_labels)
+            Relevant labels, ``X``'s row blocks.
+        observed : dask.array.Array or scipy.sparse matrix, shape (n_samples, n_labels), optional
+            The observed entries (non-zeros; positives and negatives alike; ``open_dataset(url).observed``);
+            ``None``: every entry is observed. Every relevant label must be observed.
+
+        Returns
+        -------
+        LEML
+            ``self``, fitted.
+        """
+        t0 = time.perf_counter()
+        X, Y, O = self._inputs(X, Y, observed)
+        p = self._validated(Y.shape[1])
+        if p["lam"] == 0 and not (O is None and p["loss"] == "squared"):
+            raise ValueError("lam must be positive except for the full-label squared loss (the closed form of Claim 1)")
+        self._common_fit_state(X, Y, O, p["loss"])
+        rng = np.random.default_rng(_seed_of(self.random_state))
+        d, L, k = X.shape[1], Y.shape[1], p["k"]
+        counter = _Counter()
+        W = rng.standard_normal((d, k)) * (p["init_scale"] / math.sqrt(max(d, 1)))
+        H = np.zeros((L, k))
+        E = None
+        nnz_y = None
+        if O is not None:
+            (n_obs,) = counter.compute(_nnz_pass(O))
+            self.observed_fraction_ = float(n_obs) / max(X.shape[0] * L, 1)
+        elif self.full_sq_:
+            (nnz_y,) = counter.compute(_nnz_pass(Y))
+        history = []
+        for it in range(p["n_iter"]):
+            before = counter.n
+            if self.full_sq_:
+                H, j_h = self._h_step_full_sq(X, Y, W, p["lam"], counter, nnz_y)
+            elif p["loss"] == "squared":
+                H, j_h = self._h_step_sq_omega(X, Y, O, W, p["lam"], counter)
+            else:
+                if E is None:
+                    E = self._gather_entries(Y, O, counter)
+                H, j_h = self._h_step_newton(X, E, W, H, p, counter)
+            problem = _WProblem(X, Y, O, H, p["lam"], p["loss"], self.full_sq_, counter)
+            if p["loss"] == "squared":
+                W, info = _solve_quadratic(problem, W, tol=p["tol"], max_iter=p["max_cg_iter"])
+            else:
+                w, info = _solve_newton(problem.fun_grad, problem.hessp, W.ravel(), tol=p["tol"],
+                                        max_iter=p["max_newton_iter"])
+                W = w.reshape(d, k)
+            j_w = info.pop("fun", None)
+            if j_w is not None:
+                j_w += 0.5 * p["lam"] * float(np.vdot(H, H))
+            history.append({"iteration": it + 1, "J_after_H": j_h, "J_after_W": j_w, "passes": counter.n - before,
+                            "seconds": round(time.perf_counter() - t0, 3), **info})
+            logger.info("LEML iteration %d: J %.6g after the H-step, %d passes", it + 1, j_h, counter.n - before)
+        self.W_, self.H_ = W, H
+        self.history_, self.n_passes_ = history, counter.n
+        return self
+
+    # -- H-steps (eq. (5)) ---------------------------------------------------------------------
+
+    @staticmethod
+    def _h_step_full_sq(X, Y, W, lam, counter, nnz_y):
+        """``H = Y^T Z (Z^T Z + lam/2 I)^-1``, ``Z = X W``; one pass (``Y^T Z`` and ``X^T X W``)."""
+        YtZ, XtXW = counter.compute(yt_x_z(Y, X, W), xt_x_q(X, W))
+        YtZ, C = np.asarray(YtZ, np.float64), W.T @ np.asarray(XtXW, np.float64)
+        C = 0.5 * (C + C.T)
+        k = W.shape[1]
+        H = _solve_sym(C + 0.5 * lam * np.eye(k), YtZ.T).T
+        # J = ||Y||^2 - 2 <H, Y^T Z> + <H^T H, Z^T Z> + lam/2 (||W||^2 + ||H||^2); ||Y||^2 = nnz(Y) (binary)
+        loss = nnz_y - 2.0 * float(np.vdot(H, YtZ)) + float(np.vdot(H.T @ H, C))
+        return H, loss + 0.5 * lam * (float(np.vdot(W, W)) + float(np.vdot(H, H)))
+
+    @staticmethod
+    def _h_step_sq_omega(X, Y, O, W, lam, counter):
+        """Per label ``(2 G_j + lam I) h_j = 2 r_j`` from one pass accumulating ``G_j``, ``r_j`` over ``Omega_j``."""
+        L, k = Y.shape[1], W.shape[1]
+        width = k * k + k + 1
+        if L * width * 8 > LABEL_GRAM_MAX_BYTES:
+            raise ValueError(f"the squared-loss H-step on observed entries holds {L} labels x k^2 = {k * k} Gram "
+                             f"entries per block ({L * width * 8 / 2**30:.1f} GiB); lower k")
+        out = _pass(_label_stats_kernel, X, Y, O, {"W": W}, tail=(L, width), static={"n_labels": L},
+                    token="leml-label-grams-block")
+        (S,) = counter.compute(out)
+        G = S[:, :k * k].reshape(L, k, k)
+        r, count = S[:, k * k:k * k + k], S[:, -1]
+        A = 2.0 * G + lam * np.eye(k)[None]
+        H = np.linalg.solve(A, 2.0 * r[:, :, None])[:, :, 0]
+        # sum_j sum_{i in Omega_j} (a_ij - z_i^T h_j)^2 = sum_j (|Omega_j| - 2 h_j^T r_j + h_j^T G_j h_j)
+        loss = float(count.sum() - 2.0 * np.einsum("jk,jk->", H, r) + np.einsum("jk,jkl,jl->", H, G, H))
+        return H, loss + 0.5 * lam * (float(np.vdot(W, W)) + float(np.vdot(H, H)))
+
+    @staticmethod
+    def _gather_entries(Y, O, counter):
+        """Every row's signed observed entries (``O`` given) or relevant labels (``O is None``) as one CSR."""
+        L = Y.shape[1]
+        if O is None:
+            blocks = counter.compute(*[Y.blocks[i] for i in range(Y.numblocks[0])])
+            return ("full", sp.vstack([sp.csr_matrix(b) for b in blocks], format="csr"))
+        E = da.map_blocks(LK.signed_entries, Y, O, n_labels=L, dtype=np.float64, meta=sp.csr_matrix((0, L)))
+        blocks = counter.compute(*[E.blocks[i] for i in range(E.numblocks[0])])
+        return ("omega", sp.vstack(blocks, format="csr"))
+
+    @staticmethod
+    def _h_step_newton(X, E, W, H, p, counter):
+        """Every label's eq. (5) at once (the problems are independent), in memory, by trust-region Newton-CG.
+
+        The transposed problem of the W-step kernels: rows are labels, the identity is their
+        features, ``Z = X W`` plays ``H``.
+        """
+        (Z,) = counter.compute(x_q(X, W))
+        Z = np.asarray(Z, np.float64)
+        kind, M = E
+        L, k = H.shape
+        I_L = sp.identity(L, format="csr", dtype=np.float64)
+        if kind == "full":
+            Yt, Ot = M.T.tocsr(), None
+        else:
+            Et = M.T.tocsr()
+            Yt = Et.copy()
+            Yt.data = (Yt.data > 0).astype(np.float64)
+            Yt.eliminate_zeros()
+            Ot = Et
+        lam, loss = p["lam"], p["loss"]
+
+        def fun_grad(h):
+            Hm = h.reshape(L, k)
+            out = LK.block_grad(I_L, Yt, Hm, Z, Ot, loss=loss)
+            return float(out[L, 0]) + 0.5 * lam * float(np.vdot(Hm, Hm)), (out[:L] + lam * Hm).ravel()
+
+        def hessp(h, s):
+            S = s.reshape(L, k)
+            return (LK.block_hessp(I_L, Yt, h.reshape(L, k), Z, S, Ot, loss=loss) + lam * S).ravel()
+
+        h, info = _solve_newton(fun_grad, hessp, H.ravel(), tol=p["tol"], max_iter=p["max_newton_iter"])
+        return h.reshape(L, k), info["fun"] + 0.5 * lam * float(np.vdot(W, W))
+
+
+class BinaryRelevance(_LowRankLinear):
+    """Binary relevance: one L2-regularised regression per label on its observed entries (LEML's baseline).
+
+    Minimises ``sum_{(i, j) in Omega} l(Y_ij, x_i^T w_j) + lam / 2 ||W||_F^2`` (eq. (2) with a
+    Frobenius regulariser; the labels' problems are independent), as the LEML W-step with ``H = I``:
+    one pass per CG iteration (squared loss) or per Newton gradient / Hessian product.
+
+    Parameters
+    ----------
+    loss : {"squared", "logistic", "sqhinge"}, default "squared"
+    lam : float, default 0.1
+    tol, max_cg_iter, max_newton_iter
+        As :class:`LEML`.
+    """
+
+    _param_names = ("loss", "lam", "tol", "max_cg_iter", "max_newton_iter")
+
+    def __init__(self, *, loss: str = "squared", lam: float = 0.1, tol: float = 1e-3, max_cg_iter: int = 100,
+                 max_newton_iter: int = 10):
+        self.loss = loss
+        self.lam = lam
+        self.tol = tol
+        self.max_cg_iter = max_cg_iter
+        self.max_newton_iter = max_newton_iter
+
+    def __repr__(self) -> str:
+        return f"BinaryRelevance(loss={self.loss!r}, lam={self.lam!r})"
+
+    def fit(self, X, Y, observed=None) -> BinaryRelevance:
+        """Fit ``W`` (``n_features x n_labels``); arguments as :meth:`LEML.fit`."""
+        X, Y, O = self._inputs(X, Y, observed)
+        loss = _check_loss(self.loss)
+        lam = _check_float(self.lam, "lam", low_open=True)
+        tol = _check_float(self.tol, "tol", low_open=True, high=1.0)
+        self._common_fit_state(X, Y, O, loss)
+        counter = _Counter()
+        d, L = X.shape[1], Y.shape[1]
+        H = np.eye(L)
+        problem = _WProblem(X, Y, O, H, lam, loss, self.full_sq_, counter)
+        W0 = np.zeros((d, L))
+        if loss == "squared":
+            W, info = _solve_quadratic(problem, W0, tol=tol, max_iter=_check_int(self.max_cg_iter, "max_cg_iter", 1))
+        else:
+            w, info = _solve_newton(problem.fun_grad, problem.hessp, W0.ravel(), tol=tol,
+                                    max_iter=_check_int(self.max_newton_iter, "max_newton_iter", 1))
+            W = w.reshape(d, L)
+        self.W_, self.H_ = W, H
+        self.history_, self.n_passes_ = [info], counter.n
+        return self
