@@ -181,7 +181,7 @@ def test_h_step_equals_per_label_solution(loss):
     for j in range(5):
         Zj, aj = Z[mask[:, j]], A[mask[:, j], j]
 
-        def f(h):
+        def f(h, Zj=Zj, aj=aj):
             v, d1, _ = _ref_loss(aj, Zj @ h, loss)
             return v.sum() + 0.35 * h @ h, Zj.T @ d1 + 0.7 * h
 

@@ -217,6 +217,14 @@ def _add_train(sub) -> None:
                    "0: the listed values only)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model store")
     p.add_argument("--json", action="store_true", help="print the training summary as JSON")
+    leml = p.add_argument_group("LEML and binary relevance (--model leml|br; they use a dataset's observed-entry mask)")
+    leml.add_argument("--model", default="embedding", choices=["embedding", "leml", "br"],
+                      help="embedding: the label-embedding classifier (default); leml: low-rank Z = W H^T of rank --k "
+                      "(Yu et al. 2014); br: one ridge per label on its observed entries")
+    leml.add_argument("--loss", default=None, choices=["squared", "logistic", "sqhinge"],
+                      help="loss on the observed entries (default squared)")
+    leml.add_argument("--lam", type=float, default=None, help="regulariser lam of eq. (4) (default 0.1)")
+    leml.add_argument("--n-iter", type=_positive, default=None, help="alternations (default 5)")
     add_cluster_arguments(p)
 
 
@@ -227,13 +235,16 @@ def _cmd_train(args) -> int:
     extra = {name: value for name, value in (("features", args.features), ("n_random_features", args.n_random_features),
                                              ("alpha", args.alpha), ("max_epochs", args.max_epochs))
              if value is not None}
+    if args.model != "embedding":
+        extra = {name: value for name, value in (("loss", args.loss), ("lam", args.lam), ("n_iter", args.n_iter))
+                 if value is not None and not (args.model == "br" and name == "n_iter")}
     search = parse_grid(args.search, aliases={"n-random-features": "n_random_features",
                                               "max-epochs": "max_epochs"}) if args.search else None
     with _cluster_context(args):
         info = jobs.train(args.train_url, args.out, embedding=args.embedding, k=args.k, kernel=args.kernel,
                           seed=args.seed, overwrite=args.overwrite, search=search,
                           search_strategy=args.search_strategy, search_extensions=args.search_extensions,
-                          n_estimators=args.n_estimators, **extra)
+                          n_estimators=args.n_estimators, model=args.model, **extra)
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -243,6 +254,34 @@ def _cmd_train(args) -> int:
         chosen = f"chose {info['params']}; " if "search" in info else ""
         print(f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, {info['n_passes']} passes; "
               f"held out: {held})")
+    return 0
+
+
+def _add_mask(sub) -> None:
+    p = sub.add_parser(
+        "mask",
+        help="copy a dataset revealing a uniformly random fraction of its label entries (missing labels)",
+        description="Write a copy of a fully labelled dataset store in which each of the n x L label entries is "
+        "observed independently with probability --observed (LEML's missing-label simulation): Y keeps the "
+        "observed relevant labels and the CSR group 'observed' beside it stores the observed entries.",
+    )
+    p.add_argument("data_url", metavar="DATA_URL", help="fully labelled dataset store")
+    p.add_argument("--observed", type=float, required=True, metavar="FRACTION", help="fraction in (0, 1], e.g. 0.2")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--out", required=True, metavar="URL", help="dataset store to write")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
+    p.add_argument("--json", action="store_true")
+
+
+def _cmd_mask(args) -> int:
+    from .missing import mask_dataset
+
+    info = mask_dataset(args.data_url, args.out, observed=args.observed, seed=args.seed, overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(f"wrote {info['url']}: {info['nnz_observed']:,} observed entries ({100 * info['observed_fraction']:.2f}% "
+              f"of n x L, seed {info['seed']}), {info['nnz_labels']:,} observed relevant labels")
     return 0
 
 
@@ -357,13 +396,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_ingest, _add_synth, _add_info, _add_spectrum, _add_train, _add_predict, _add_evaluate,
-                _add_demo):
+                _add_demo, _add_mask):
         add(sub)
     return parser
 
 
 _COMMANDS = {"ingest": _cmd_ingest, "synth": _cmd_synth, "info": _cmd_info, "spectrum": _cmd_spectrum,
-             "train": _cmd_train, "predict": _cmd_predict, "evaluate": _cmd_evaluate, "demo": _cmd_demo}
+             "train": _cmd_train, "predict": _cmd_predict, "evaluate": _cmd_evaluate, "demo": _cmd_demo,
+             "mask": _cmd_mask}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,8 +27,8 @@ KERNELS = {"none": "identity", "identity": "identity", "gaussian": "gaussian", "
 
 def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50, kernel: str = "gaussian",
           seed: int = 0, overwrite: bool = False, search: dict | None = None, search_strategy: str = "coordinate",
-          search_extensions: int = 2, n_estimators: int = 1, **params) -> dict:
-    """Fit an :class:`~xmldask.models.EmbeddingClassifier` on a dataset store and save it.
+          search_extensions: int = 2, n_estimators: int = 1, model: str = "embedding", **params) -> dict:
+    """Fit an :class:`~xmldask.models.EmbeddingClassifier` (or a LEML model) on a dataset store and save it.
 
     Parameters
     ----------
@@ -59,6 +59,12 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
     n_estimators : int
         More than 1: save an :class:`~xmldask.models.EnsembleClassifier` of that many members with
         the (chosen) parameters and different seeds; member 0 is the single (searched) model.
+    model : {"embedding", "leml", "br"}
+        The label-embedding classifier (default), :class:`~xmldask.models.LEML` (rank ``k``) or
+        :class:`~xmldask.models.BinaryRelevance`; the last two use the dataset's observed-entry mask
+        (missing labels), which the embedding classifier refuses. ``params`` are then the model's
+        (``loss``, ``lam``, ``n_iter``, ...); ``embedding``, ``kernel``, ``search`` and
+        ``n_estimators`` do not apply.
     **params
         Further :class:`~xmldask.models.EmbeddingClassifier` parameters.
 
@@ -71,11 +77,20 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
     """
     from .models import EmbeddingClassifier
 
+    if model in LOW_RANK_MODELS:
+        return _train_low_rank(train_url, out, model=model, k=k, seed=seed, overwrite=overwrite,
+                               search=search, n_estimators=n_estimators, **params)
+    if model != "embedding":
+        raise ValueError(f"model must be one of embedding, {', '.join(LOW_RANK_MODELS)}, but is {model!r}")
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(sorted(KERNELS))}, but is {kernel!r}")
     if _fs.exists(out) and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
     data = open_dataset(train_url)
+    if data.observed is not None:
+        raise ValueError(f"{train_url} has missing labels (an observed-entry mask) and the embedding classifier "
+                         "treats every label entry as observed; train --model leml or --model br on it, or train on "
+                         "the fully labelled dataset")
     model = EmbeddingClassifier(embedding=embedding, n_components=k, kernel=KERNELS[kernel], random_state=seed,
                                 **params)
     grid = _search_grid(search) if search else None
@@ -115,6 +130,34 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
         **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {}),
     }
+
+
+#: ``model=`` names of the models that read an observed-entry mask: LEML and binary relevance
+LOW_RANK_MODELS = ("leml", "br")
+
+
+def _train_low_rank(train_url: str, out: str, *, model: str, k: int, seed: int, overwrite: bool,
+                    search: dict | None, n_estimators: int, **params) -> dict:
+    """Fit and save a :class:`~xmldask.models.LEML` or :class:`~xmldask.models.BinaryRelevance` model."""
+    from .models import LEML, BinaryRelevance
+
+    if search or n_estimators != 1:
+        raise ValueError(f"--model {model} takes no --search or --n-estimators; choose lam on held-out training rows "
+                         "(as bench/leml.py does) and pass it with --lam")
+    if _fs.exists(out) and not overwrite:
+        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    data = open_dataset(train_url)
+    est = LEML(k=k, random_state=seed, **params) if model == "leml" else BinaryRelevance(**params)
+    start = time.perf_counter()
+    est.fit(data.X, data.Y, data.observed)
+    seconds = time.perf_counter() - start
+    est.save(out, overwrite=overwrite, meta={"train_url": train_url})
+    last = est.history_[-1] if est.history_ else {}
+    return {"model": out, "train": train_url, "seconds": round(seconds, 3), "n_passes": int(est.n_passes_),
+            "task": "multilabel", "params": {"model": model, **({"k": k, "seed": seed} if model == "leml" else {}),
+                                             **est.get_params()},
+            "observed_fraction": est.observed_fraction_, "threshold": est.threshold_,
+            "held_out": {key: value for key, value in last.items() if isinstance(value, float)}}
 
 
 #: the job's names of the classifier's kernels
@@ -198,9 +241,23 @@ def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(
     if source.Y.shape[1] != data.Y.shape[1]:
         raise ValueError(f"{source.url} has {source.Y.shape[1]} labels but {data_url} has {data.Y.shape[1]}")
     propensities = metrics.propensity(source.label_counts, source.Y.shape[0], A=A, B=B)
-    results = metrics.evaluate(preds.labels, preds.scores, data.Y, ks=ks, propensities=propensities)
+    results = metrics.evaluate(preds.labels, preds.scores, data.Y, ks=ks, propensities=propensities,
+                               **_full_scores(preds.meta.get("model"), data))
     results["propensity_source"] = "train" if source is not data else "test"
     return results
+
+
+def _full_scores(model_url: str | None, data) -> dict:
+    """For a LEML / binary-relevance model: its scores of every label and decision threshold, for
+    ``avg_AUC`` and the Hamming loss (LEML's Appendix E.1 metrics); otherwise nothing."""
+    from .store.models import model_class
+
+    if not model_url or not _fs.exists(model_url) or model_class(model_url) not in ("LEML", "BinaryRelevance"):
+        return {}
+    from .models import load_model
+
+    model = load_model(model_url)
+    return {"scores_full": model.decision_function(data.X), "threshold": float(model.threshold_)}
 
 
 def _model_train_url(model_url: str | None) -> str | None:

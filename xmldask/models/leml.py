@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 import time
 
 import dask
@@ -319,8 +318,9 @@ class LEML(_LowRankLinear):
     tol : float, default 1e-3
         Relative stopping tolerance of each W-step (CG residual ``||r|| <= tol ||b||``; Newton:
         ``||grad|| <= tol ||grad(W_0)||``) and H-step Newton solve.
-    max_cg_iter : int, default 100
-        Most CG iterations (passes) of one squared-loss W-step.
+    max_cg_iter : int, default 20
+        Most CG iterations (passes) of one squared-loss W-step (the reference implementation's 20;
+        CG is warm-started from the previous ``W``, so an inexact W-step still lowers ``J``).
     max_newton_iter : int, default 10
         Most trust-region Newton iterations of one W-step or H-step (logistic / squared hinge).
     init_scale : float, default 1.0
@@ -344,7 +344,7 @@ class LEML(_LowRankLinear):
                     "random_state")
 
     def __init__(self, *, k: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5, tol: float = 1e-3,
-                 max_cg_iter: int = 100, max_newton_iter: int = 10, init_scale: float = 1.0, random_state=None):
+                 max_cg_iter: int = 20, max_newton_iter: int = 10, init_scale: float = 1.0, random_state=None):
         self.k = k
         self.loss = loss
         self.lam = lam
@@ -528,8 +528,10 @@ class BinaryRelevance(_LowRankLinear):
     ----------
     loss : {"squared", "logistic", "sqhinge"}, default "squared"
     lam : float, default 0.1
-    tol, max_cg_iter, max_newton_iter
+    tol, max_newton_iter
         As :class:`LEML`.
+    max_cg_iter : int, default 100
+        Most CG iterations of the (single, cold-started) squared-loss solve.
     """
 
     _param_names = ("loss", "lam", "tol", "max_cg_iter", "max_newton_iter")

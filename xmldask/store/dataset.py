@@ -18,6 +18,8 @@ from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, LAYOUT_VERSION, StoreError, ch
 __all__ = ["Dataset", "DatasetWriter", "open_dataset"]
 
 _COUNT_SLOTS = ("label_counts", "label_counts_next")
+#: the group (and meta flag) of the observed-entry mask of a dataset with missing labels
+OBSERVED = "observed"
 
 
 def _now() -> str:
@@ -37,12 +39,16 @@ class Dataset:
         Binary labels, with the same row blocks as ``X``.
     meta : dict
         The dataset metadata (see :mod:`xmldask.store.layout`).
+    observed : dask.array.Array or None, shape (n_samples, n_labels)
+        The observed label entries (stored 1.0; relevant and irrelevant alike) of a dataset with
+        missing labels, with ``Y``'s row blocks; ``None``: every entry of ``Y`` is observed.
     """
 
     url: str
     X: da.Array
     Y: da.Array
     meta: dict = field(repr=False)
+    observed: da.Array | None = field(default=None, repr=False)
 
     @property
     def n_samples(self) -> int:
@@ -121,7 +127,8 @@ def open_dataset(url: str, *, dtype=DATA_DTYPE) -> Dataset:
               "generation": meta["generation"], "dtype": dtype}
     X = csr_from_group(url, "X", n_cols=meta["n_features"], **common)
     Y = csr_from_group(url, "Y", n_cols=meta["n_labels"], **common)
-    return Dataset(url=str(url), X=X, Y=Y, meta=meta)
+    observed = csr_from_group(url, OBSERVED, n_cols=meta["n_labels"], **common) if meta.get(OBSERVED) else None
+    return Dataset(url=str(url), X=X, Y=Y, meta=meta, observed=observed)
 
 
 class DatasetWriter:
@@ -148,24 +155,32 @@ class DatasetWriter:
             self._Y = CSRWriter(group["Y"], block_rows=block_rows, append=True,
                                 committed=(meta["row_blocks"], meta["nnz_labels"]))
             self._counts = np.asarray(group[meta["label_counts_array"]][:], dtype=np.int64)
+            self._O = CSRWriter(group[OBSERVED], block_rows=block_rows, append=True,
+                                committed=(meta["row_blocks"], meta["nnz_observed"])) if meta.get(OBSERVED) else None
         else:
             self._X = CSRWriter(group.create_group("X"), n_cols=meta.get("n_features"), block_rows=block_rows)
             self._Y = CSRWriter(group.create_group("Y"), n_cols=meta.get("n_labels"), block_rows=block_rows)
             self._counts = np.zeros(meta.get("n_labels") or 0, dtype=np.int64)
+            self._O = CSRWriter(group.create_group(OBSERVED), n_cols=meta.get("n_labels"),
+                                block_rows=block_rows) if meta.get(OBSERVED) else None
         self.rows_without_labels = int(meta.get("rows_without_labels", 0))
         self.sources: list[dict] = list(meta.get("sources", []))
 
     @classmethod
     def create(cls, url: str, *, n_features: int | None = None, n_labels: int | None = None,
-               block_rows: int = BLOCK_ROWS, overwrite: bool = False) -> DatasetWriter:
-        """Start a new dataset at ``url``; ``n_features``/``n_labels`` may be given at commit instead."""
+               block_rows: int = BLOCK_ROWS, overwrite: bool = False, observed: bool = False) -> DatasetWriter:
+        """Start a new dataset at ``url``; ``n_features``/``n_labels`` may be given at commit instead.
+
+        With ``observed``, the dataset has missing labels: every :meth:`write` also gives the
+        observed entries, stored as the CSR group ``observed`` beside ``Y`` with the same row blocks.
+        """
         if _fs.exists(url) and not overwrite:
             raise FileExistsError(f"{url} already exists; pass overwrite=True (--overwrite) to replace it, "
                                   "or append=True (--append) to add rows to it")
         tmp = _fs.temporary_sibling(url)
         group = zarr.open_group(_fs.zarr_store(tmp), mode="w")
         meta = {"kind": "dataset", "layout_version": LAYOUT_VERSION, "complete": False,
-                "n_features": n_features, "n_labels": n_labels, "created": _now()}
+                "n_features": n_features, "n_labels": n_labels, "created": _now(), OBSERVED: bool(observed)}
         group.attrs.update({ATTR: meta})
         return cls(url, target=tmp, group=group, meta=meta, block_rows=block_rows, append=False,
                    overwrite=overwrite)
@@ -189,11 +204,29 @@ class DatasetWriter:
     def n_features(self) -> int | None:
         return self.meta.get("n_features")
 
-    def write(self, X: sp.csr_matrix, Y: sp.csr_matrix) -> None:
-        """Append rows: features ``X`` and labels ``Y`` (same number of rows; Y's values are set to 1)."""
+    def write(self, X: sp.csr_matrix, Y: sp.csr_matrix, observed: sp.csr_matrix | None = None) -> None:
+        """Append rows: features ``X`` and labels ``Y`` (same number of rows; Y's values are set to 1).
+
+        ``observed`` (a dataset with missing labels only, and then required): the observed entries
+        of these rows (non-zeros, stored as 1), which must include every relevant label of ``Y``.
+        """
         if X.shape[0] != Y.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but Y has {Y.shape[0]}")
         Y = sp.csr_matrix((np.ones(Y.nnz, DATA_DTYPE), Y.indices, Y.indptr), shape=Y.shape)
+        if (observed is None) != (self._O is None):
+            raise ValueError("this dataset has an observed-entry mask: pass observed= with every write"
+                             if observed is None else "this dataset has no observed-entry mask (every label entry is "
+                             "observed); create it with observed=True to store one")
+        if observed is not None:
+            O = sp.csr_matrix(observed, dtype=DATA_DTYPE)
+            O.eliminate_zeros()
+            if O.shape[0] != Y.shape[0]:
+                raise ValueError(f"observed has {O.shape[0]} rows but Y has {Y.shape[0]}; one mask row per sample")
+            O.data[:] = 1
+            if Y.nnz and (Y.shape[1] > O.shape[1] or Y.multiply(O).nnz != Y.nnz):
+                raise ValueError("Y has relevant labels outside the observed entries; a relevant label is observed "
+                                 "by definition: include it in observed")
+            self._O.write(O)
         self._X.write(X)
         self._Y.write(Y)
         if Y.nnz:
@@ -214,6 +247,8 @@ class DatasetWriter:
         row_blocks = self._X.new_row_blocks()
         x_meta = self._X.commit(n_cols=n_features, row_blocks=row_blocks)
         y_meta = self._Y.commit(n_cols=n_labels, row_blocks=row_blocks)
+        if self._O is not None:
+            extra["nnz_observed"] = self._O.commit(n_cols=n_labels, row_blocks=row_blocks)["nnz"]
         slot = _COUNT_SLOTS[1] if self.meta.get("label_counts_array") == _COUNT_SLOTS[0] else _COUNT_SLOTS[0]
         chunks = (max(1, min(len(counts), 1 << 20)),)
         self._group.create_array(slot, shape=counts.shape, dtype=counts.dtype, chunks=chunks,

@@ -28,6 +28,11 @@ rows carry each label), and in the root attributes the dataset metadata (n_sampl
 n_labels, nnz, nnz_labels, rows_without_labels, sources with their sha256, transforms, times).
 The root attributes are the commit point: an append writes X, Y and ``label_counts`` first and
 the root attributes last, and readers take the row count from the root.
+A dataset with missing labels (root attribute ``observed: true``) also holds the CSR group
+``observed`` with the same ``row_blocks``: its non-zeros (stored 1.0) are the observed label
+entries, relevant and irrelevant alike; ``Y`` then holds the observed relevant labels only (a
+subset of ``observed``) and ``nnz_observed`` counts the observed entries. It is appended with ``X``
+and ``Y``, before the root attributes.
 
 Predictions (``kind = "predictions"``): two plain 2-D arrays chunked by rows, ``labels`` (int32,
 ``(n_samples, top_k)``, best first, ``-1`` padding) and ``scores`` (float32, same shape, ``-inf``
