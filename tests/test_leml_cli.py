@@ -14,16 +14,24 @@ from xmldask.models import LEML, load_model
 from xmldask.store import DatasetWriter, open_dataset, to_scipy
 
 
-def _dataset(url, n=240, d=30, L=12, seed=0):
+def _dataset(url, n=120, d=30, L=12, seed=0):
     rng = np.random.default_rng(seed)
     X = sp.random(n, d, density=0.3, format="csr", random_state=rng, dtype=np.float32)
     Y = sp.csr_matrix(((X @ rng.standard_normal((d, L))) > 0.8).astype(np.float32))
-    with DatasetWriter.create(url, block_rows=50) as w:
+    with DatasetWriter.create(url, block_rows=40) as w:
         w.write(X, Y)
         w.commit(n_features=d, n_labels=L)
 
 
-def test_mask_train_predict_evaluate(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def scheduler():
+    """A running in-process scheduler for the commands' --scheduler option (faster than a cluster each)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as c:
+        yield c.scheduler_address
+
+
+def test_mask_train_predict_evaluate(tmp_path, capsys, scheduler):
     full, masked = str(tmp_path / "full.zarr"), str(tmp_path / "masked.zarr")
     _dataset(full)
     assert main(["mask", full, "--observed", "0.3", "--seed", "3", "--out", masked, "--json"]) == 0
@@ -31,11 +39,11 @@ def test_mask_train_predict_evaluate(tmp_path, capsys):
     assert abs(info["observed_fraction"] - 0.3) < 0.05
     model = str(tmp_path / "leml.zarr")
     assert main(["train", masked, "--out", model, "--model", "leml", "--k", "4", "--lam", "1", "--loss", "squared",
-                 "--json"]) == 0
+                 "--n-iter", "2", "--json", "--scheduler", scheduler]) == 0
     trained = json.loads(capsys.readouterr().out)
     assert trained["threshold"] == 0.0 and trained["n_passes"] > 0
     pred = str(tmp_path / "pred.zarr")
-    assert main(["predict", model, full, "--out", pred, "--top-k", "5", "--no-progress"]) == 0
+    assert main(["predict", model, full, "--out", pred, "--top-k", "5", "--no-progress", "--scheduler", scheduler]) == 0
     capsys.readouterr()
     assert main(["evaluate", pred, full, "--json"]) == 0
     res = json.loads(capsys.readouterr().out)
@@ -48,24 +56,25 @@ def test_mask_train_predict_evaluate(tmp_path, capsys):
     assert res["avg_AUC"] == pytest.approx(metrics.average_auc(S, Y), abs=1e-6)
     assert res["hamming_loss"] == pytest.approx(((S >= 0) != (Y.toarray() > 0)).mean(), abs=1e-9)
     br = str(tmp_path / "br.zarr")
-    assert main(["train", masked, "--out", br, "--model", "br", "--lam", "1"]) == 0
+    assert main(["train", masked, "--out", br, "--model", "br", "--lam", "1", "--scheduler", scheduler]) == 0
 
 
-def test_embedding_classifier_refuses_masked_data(tmp_path, capsys):
+def test_embedding_classifier_refuses_masked_data(tmp_path, capsys, scheduler):
     full, masked = str(tmp_path / "full.zarr"), str(tmp_path / "masked.zarr")
     _dataset(full)
     main(["mask", full, "--observed", "0.5", "--out", masked])
     capsys.readouterr()
-    assert main(["train", masked, "--out", str(tmp_path / "m.zarr"), "--k", "4"]) == 2
+    assert main(["train", masked, "--out", str(tmp_path / "m.zarr"), "--k", "4", "--scheduler", scheduler]) == 2
     assert "missing labels" in capsys.readouterr().err
 
 
-def test_bad_input(tmp_path, capsys):
+def test_bad_input(tmp_path, capsys, scheduler):
     full = str(tmp_path / "full.zarr")
     _dataset(full)
     assert main(["mask", full, "--observed", "0", "--out", str(tmp_path / "m.zarr")]) == 2
     assert "(0, 1]" in capsys.readouterr().err
-    assert main(["train", full, "--out", str(tmp_path / "m.zarr"), "--model", "leml", "--k", "13"]) == 2
+    assert main(["train", full, "--out", str(tmp_path / "m.zarr"), "--model", "leml", "--k", "13",
+                 "--scheduler", scheduler]) == 2
     assert "at most the number of labels" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["train", full, "--out", str(tmp_path / "m.zarr"), "--model", "leml", "--loss", "hinge"])
