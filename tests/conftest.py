@@ -49,6 +49,14 @@ def client():
         cluster.close()
 
 
+@pytest.fixture(scope="module")
+def scheduler():
+    """A running in-process scheduler for the commands' --scheduler option (faster than a cluster each)."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as c:
+        yield c.scheduler_address
+
+
 @pytest.fixture(scope="session")
 def prefect_harness():
     """A temporary Prefect database and API for the flow tests (started once, about 7 s).

@@ -96,14 +96,6 @@ def test_help_mentions_every_command(capsys):
         assert command in out
 
 
-@pytest.fixture(scope="module")
-def scheduler():
-    """A running in-process scheduler for the commands' --scheduler option (faster than a cluster each)."""
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as c:
-        yield c.scheduler_address
-
-
 def test_train_predict_evaluate(tmp_path, capsys, scheduler):
     """The contract: train TRAIN --out MODEL, predict MODEL DATA --out PRED, evaluate PRED DATA --json."""
     common = ["--n-features", "300", "--n-labels", "40", "--seed", "2", "--no-progress"]

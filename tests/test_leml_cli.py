@@ -23,14 +23,6 @@ def _dataset(url, n=120, d=30, L=12, seed=0):
         w.commit(n_features=d, n_labels=L)
 
 
-@pytest.fixture(scope="module")
-def scheduler():
-    """A running in-process scheduler for the commands' --scheduler option (faster than a cluster each)."""
-    distributed = pytest.importorskip("distributed")
-    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as c:
-        yield c.scheduler_address
-
-
 def test_mask_train_predict_evaluate(tmp_path, capsys, scheduler):
     full, masked = str(tmp_path / "full.zarr"), str(tmp_path / "masked.zarr")
     _dataset(full)
