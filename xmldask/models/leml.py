@@ -287,12 +287,16 @@ class _LowRankLinear(ParamsMixin):
             setattr(model, name + "_", value)
         return model
 
-    def _common_fit_state(self, X, Y, O, loss):
+    def _common_fit_state(self, X, Y, O, loss, counter: _Counter):
+        """Sizes, label encoding and threshold; with a mask, its observed fraction (one pass)."""
         self.n_features_in_, self.n_labels_ = int(X.shape[1]), int(Y.shape[1])
         self.loss_ = loss
         self.full_sq_ = O is None and loss == "squared"
         self.threshold_ = THRESHOLD_01 if self.full_sq_ else THRESHOLD_PM1
-        self.observed_fraction_ = None if O is None else float("nan")
+        self.observed_fraction_ = None
+        if O is not None:
+            (n_obs,) = counter.compute(_nnz_pass(O))
+            self.observed_fraction_ = float(n_obs) / max(X.shape[0] * Y.shape[1], 1)
 
 
 def _check_loss(loss) -> str:
@@ -397,19 +401,14 @@ class LEML(_LowRankLinear):
         p = self._validated(Y.shape[1])
         if p["lam"] == 0 and not (O is None and p["loss"] == "squared"):
             raise ValueError("lam must be positive except for the full-label squared loss (the closed form of Claim 1)")
-        self._common_fit_state(X, Y, O, p["loss"])
+        counter = _Counter()
+        self._common_fit_state(X, Y, O, p["loss"], counter)
         rng = np.random.default_rng(_seed_of(self.random_state))
         d, L, k = X.shape[1], Y.shape[1], p["k"]
-        counter = _Counter()
         W = rng.standard_normal((d, k)) * (p["init_scale"] / math.sqrt(max(d, 1)))
         H = np.zeros((L, k))
         E = None
-        nnz_y = None
-        if O is not None:
-            (n_obs,) = counter.compute(_nnz_pass(O))
-            self.observed_fraction_ = float(n_obs) / max(X.shape[0] * L, 1)
-        elif self.full_sq_:
-            (nnz_y,) = counter.compute(_nnz_pass(Y))
+        nnz_y = counter.compute(_nnz_pass(Y))[0] if self.full_sq_ else None
         history = []
         for it in range(p["n_iter"]):
             before = counter.n
@@ -553,8 +552,8 @@ class BinaryRelevance(_LowRankLinear):
         loss = _check_loss(self.loss)
         lam = _check_float(self.lam, "lam", low_open=True)
         tol = _check_float(self.tol, "tol", low_open=True, high=1.0)
-        self._common_fit_state(X, Y, O, loss)
         counter = _Counter()
+        self._common_fit_state(X, Y, O, loss, counter)
         d, L = X.shape[1], Y.shape[1]
         H = np.eye(L)
         problem = _WProblem(X, Y, O, H, lam, loss, self.full_sq_, counter)
