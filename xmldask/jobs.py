@@ -156,8 +156,8 @@ def _train_low_rank(train_url: str, out: str, *, model: str, k: int, seed: int, 
     return {"model": out, "train": train_url, "seconds": round(seconds, 3), "n_passes": int(est.n_passes_),
             "task": "multilabel", "params": {"model": model, **({"k": k, "seed": seed} if model == "leml" else {}),
                                              **est.get_params()},
-            "observed_fraction": est.observed_fraction_, "threshold": est.threshold_,
-            "held_out": {key: value for key, value in last.items() if isinstance(value, float)}}
+            "observed_fraction": est.observed_fraction_, "threshold": est.threshold_, "held_out": {},
+            "objective": last.get("J_after_H")}
 
 
 #: the job's names of the classifier's kernels
