@@ -236,3 +236,103 @@ def test_bad_parameters(bad):
     Y = da.from_array(sp.csr_matrix(Yd), chunks=(50, -1), asarray=False)
     with pytest.raises(ValueError):
         SpectralLabelTree(**bad).fit(X, Y)
+
+
+def test_tree_classifier_gradients_match_finite_differences():
+    from xmldask.models.tree_classifier import _leaf_gradients
+
+    rng = np.random.default_rng(0)
+    Xl = sp.csr_matrix(rng.normal(size=(7, 5)))
+    U, V, b = rng.normal(size=(5, 3)), rng.normal(size=(3, 4)), rng.normal(size=4)
+    for task, Yl in (("multiclass", np.eye(4)[rng.integers(0, 4, 7)]),
+                     ("multilabel", (rng.random((7, 4)) < 0.4).astype(float))):
+        loss, gU, gV, gb = _leaf_gradients(Xl, Yl, U, V, b, task)
+        m, eps = Xl.shape[0], 1e-6
+        for param, grad, scale in ((U, gU, 1.0 / m), (V, gV, 1.0), (b, gb, 1.0)):
+            idx = tuple(rng.integers(0, s) for s in param.shape)
+            param[idx] += eps
+            up = _leaf_gradients(Xl, Yl, U, V, b, task)[0]
+            param[idx] -= 2 * eps
+            down = _leaf_gradients(Xl, Yl, U, V, b, task)[0]
+            param[idx] += eps
+            # dV, db are gradients of the mean loss; dU of the summed loss (the reference code's scaling)
+            assert grad[idx] * scale == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8)
+
+
+@pytest.mark.parametrize("options", [{}, {"per_leaf": False}, {"routing": "deterministic"}])
+def test_tree_classifier_fits_predicts_within_candidates_and_round_trips(tmp_path, options):
+    from xmldask.models import load_model
+    from xmldask.models.tree_classifier import TreeClassifier
+
+    Xd, Yd = _clustered(seed=4)
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
+    model = TreeClassifier(tree, rank=6, n_epochs=15, random_state=0, **options).fit(X, Y)
+    assert model.history_[-1]["loss"] < model.history_[0]["loss"]
+    labels, scores = (a.compute() for a in model.predict_topk(X, k=3))
+    leaf = tree.route(X).compute()
+    y = Yd.argmax(1)
+    if model.per_leaf:
+        assert all(lab in set(tree.candidates(leaf[i])) for i, row in enumerate(labels) for lab in row if lab >= 0)
+        np.testing.assert_allclose(np.where(np.isfinite(scores), scores, 0).sum(1) <= 1 + 1e-5, True)
+    accuracy = np.mean(labels[:, 0] == y)
+    recall = tree.figures(X, Y)["tree_recall"]
+    assert accuracy > 0.8 * recall if model.per_leaf else accuracy > 0.5
+    url = str(tmp_path / "m.zarr")
+    model.save(url)
+    loaded = load_model(url)
+    np.testing.assert_array_equal(loaded.predict_topk(X, k=3)[0].compute(), labels)
+
+
+def test_pair_chunks_give_the_same_tree(monkeypatch):
+    Xd, Yd = _clustered(n=900)
+    X, Y = _dask(Xd, Yd)
+    whole = SpectralLabelTree(max_depth=2, leaf_labels=3, random_state=0).fit(X, Y)
+    monkeypatch.setattr(K, "PAIR_NNZ", 97)  # many small chunks of pairs per block
+    chunked = SpectralLabelTree(max_depth=2, leaf_labels=3, random_state=0).fit(X, Y)
+    np.testing.assert_allclose(chunked.W_, whole.W_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(chunked.cand_indices_, whole.cand_indices_)
+
+
+@pytest.fixture(scope="module")
+def scheduler():
+    """An in-process scheduler for the commands' --scheduler option."""
+    distributed = pytest.importorskip("distributed")
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=":0") as c:
+        yield c.scheduler_address
+
+
+def test_cli_tree_tree_info_train_predict_evaluate(tmp_path, capsys, scheduler):
+    import json
+
+    from xmldask.cli import main
+
+    common = ["--n-features", "200", "--n-labels", "30", "--multiclass", "--seed", "3", "--no-progress"]
+    train, test = str(tmp_path / "train.zarr"), str(tmp_path / "test.zarr")
+    assert main(["synth", "--out", train, "--n-samples", "1500", *common]) == 0
+    assert main(["synth", "--out", test, "--n-samples", "400", "--split", "test", *common]) == 0
+    tree, model, pred = (str(tmp_path / name) for name in ("tree.zarr", "model.zarr", "pred.zarr"))
+    assert main(["tree", train, "--out", tree, "--depth", "3", "--leaf-labels", "8", "--seed", "1",
+                 "--scheduler", scheduler]) == 0
+    capsys.readouterr()
+    assert main(["tree-info", tree, test, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert {"tree_recall", "root_purity", "mean_depth", "mean_candidates", "top_labels_recall"} <= set(info)
+    assert 0 < info["tree_recall"] <= 1 and info["mean_depth"] <= 3
+    assert main(["train", train, "--out", model, "--tree", tree, "--k", "8", "--max-epochs", "5",
+                 "--scheduler", scheduler]) == 0
+    assert main(["predict", model, test, "--out", pred, "--top-k", "3", "--no-progress",
+                 "--scheduler", scheduler]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", pred, test, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["P@1"] > 1 / 30
+    # refusals before any pass: an existing store, a bad depth, data of another feature count
+    assert main(["tree", train, "--out", tree]) == 2
+    assert "already exists" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tree", train, "--out", str(tmp_path / "t2.zarr"), "--depth", "0"])
+    other = str(tmp_path / "other.zarr")
+    assert main(["synth", "--out", other, "--n-samples", "100", "--n-features", "150", "--n-labels", "30",
+                 "--multiclass", "--no-progress"]) == 0
+    assert main(["tree-info", tree, other]) == 2
+    assert "150 features" in capsys.readouterr().err

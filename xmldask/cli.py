@@ -215,6 +215,9 @@ def _add_train(sub) -> None:
     p.add_argument("--search-extensions", type=int, default=2, metavar="N",
                    help="coordinate search: at most N geometric steps past a numeric grid's winning end (default 2; "
                    "0: the listed values only)")
+    p.add_argument("--tree", default=None, metavar="TREE_URL",
+                   help="train the candidate-restricted classifier of this spectral label tree (xmldask tree) instead: "
+                   "a rank-k shared U with per-leaf V, b, trained --max-epochs passes (default 200)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing model store")
     p.add_argument("--json", action="store_true", help="print the training summary as JSON")
     add_cluster_arguments(p)
@@ -233,7 +236,7 @@ def _cmd_train(args) -> int:
         info = jobs.train(args.train_url, args.out, embedding=args.embedding, k=args.k, kernel=args.kernel,
                           seed=args.seed, overwrite=args.overwrite, search=search,
                           search_strategy=args.search_strategy, search_extensions=args.search_extensions,
-                          n_estimators=args.n_estimators, **extra)
+                          n_estimators=args.n_estimators, **({"tree": args.tree} if args.tree else {}), **extra)
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -348,6 +351,67 @@ def _format_info(info: dict) -> str:
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
 
+def _add_tree(sub) -> None:
+    from .cluster import add_cluster_arguments
+
+    p = sub.add_parser(
+        "tree",
+        help="grow a hierarchical spectral label tree (candidate-label filter) on a dataset store",
+        description="Grow the label tree of Mineiro and Karampatziakis (2015) level by level over the row blocks: "
+        "each node routes by the top eigenvector of eq. (2) and a weighted median; training rows are routed "
+        "fractionally; a leaf keeps its most probable labels. Writes a tree store (a model store).",
+    )
+    p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
+    p.add_argument("--out", required=True, metavar="TREE_URL", help="tree store to write")
+    p.add_argument("--depth", type=_positive, default=14, help="maximum depth (default 14)")
+    p.add_argument("--leaf-labels", type=_positive, default=25, metavar="S", help="leaf label budget (default 25)")
+    p.add_argument("--routing", default="fractional", choices=["fractional", "deterministic"],
+                   help="routing of the training rows while growing (default fractional)")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing tree store")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_cluster_arguments(p)
+
+
+def _cmd_tree(args) -> int:
+    from . import jobs
+
+    with _cluster_context(args):
+        info = jobs.tree(args.train_url, args.out, depth=args.depth, leaf_labels=args.leaf_labels,
+                         routing=args.routing, seed=args.seed, overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps(info, indent=2, default=float))
+    else:
+        fig = info["train_figures"]
+        print(f"wrote {info['tree']} in {info['seconds']:.1f} s ({info['n_passes']} passes, {info['n_leaves']} leaves, "
+              f"{info['n_orphans']} orphans repaired; train tree recall {fig['tree_recall']:.4f}, mean depth "
+              f"{fig['mean_depth']:.2f}, mean candidates {fig['mean_candidates']:.2f})")
+    return 0
+
+
+def _add_tree_info(sub) -> None:
+    p = sub.add_parser("tree-info", help="figures of a spectral label tree on a dataset store",
+                       description="Route every row of a dataset store through a tree (one pass) and report tree "
+                       "recall, root purity and balance, mean depth, mean candidates and the recall of the most "
+                       "frequent training labels.")
+    p.add_argument("tree_url", metavar="TREE_URL")
+    p.add_argument("data_url", metavar="DATA_URL")
+    p.add_argument("--json", action="store_true", help="print JSON (keys tree_recall, root_purity, mean_depth, "
+                   "mean_candidates, top_labels_recall)")
+
+
+def _cmd_tree_info(args) -> int:
+    from . import jobs
+
+    info = jobs.tree_info(args.tree_url, args.data_url)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for key, value in info.items():
+            print(f"  {key:<18} {value:.4f}" if isinstance(value, float) else f"  {key:<18} {value}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="xmldask",
@@ -357,13 +421,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_ingest, _add_synth, _add_info, _add_spectrum, _add_train, _add_predict, _add_evaluate,
-                _add_demo):
+                _add_demo, _add_tree, _add_tree_info):
         add(sub)
     return parser
 
 
 _COMMANDS = {"ingest": _cmd_ingest, "synth": _cmd_synth, "info": _cmd_info, "spectrum": _cmd_spectrum,
-             "train": _cmd_train, "predict": _cmd_predict, "evaluate": _cmd_evaluate, "demo": _cmd_demo}
+             "train": _cmd_train, "predict": _cmd_predict, "evaluate": _cmd_evaluate, "demo": _cmd_demo,
+             "tree": _cmd_tree, "tree-info": _cmd_tree_info}
 
 
 def main(argv: list[str] | None = None) -> int:

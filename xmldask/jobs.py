@@ -17,7 +17,7 @@ import time
 
 from .store import _fs, open_dataset, open_predictions, write_predictions
 
-__all__ = ["KERNELS", "evaluate", "predict", "train"]
+__all__ = ["KERNELS", "evaluate", "predict", "train", "tree", "tree_info"]
 
 #: command-line kernel names and the decoder's: ``none`` is the identity map, ``cauchy`` random
 #: features (Cauchy frequencies) for the Laplacian kernel
@@ -27,7 +27,7 @@ KERNELS = {"none": "identity", "identity": "identity", "gaussian": "gaussian", "
 
 def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50, kernel: str = "gaussian",
           seed: int = 0, overwrite: bool = False, search: dict | None = None, search_strategy: str = "coordinate",
-          search_extensions: int = 2, n_estimators: int = 1, **params) -> dict:
+          search_extensions: int = 2, n_estimators: int = 1, tree: str | None = None, **params) -> dict:
     """Fit an :class:`~xmldask.models.EmbeddingClassifier` on a dataset store and save it.
 
     Parameters
@@ -59,6 +59,10 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
     n_estimators : int
         More than 1: save an :class:`~xmldask.models.EnsembleClassifier` of that many members with
         the (chosen) parameters and different seeds; member 0 is the single (searched) model.
+    tree : str, optional
+        URL of a spectral label tree (:func:`tree`): train its candidate-restricted classifier
+        (:class:`~xmldask.models.tree_classifier.TreeClassifier`, rank ``k``) instead; ``params``
+        are then that classifier's (``max_epochs`` is its ``n_epochs``).
     **params
         Further :class:`~xmldask.models.EmbeddingClassifier` parameters.
 
@@ -71,6 +75,8 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
     """
     from .models import EmbeddingClassifier
 
+    if tree is not None:
+        return _train_tree_classifier(train_url, out, tree, rank=k, seed=seed, overwrite=overwrite, **params)
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(sorted(KERNELS))}, but is {kernel!r}")
     if _fs.exists(out) and not overwrite:
@@ -211,3 +217,100 @@ def _model_train_url(model_url: str | None) -> str | None:
 
     attrs = dict(zarr.open_group(_fs.zarr_store(model_url, read_only=True), mode="r").attrs)
     return (attrs.get("xmldask") or {}).get("train_url")
+
+
+# --------------------------------------------------------------------------------------------
+# spectral label tree
+
+
+def _fingerprint(data) -> str:
+    """Content fingerprint of a dataset store: its sources' sha256 and its shape."""
+    import hashlib
+    import json
+
+    facts = {"sources": [src.get("sha256") for src in data.meta.get("sources", [])],
+             "shape": [data.n_samples, data.n_features, data.n_labels]}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, routing: str = "fractional",
+         seed: int = 0, overwrite: bool = False, **params) -> dict:
+    """Grow a :class:`~xmldask.tree.SpectralLabelTree` on a dataset store and save it.
+
+    Bad input is refused before any pass: a depth or leaf budget that is not a positive integer, an
+    existing ``out``, a training label with no example.
+
+    Returns
+    -------
+    dict
+        ``tree`` (URL), ``train``, ``seconds``, ``n_passes``, ``n_nodes``, ``n_leaves``, ``n_orphans``,
+        ``task``, ``params`` and the training figures of :meth:`SpectralLabelTree.figures`.
+    """
+    import numpy as np
+
+    from .tree import SpectralLabelTree
+
+    for name, value in (("depth", depth), ("leaf_labels", leaf_labels)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, but is {value!r}")
+    if _fs.exists(out) and not overwrite:
+        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    data = open_dataset(train_url)
+    missing = np.flatnonzero(data.label_counts == 0)
+    if len(missing):
+        raise ValueError(f"{train_url} has {len(missing)} labels with no training example (first: "
+                         f"{missing[:5].tolist()}); the tree cannot place them. Ingest with the labels present "
+                         f"only (remap the label ids), or train on data that covers every label")
+    model = SpectralLabelTree(max_depth=depth, leaf_labels=leaf_labels, routing=routing, random_state=seed, **params)
+    start = time.perf_counter()
+    model.fit(data.X, data.Y)
+    figures = model.figures(data.X, data.Y)
+    seconds = time.perf_counter() - start
+    model.save(out, overwrite=overwrite, meta={"train_url": train_url, "train_fingerprint": _fingerprint(data)})
+    return {"tree": out, "train": train_url, "seconds": round(seconds, 3), "n_passes": int(model.n_passes_) + 1,
+            "n_nodes": int(len(model.table_)), "n_leaves": model.n_leaves_, "n_orphans": int(model.n_orphans_),
+            "task": model.task_, "params": {"depth": depth, "leaf_labels": leaf_labels, "routing": routing,
+                                            "seed": seed, **params},
+            "train_figures": figures}
+
+
+def tree_info(tree_url: str, data_url: str) -> dict:
+    """The figures of a saved tree on a dataset store (one pass): ``tree_recall``, ``root_purity``,
+    ``root_balance``, ``mean_depth``, ``mean_candidates``, ``top_labels_recall``, ``n_samples``, plus
+    the tree's ``n_nodes``, ``n_leaves``, ``max_depth`` and ``leaf_labels``."""
+    from .tree import SpectralLabelTree
+
+    model = SpectralLabelTree.load(tree_url)
+    data = open_dataset(data_url)
+    if data.n_features != model.n_features_in_ or data.n_labels != model.n_labels_:
+        raise ValueError(f"{data_url} has {data.n_features} features and {data.n_labels} labels but the tree "
+                         f"{tree_url} was grown on {model.n_features_in_} and {model.n_labels_}; use data ingested "
+                         f"like the tree's training data")
+    figures = {key: (float(v) if key != "n_samples" else int(v)) for key, v in model.figures(data.X, data.Y).items()}
+    return {**figures, "n_nodes": int(len(model.table_)), "n_leaves": model.n_leaves_,
+            "max_depth": int(model.max_depth), "leaf_labels": int(model.leaf_labels), "tree": tree_url,
+            "data": data_url}
+
+
+def _train_tree_classifier(train_url: str, out: str, tree_url: str, *, rank: int, seed: int, overwrite: bool,
+                           **params) -> dict:
+    from .models.tree_classifier import TreeClassifier
+
+    if _fs.exists(out) and not overwrite:
+        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    if "max_epochs" in params:
+        params["n_epochs"] = params.pop("max_epochs")
+    unknown = sorted(set(params) - set(TreeClassifier._param_names))
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} do not apply to the tree classifier (--tree); its options are "
+                         f"--k (rank), --max-epochs and --seed")
+    data = open_dataset(train_url)
+    model = TreeClassifier(tree_url, rank=rank, random_state=seed, **params)
+    start = time.perf_counter()
+    model.fit(data.X, data.Y)
+    seconds = time.perf_counter() - start
+    model.save(out, overwrite=overwrite, meta={"train_url": train_url, "tree_url": tree_url})
+    return {"model": out, "train": train_url, "tree": tree_url, "seconds": round(seconds, 3),
+            "n_passes": int(model.n_passes_), "task": model.task_,
+            "params": {"k": rank, "seed": seed, **params},
+            "held_out": {key: value for key, value in model.history_[-1].items()}}

@@ -29,7 +29,24 @@ def load_model(url: str):
     from ..store.models import model_class
 
     name = model_class(url)
-    if name not in MODEL_CLASSES:
+    classes = {**MODEL_CLASSES, **_tree_classes()}
+    if name not in classes:
         raise StoreError(f"{url} holds a {name} model, which this xmldask cannot read (it reads "
-                         f"{', '.join(MODEL_CLASSES)})")
-    return MODEL_CLASSES[name].load(url)
+                         f"{', '.join(classes)})")
+    return classes[name].load(url)
+
+
+def _tree_classes() -> dict:
+    """The spectral label tree and its classifier (imported here: :mod:`xmldask.tree` imports this package)."""
+    from ..tree import SpectralLabelTree
+    from .tree_classifier import TreeClassifier
+
+    return {cls.__name__: cls for cls in (SpectralLabelTree, TreeClassifier)}
+
+
+def __getattr__(name: str):
+    if name == "TreeClassifier":
+        from .tree_classifier import TreeClassifier
+
+        return TreeClassifier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

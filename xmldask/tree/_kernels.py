@@ -29,6 +29,9 @@ TABLE_COLUMNS = 5
 
 #: rows whose path probability is at most this are dropped from a node (the reference code's 1e-4)
 CUTOFF = 1e-4
+#: most stored entries of ``X`` gathered for one chunk of pairs (bounds a kernel's memory whatever the
+#: number of nodes a row reaches under fractional routing)
+PAIR_NNZ = 1 << 21
 
 
 def as_csr(Xb) -> sp.csr_matrix:
@@ -64,11 +67,24 @@ def routing_probability(t: np.ndarray, bias: np.ndarray, sigma: np.ndarray, *, d
     return 0.5 + 0.5 * erf(z)
 
 
+def pair_chunks(X: sp.csr_matrix, rows: np.ndarray):
+    """Slices of ``rows`` whose rows hold at most about :data:`PAIR_NNZ` stored entries each."""
+    if not len(rows):
+        return []
+    cum = np.cumsum(np.diff(X.indptr)[rows])
+    cuts = np.searchsorted(cum, np.arange(PAIR_NNZ, cum[-1], PAIR_NNZ), side="right")
+    bounds = np.unique(np.concatenate([[0], cuts, [len(rows)]]))
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
 def pair_dots(X: sp.csr_matrix, rows: np.ndarray, W: np.ndarray, widx: np.ndarray) -> np.ndarray:
     """``x_rows[i] . W[widx[i]]`` for every pair ``i`` (float64), shape ``(m,)`` or ``(m, r)`` for 3-D ``W``.
 
     ``W`` has shape ``(n, d)`` (one vector per pair's ``widx``) or ``(n, d, r)``.
     """
+    chunks = pair_chunks(X, rows)
+    if len(chunks) > 1:
+        return np.concatenate([pair_dots(X, rows[c], W, widx[c]) for c in chunks])
     sub = X[rows]
     counts = np.diff(sub.indptr)
     vals = sub.data.astype(np.float64)
@@ -177,11 +193,12 @@ def level_stats(Xb, Yb, table, W, nodes, *, form="code", deterministic=False, cu
     X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
     out = np.zeros((g, 1 + d + L))
     out[:, 0] = np.bincount(j, weights=p, minlength=g)
-    sub = X[rows]
-    counts = np.diff(sub.indptr)
-    jn = np.repeat(j, counts)
-    flat = np.bincount(jn * d + sub.indices, weights=sub.data * np.repeat(p, counts), minlength=g * d)
-    out[:, 1:1 + d] = flat.reshape(g, d)
+    for c in pair_chunks(X, rows):
+        sub = X[rows[c]]
+        counts = np.diff(sub.indptr)
+        jn = np.repeat(j[c], counts)
+        flat = np.bincount(jn * d + sub.indices, weights=sub.data * np.repeat(p[c], counts), minlength=g * d)
+        out[:, 1:1 + d] += flat.reshape(g, d)
     _, jl, labels, pl = _label_pairs(Yb, rows, j, p)
     out[:, 1 + d:] = np.bincount(jl * L + labels, weights=pl, minlength=g * L).reshape(g, L)
     return out
@@ -227,13 +244,16 @@ def level_xt_y(Xb, Yb, table, W, V, nodes, *, form="code", deterministic=False, 
     """
     g, d, r = len(nodes), Xb.shape[1], V.shape[2]
     X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
-    yv = _pairs_times_v(Yb, rows, j, p, V)
-    sub = X[rows]
-    counts = np.diff(sub.indptr)
-    owner = np.repeat(np.arange(len(rows)), counts)
-    scatter = sp.csr_matrix((sub.data.astype(np.float64), (np.repeat(j, counts) * d + sub.indices, owner)),
-                            shape=(g * d, len(rows)))
-    return np.asarray(scatter @ yv).reshape(g, d, r)
+    out = np.zeros((g * d, r))
+    for c in pair_chunks(X, rows):
+        yv = _pairs_times_v(Yb, rows[c], j[c], p[c], V)
+        sub = X[rows[c]]
+        counts = np.diff(sub.indptr)
+        owner = np.repeat(np.arange(len(yv)), counts)
+        scatter = sp.csr_matrix((sub.data.astype(np.float64), (np.repeat(j[c], counts) * d + sub.indices, owner)),
+                                shape=(g * d, len(yv)))
+        out += scatter @ yv
+    return out.reshape(g, d, r)
 
 
 def level_yt_y(Xb, Yb, table, W, V, nodes, *, form="code", deterministic=False, cutoff=CUTOFF):
