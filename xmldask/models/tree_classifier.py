@@ -56,8 +56,8 @@ class TreeClassifier(ParamsMixin):
     rank : int, default 50
         Width of the shared ``U``.
     per_leaf : bool, default True
-        Per-leaf ``V_l, b_l``; ``False``: one ``V, b`` over all labels shared by every leaf (the
-        paper's "same classifier at every leaf" ablation).
+        Per-leaf ``V_l, b_l``; ``False``: one ``V, b`` over all labels shared by every leaf, still
+        scored over the leaf's candidates only (the paper's "same classifier at every leaf" ablation).
     routing : {"randomized", "deterministic"}, default "randomized"
         Leaf of a training row: re-sampled every pass, or the deterministic one (ablation).
     n_epochs : int, default 200
@@ -76,8 +76,8 @@ class TreeClassifier(ParamsMixin):
     ----------
     U_ : ndarray, shape (n_features, rank)
     V_ : ndarray, shape (rank, n_slots)
-        Column ``s`` scores candidate ``cand_indices_[s]`` (slots of leaf ``l``:
-        ``cand_indptr_[l]:cand_indptr_[l+1]``).
+        Per leaf: column ``s`` scores candidate ``cand_indices_[s]`` (slots of leaf ``l``:
+        ``cand_indptr_[l]:cand_indptr_[l+1]``); shared: ``n_slots = n_labels``, column = label.
     b_ : ndarray, shape (n_slots,)
     history_ : list of dict
         Per pass: ``epoch``, ``loss`` (mean over the trained rows), ``skipped`` (fraction of rows whose
@@ -122,11 +122,7 @@ class TreeClassifier(ParamsMixin):
         d, r = X.shape[1], int(self.rank)
         self.task_ = tree.task_ if self.task == "auto" else self.task
         self.table_, self.W_ = tree.table_, tree.W_
-        if self.per_leaf:
-            self.cand_indptr_, self.cand_indices_ = tree.cand_indptr_, tree.cand_indices_
-        else:  # every leaf shares the slots of all labels: one V, b
-            self.cand_indptr_ = np.zeros(len(tree.table_) + 1, dtype=np.int64)
-            self.cand_indices_ = np.arange(tree.n_labels_, dtype=np.int64)
+        self.cand_indptr_, self.cand_indices_ = tree.cand_indptr_, tree.cand_indices_
         self.sigma_form_ = tree.sigma
         precond = self._preconditioner(X)
         self.n_passes_ = 1
@@ -150,23 +146,22 @@ class TreeClassifier(ParamsMixin):
                 rng.shuffle(order)
                 for node in order:
                     idx = rows[leaf == node]
-                    lo, hi = self._slots(tree, node)
-                    if hi == lo:
+                    cands, cols = self._slots(node)
+                    if not len(cands):
                         continue
-                    cands = self.cand_indices_[lo:hi] if self.per_leaf else self.cand_indices_
                     Yl = Yb[idx][:, cands].toarray()
                     keep = Yl.sum(axis=1) > 0
                     if not keep.any():
                         continue
                     Xl, Yl = Xb[idx[keep]], Yl[keep]
-                    loss, gU, gV, gb = _leaf_gradients(Xl, Yl, U, V[:, lo:hi], b[lo:hi], self.task_)
+                    loss, gU, gV, gb = _leaf_gradients(Xl, Yl, U, V[:, cols], b[cols], self.task_)
                     loss_sum += loss * len(Yl)
                     rows_used += len(Yl)
-                    mV[:, lo:hi] = self.momentum * mV[:, lo:hi] - eta * gV
-                    mb[lo:hi] = self.momentum * mb[lo:hi] - eta * gb
+                    mV[:, cols] = self.momentum * mV[:, cols] - eta * gV
+                    mb[cols] = self.momentum * mb[cols] - eta * gb
                     mU = self.momentum * mU - eta * (precond(gU))
-                    V[:, lo:hi] += mV[:, lo:hi]
-                    b[lo:hi] += mb[lo:hi]
+                    V[:, cols] += mV[:, cols]
+                    b[cols] += mb[cols]
                     U += mU
             eta *= self.decay
             self.n_passes_ += 1
@@ -178,10 +173,9 @@ class TreeClassifier(ParamsMixin):
         self.fit_seconds_ = time.perf_counter() - start
         return self
 
-    def _slots(self, tree, node) -> tuple[int, int]:
-        if self.per_leaf:
-            return int(self.cand_indptr_[node]), int(self.cand_indptr_[node + 1])
-        return 0, len(self.cand_indices_)
+    def _slots(self, node) -> tuple[np.ndarray, np.ndarray]:
+        """The leaf's candidate labels and their columns of ``V`` / entries of ``b``."""
+        return _leaf_slots(self.cand_indptr_, self.cand_indices_, node, bool(self.per_leaf))
 
     def _preconditioner(self, X: da.Array):
         """``g -> (0.5 X^T X + ridge tr(X^T X)/d I)^-1 g`` (Cholesky; the diagonal for many features)."""
@@ -261,6 +255,13 @@ def _leaf_gradients(Xl, Yl, U, V, b, task):
     return loss / m, np.asarray(Xl.T @ (delta @ V.T)), H.T @ delta / m, delta.mean(axis=0)
 
 
+def _leaf_slots(cand_indptr, cand_indices, node, per_leaf: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A leaf's candidates and their columns of ``V``: its own slots, or the labels themselves when shared."""
+    lo, hi = int(cand_indptr[node]), int(cand_indptr[node + 1])
+    cands = cand_indices[lo:hi]
+    return cands, (np.arange(lo, hi) if per_leaf else cands)
+
+
 def _topk_block(Xb, U, V, b, cand_indptr, cand_indices, table, W, *, k, form, task, per_leaf):
     """Packed ``[labels (k), scores (k)]`` of a row block (see :meth:`TreeClassifier.predict_topk`)."""
     X = sp.csr_matrix(Xb)
@@ -270,13 +271,13 @@ def _topk_block(Xb, U, V, b, cand_indptr, cand_indices, table, W, *, k, form, ta
     H = np.asarray(X @ U, dtype=np.float64)
     for node in np.unique(leaf):
         rows = np.flatnonzero(leaf == node)
-        lo, hi = (int(cand_indptr[node]), int(cand_indptr[node + 1])) if per_leaf else (0, len(cand_indices))
-        if hi == lo:
+        cands, cols = _leaf_slots(cand_indptr, cand_indices, node, per_leaf)
+        if not len(cands):
             continue
-        S = H[rows] @ V[:, lo:hi] + b[lo:hi]
+        S = H[rows] @ V[:, cols] + b[cols]
         P = MK.probabilities(S, task)
-        m = min(k, hi - lo)
+        m = min(k, len(cands))
         top = np.argsort(-P, axis=1, kind="stable")[:, :m]
-        out[rows[:, None], np.arange(m)[None, :]] = cand_indices[lo:hi][top]
+        out[rows[:, None], np.arange(m)[None, :]] = cands[top]
         out[rows[:, None], k + np.arange(m)[None, :]] = np.take_along_axis(P, top, axis=1)
     return out
