@@ -26,6 +26,7 @@ import dask.array as da
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
+from threadpoolctl import threadpool_limits
 
 from ..linalg.passes import _ROWS, _WHOLE, _per_block, dense_operand, gram
 from ..store.models import jsonable, open_model_store, write_model_store
@@ -129,10 +130,21 @@ class TreeClassifier(ParamsMixin):
         U = rng.standard_normal((d, r)) / np.sqrt(d)
         n_slots = len(self.cand_indices_) if self.per_leaf else tree.n_labels_
         V, b = np.zeros((r, n_slots)), np.zeros(n_slots)
-        mU, mV, mb = np.zeros_like(U), np.zeros_like(V), np.zeros_like(b)
-        eta = float(self.learning_rate)
         self.history_ = []
         blocks = [(X.blocks[i], Y.blocks[i]) for i in range(X.numblocks[0])]
+        # the steps multiply small matrices: one BLAS thread (a pool of spinning threads was measured
+        # 50x slower for a 128 x 128 by 128 x 50 product on a busy 2-core machine)
+        with threadpool_limits(limits=1):
+            U, V, b = self._epochs(blocks, tree, U, V, b, precond, rng, start)
+        self.U_, self.V_, self.b_ = U.astype(np.float32), V.astype(np.float32), b.astype(np.float32)
+        self.n_features_in_, self.n_labels_ = d, tree.n_labels_
+        self.fit_seconds_ = time.perf_counter() - start
+        return self
+
+    def _epochs(self, blocks, tree, U, V, b, precond, rng, start):
+        """The passes of :meth:`fit` (the heavy-ball steps, leaf by leaf, block by block)."""
+        mU, mV, mb = np.zeros_like(U), np.zeros_like(V), np.zeros_like(b)
+        eta = float(self.learning_rate)
         for epoch in range(int(self.n_epochs)):
             loss_sum = rows_used = rows_seen = 0
             for Xd, Yd in blocks:
@@ -142,10 +154,11 @@ class TreeClassifier(ParamsMixin):
                                                deterministic=self.routing == "deterministic",
                                                rng=rng if self.routing == "randomized" else None)
                 rows_seen += Xb.shape[0]
-                order = np.unique(leaf)
-                rng.shuffle(order)
-                for node in order:
-                    idx = rows[leaf == node]
+                by_leaf = np.argsort(leaf, kind="stable")
+                nodes, first = np.unique(leaf[by_leaf], return_index=True)
+                groups = np.split(rows[by_leaf], first[1:])
+                for i in rng.permutation(len(nodes)):
+                    node, idx = nodes[i], groups[i]
                     cands, cols = self._slots(node)
                     if not len(cands):
                         continue
@@ -168,10 +181,7 @@ class TreeClassifier(ParamsMixin):
             self.history_.append({"epoch": epoch + 1, "loss": loss_sum / max(rows_used, 1),
                                   "skipped": 1 - rows_used / max(rows_seen, 1),
                                   "seconds": round(time.perf_counter() - start, 3)})
-        self.U_, self.V_, self.b_ = U.astype(np.float32), V.astype(np.float32), b.astype(np.float32)
-        self.n_features_in_, self.n_labels_ = d, tree.n_labels_
-        self.fit_seconds_ = time.perf_counter() - start
-        return self
+        return U, V, b
 
     def _slots(self, node) -> tuple[np.ndarray, np.ndarray]:
         """The leaf's candidate labels and their columns of ``V`` / entries of ``b``."""
@@ -183,8 +193,9 @@ class TreeClassifier(ParamsMixin):
         if d <= DENSE_PRECONDITIONER_MAX_FEATURES:
             G = gram(X, dtype=np.float64).compute()
             M = 0.5 * G + self.ridge * np.trace(G) / d * np.eye(d)
-            factor = scipy.linalg.cho_factor(M)
-            return lambda g: scipy.linalg.cho_solve(factor, g)
+            # the explicit inverse (once, by Cholesky): one small matrix product per leaf step
+            inverse = scipy.linalg.cho_solve(scipy.linalg.cho_factor(M), np.eye(d))
+            return lambda g: inverse @ g
         from ..linalg.passes import column_moments
 
         _, second = column_moments(X)
