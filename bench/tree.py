@@ -34,7 +34,7 @@ import numpy as np
 
 from xmldask.io import ingest
 from xmldask.models import EmbeddingClassifier
-from xmldask.models.tree_classifier import TreeClassifier
+from xmldask.models.tree_classifier import CandidateScorer, TreeClassifier
 from xmldask.store import open_dataset
 from xmldask.tree import SpectralLabelTree
 
@@ -88,89 +88,110 @@ def random_purity(tree: SpectralLabelTree, train, test, n_directions: int, seed:
     return out
 
 
-def _tree_rows(tag: str, tree: SpectralLabelTree, train, test, seconds: float, paper_prefix: str) -> list[dict]:
+def _tree_rows(tag: str, tree: SpectralLabelTree, train, test, seconds: float, paper: dict) -> list[dict]:
+    """Recall (train, test), top-s recall, mean depth and candidates of a tree; ``paper``: the paper's figures."""
     ftr, fte = tree.figures(train.X, train.Y), tree.figures(test.X, test.Y)
-    common = {"tree": tag, "seconds": round(seconds, 1), "passes": tree.n_passes_, "peak_rss_mb": round(_peak_rss_mb())}
-    rows = [
-        {"figure": "tree recall train %", "ours": 100 * ftr["tree_recall"],
-         "paper": PAPER.get(f"{paper_prefix}tree_recall_train"), **common},
-        {"figure": "tree recall test %", "ours": 100 * fte["tree_recall"],
-         "paper": PAPER.get(f"{paper_prefix}tree_recall_test"), **common},
+    common = {"tree": tag, "seconds": round(seconds, 1), "passes": tree.n_passes_,
+              "peak_rss_mb": round(_peak_rss_mb())}
+    return [
+        {"figure": "tree recall train %", "ours": 100 * ftr["tree_recall"], "paper": paper.get("recall_train"),
+         **common},
+        {"figure": "tree recall test %", "ours": 100 * fte["tree_recall"], "paper": paper.get("recall_test"), **common},
         {"figure": "top-s labels recall test %", "ours": 100 * fte["top_labels_recall"], "paper": None, **common},
-        {"figure": "mean depth (train)", "ours": ftr["mean_depth"],
-         "paper": PAPER["mean_depth"] if not paper_prefix else None, **common},
-        {"figure": "mean candidates (train)", "ours": ftr["mean_candidates"],
-         "paper": PAPER["mean_candidates"] if not paper_prefix else None, **common},
+        {"figure": "mean depth (train)", "ours": ftr["mean_depth"], "paper": paper.get("mean_depth"), **common},
+        {"figure": "mean candidates (train)", "ours": ftr["mean_candidates"], "paper": paper.get("mean_candidates"),
+         **common},
     ]
-    return rows
 
 
-def run(args) -> list[dict]:
+class _Rows(list):
+    """The result rows; each is printed (one Markdown line) and saved to ``--json`` as soon as it is measured."""
+
+    def __init__(self, json_path):
+        super().__init__()
+        self.json_path = json_path
+
+    def add(self, *rows):
+        for r in rows:
+            self.append(r)
+            print(_line(r), flush=True)
+        if self.json_path:
+            with open(self.json_path, "w") as fh:
+                json.dump(list(self), fh, indent=1, default=float)
+
+
+def _classifier_rows(model, train, test, tag, seconds, paper_train, paper_test) -> list[dict]:
+    acc_tr, _ = _accuracy(model, train)
+    acc_te, speed = _accuracy(model, test)
+    common = {"tree": tag, "seconds": round(seconds, 1), "passes": getattr(model, "n_passes_", None),
+              "peak_rss_mb": round(_peak_rss_mb()), "rows_per_s": round(speed)}
+    return [{"figure": "accuracy train %", "ours": acc_tr, "paper": paper_train, **common},
+            {"figure": "accuracy test %", "ours": acc_te, "paper": paper_test, **common}]
+
+
+def run(args, rows: _Rows) -> None:
     work = args.work or tempfile.mkdtemp(prefix="xmldask-bench-tree-")
-    test_split = "test"
-    train, test = _open(args.dataset, "train", work, args.block_rows), _open(args.dataset, test_split, work,
-                                                                              args.block_rows)
-    rows: list[dict] = []
+    train, test = (_open(args.dataset, split, work, args.block_rows) for split in ("train", "test"))
     aloi = args.dataset == "aloi"
+    paper = PAPER if aloi else {}
+    budgets = [int(b) for b in args.scorer_budgets.split(",")] if args.scorer_budgets else []
     for seed in range(args.seeds):
-        # the fractional tree (the paper's), as deep as --fractional-depth
+        # the deterministic tree (the paper's ablation), full depth, at every leaf budget
+        trees = {}
+        for budget in sorted({args.leaf_labels, *budgets}):
+            start = time.perf_counter()
+            trees[budget] = SpectralLabelTree(max_depth=args.depth, leaf_labels=budget, routing="deterministic",
+                                              random_state=seed).fit(train.X, train.Y)
+            figures = ({"recall_train": paper["det_tree_recall_train"], "recall_test": paper["det_tree_recall_test"]}
+                       if aloi and budget == args.leaf_labels else {})
+            rows.add(*_tree_rows(f"deterministic depth {args.depth}, s={budget}, seed {seed}", trees[budget], train,
+                                 test, time.perf_counter() - start, figures))
+        det = trees[args.leaf_labels]
+        # the fractional tree (the paper's), as deep as --fractional-depth; its root gives Table 3
         start = time.perf_counter()
         frac = SpectralLabelTree(max_depth=args.fractional_depth, leaf_labels=args.leaf_labels,
                                  random_state=seed).fit(train.X, train.Y)
         frac_s = time.perf_counter() - start
-        tag = f"fractional depth {args.fractional_depth}, s={args.leaf_labels}, seed {seed}"
-        rows += _tree_rows(tag, frac, train, test, frac_s, "")
         ftr, fte = frac.figures(train.X, train.Y), frac.figures(test.X, test.Y)
-        common = {"tree": f"root (seed {seed})", "seconds": None, "passes": None, "peak_rss_mb": None}
-        rows += [{"figure": "root purity train %", "ours": 100 * ftr["root_purity"],
-                  "paper": PAPER["root_purity_train"] if aloi else None, **common},
+        common = {"tree": f"root of the fractional tree (seed {seed})", "seconds": None, "passes": None,
+                  "peak_rss_mb": None}
+        rows.add({"figure": "root purity train %", "ours": 100 * ftr["root_purity"],
+                  "paper": paper.get("root_purity_train"), **common},
                  {"figure": "root purity test %", "ours": 100 * fte["root_purity"],
-                  "paper": PAPER["root_purity_test"] if aloi else None, **common},
-                 {"figure": "test balance %", "ours": 100 * fte["root_balance"],
-                  "paper": PAPER["test_balance"] if aloi else None, **common}]
+                  "paper": paper.get("root_purity_test"), **common},
+                 {"figure": "test balance %", "ours": 100 * fte["root_balance"], "paper": paper.get("test_balance"),
+                  **common})
         if seed == 0 and args.random_directions:
             rnd = random_purity(frac, train, test, args.random_directions, seed)
-            rows += [{"figure": f"{key.replace('_', ' ')} % ({args.random_directions} random w)", "ours": value,
-                      "paper": PAPER.get(key) if aloi else None, **common} for key, value in rnd.items()]
-        # the deterministic tree (ablation), full depth
-        start = time.perf_counter()
-        det = SpectralLabelTree(max_depth=args.depth, leaf_labels=args.leaf_labels, routing="deterministic",
-                                random_state=seed).fit(train.X, train.Y)
-        det_s = time.perf_counter() - start
-        rows += _tree_rows(f"deterministic depth {args.depth}, s={args.leaf_labels}, seed {seed}", det, train, test,
-                           det_s, "det_")
-        # the classifiers
-        for tree, tree_tag in ((det, "deterministic tree"), (frac, f"fractional depth {args.fractional_depth}")):
-            variants = [("per-leaf V, b; randomized routing", {}, "accuracy_test")]
-            if tree is det:
-                variants += [("shared V, b (ablation)", {"per_leaf": False}, "shared_accuracy_test"),
-                             ("deterministic routing (ablation)", {"routing": "deterministic"},
-                              "det_routing_accuracy_test")]
-            for name, options, paper_key in variants:
-                start = time.perf_counter()
-                model = TreeClassifier(tree, rank=args.rank, n_epochs=args.epochs, random_state=seed,
-                                       **options).fit(train.X, train.Y)
-                train_s = time.perf_counter() - start
-                acc_tr, _ = _accuracy(model, train)
-                acc_te, speed = _accuracy(model, test)
-                common = {"tree": f"{tree_tag} + rank-{args.rank} LR, {name}, {args.epochs} passes, seed {seed}",
-                          "seconds": round(train_s, 1), "passes": model.n_passes_,
-                          "peak_rss_mb": round(_peak_rss_mb()), "rows_per_s": round(speed)}
-                rows += [{"figure": "accuracy train %", "ours": acc_tr,
-                          "paper": PAPER["accuracy_train"] if aloi and not options else None, **common},
-                         {"figure": "accuracy test %", "ours": acc_te,
-                          "paper": PAPER[paper_key] if aloi and tree is det or (aloi and not options) else None,
-                          **common}]
-    if args.flat:
-        start = time.perf_counter()
-        flat = EmbeddingClassifier(n_components=args.rank, random_state=0).fit(train.X, train.Y)
-        flat_s = time.perf_counter() - start
-        acc_te, speed = _accuracy(flat, test)
-        rows.append({"figure": "accuracy test % (flat EmbeddingClassifier)", "ours": acc_te,
-                     "paper": PAPER["flat_accuracy_test"] if aloi else None, "tree": "flat (no tree)",
-                     "seconds": round(flat_s, 1), "passes": flat.n_passes_, "peak_rss_mb": round(_peak_rss_mb()),
-                     "rows_per_s": round(speed)})
-    return rows
+            rows.add(*[{"figure": f"{key.replace('_', ' ')} % ({args.random_directions} random w)", "ours": value,
+                        "paper": paper.get(key), **common} for key, value in rnd.items()])
+        figures = ({"recall_train": paper["tree_recall_train"], "recall_test": paper["tree_recall_test"],
+                    "mean_depth": paper["mean_depth"], "mean_candidates": paper["mean_candidates"]} if aloi else {})
+        rows.add(*_tree_rows(f"fractional depth {args.fractional_depth}, s={args.leaf_labels}, seed {seed}", frac,
+                             train, test, frac_s, figures))
+        if args.flat and seed == 0:
+            start = time.perf_counter()
+            flat = EmbeddingClassifier(embedding="rembrandt", n_components=args.rank,
+                                       random_state=seed).fit(train.X, train.Y)
+            rows.add(*_classifier_rows(flat, train, test, f"flat EmbeddingClassifier (rembrandt k={args.rank})",
+                                       time.perf_counter() - start, None, paper.get("flat_accuracy_test")))
+            for budget in budgets:
+                rows.add(*_classifier_rows(CandidateScorer(trees[budget], flat), train, test,
+                                           f"deterministic tree s={budget} + flat EmbeddingClassifier as scorer",
+                                           0.0, None, None))
+        # the candidate-restricted classifier and its ablations
+        variants = [("per-leaf V, b; randomized routing", {}, ("accuracy_train", "accuracy_test"))]
+        if args.ablations:
+            variants += [("shared V, b (ablation)", {"per_leaf": False}, (None, "shared_accuracy_test")),
+                         ("deterministic routing (ablation)", {"routing": "deterministic"},
+                          (None, "det_routing_accuracy_test"))]
+        for name, options, (key_tr, key_te) in variants:
+            start = time.perf_counter()
+            model = TreeClassifier(det, rank=args.rank, n_epochs=args.epochs, random_state=seed,
+                                   **options).fit(train.X, train.Y)
+            rows.add(*_classifier_rows(model, train, test, f"deterministic tree + rank-{args.rank} LR, {name}, "
+                                       f"{args.epochs} passes, seed {seed}", time.perf_counter() - start,
+                                       paper.get(key_tr), paper.get(key_te)))
 
 
 def _fmt(value) -> str:
@@ -179,13 +200,13 @@ def _fmt(value) -> str:
     return f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"
 
 
-def print_table(rows: list[dict], dataset: str) -> None:
-    print(f"\n### {dataset}\n")
-    print("| setting | figure | ours | paper | seconds | passes | peak RSS MB | predict rows/s |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        print(f"| {r['tree']} | {r['figure']} | {_fmt(r['ours'])} | {_fmt(r['paper'])} | {_fmt(r.get('seconds'))} | "
-              f"{_fmt(r.get('passes'))} | {_fmt(r.get('peak_rss_mb'))} | {_fmt(r.get('rows_per_s'))} |")
+HEADER = ("| setting | figure | ours | paper | seconds | passes | peak RSS MB | predict rows/s |\n"
+          "|---|---|---|---|---|---|---|---|")
+
+
+def _line(r: dict) -> str:
+    return (f"| {r['tree']} | {r['figure']} | {_fmt(r['ours'])} | {_fmt(r['paper'])} | {_fmt(r.get('seconds'))} | "
+            f"{_fmt(r.get('passes'))} | {_fmt(r.get('peak_rss_mb'))} | {_fmt(r.get('rows_per_s'))} |")
 
 
 def main(argv=None) -> None:
@@ -198,17 +219,17 @@ def main(argv=None) -> None:
     ap.add_argument("--epochs", type=int, default=30, help="classifier passes (the paper's code: 200-250)")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--random-directions", type=int, default=1000, help="Table 3 baseline (the paper: 10,000)")
-    ap.add_argument("--flat", action="store_true", help="also fit our flat EmbeddingClassifier (rank = --rank)")
+    ap.add_argument("--flat", action="store_true", help="also fit our flat EmbeddingClassifier (k = --rank) and use "
+                    "it as the scorer of the trees' candidates")
+    ap.add_argument("--scorer-budgets", default="25,100", help="leaf budgets of the trees scored by the flat model")
+    ap.add_argument("--ablations", action="store_true", help="also the classifier ablations")
     ap.add_argument("--block-rows", type=int, default=65536)
     ap.add_argument("--work", default=None, help="directory for the ingested stores (default: a temporary one)")
     ap.add_argument("--json", default=None, help="write the rows as a JSON list to this file")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    rows = run(args)
-    print_table(rows, args.dataset)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump([{"dataset": args.dataset, **r} for r in rows], fh, indent=1, default=float)
+    print(f"\n### {args.dataset}\n\n{HEADER}", flush=True)
+    run(args, _Rows(args.json))
 
 
 if __name__ == "__main__":

@@ -336,3 +336,22 @@ def test_cli_tree_tree_info_train_predict_evaluate(tmp_path, capsys, scheduler):
                  "--multiclass", "--no-progress"]) == 0
     assert main(["tree-info", tree, other]) == 2
     assert "150 features" in capsys.readouterr().err
+
+
+def test_candidate_scorer_is_the_classifier_restricted_to_the_leaf():
+    from xmldask.models import EmbeddingClassifier
+    from xmldask.models.tree_classifier import CandidateScorer
+
+    Xd, Yd = _clustered(seed=6)
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=2, leaf_labels=5, random_state=0).fit(X, Y)
+    clf = EmbeddingClassifier(embedding="rembrandt", n_components=6, kernel="identity", max_epochs=3,
+                              random_state=0).fit(X, Y)
+    labels, scores = (a.compute() for a in CandidateScorer(tree, clf).predict_topk(X, k=2))
+    S = clf.decision_function(X).compute()
+    leaf = tree.route(X).compute()
+    for i in range(0, len(leaf), 37):
+        cands = tree.candidates(leaf[i])
+        best = cands[np.argsort(-S[i, cands], kind="stable")[:2]]
+        np.testing.assert_array_equal(labels[i, :len(best)], best)
+        np.testing.assert_allclose(scores[i, :len(best)], S[i, best], rtol=1e-4, atol=1e-5)

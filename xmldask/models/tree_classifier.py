@@ -35,7 +35,7 @@ from ..tree.model import SpectralLabelTree
 from . import _kernels as MK
 from ._base import ParamsMixin, _as_rows
 
-__all__ = ["TREE_CLASSIFIER_VERSION", "TreeClassifier"]
+__all__ = ["TREE_CLASSIFIER_VERSION", "CandidateScorer", "TreeClassifier"]
 
 logger = logging.getLogger(__name__)
 
@@ -291,4 +291,67 @@ def _topk_block(Xb, U, V, b, cand_indptr, cand_indices, table, W, *, k, form, ta
         top = np.argsort(-P, axis=1, kind="stable")[:, :m]
         out[rows[:, None], np.arange(m)[None, :]] = cands[top]
         out[rows[:, None], k + np.arange(m)[None, :]] = np.take_along_axis(P, top, axis=1)
+    return out
+
+
+class CandidateScorer(ParamsMixin):
+    """Any fitted classifier's scores restricted to the candidates of the tree's leaf (Algorithm 1 with
+    that classifier as ``H``): the top-``k`` of a row are its leaf's candidates with the highest scores.
+
+    Parameters
+    ----------
+    tree : SpectralLabelTree
+        Fitted tree (routes the raw rows).
+    classifier : EmbeddingClassifier
+        Fitted on the same features and labels; its decoder features ``transform(X)`` and decoder
+        ``Q_``, ``bias_`` score the candidates only.
+
+    References
+    ----------
+    Mineiro and Karampatziakis (2015), Algorithm 1 (``H(x, F(x))`` for a generic base classifier ``H``).
+    """
+
+    _param_names = ("tree", "classifier")
+
+    def __init__(self, tree=None, classifier=None):
+        self.tree, self.classifier = tree, classifier
+
+    def _check_fitted(self) -> None:
+        self.tree._check_fitted()
+        self.classifier._check_fitted()
+        if (self.tree.n_features_in_, self.tree.n_labels_) != (self.classifier.n_features_in_,
+                                                                self.classifier.n_labels_):
+            raise ValueError("the tree and the classifier were fitted on data of different shapes")
+        self.n_features_in_, self.n_labels_ = self.tree.n_features_in_, self.tree.n_labels_
+
+    def predict_topk(self, X, *, k: int = 5) -> tuple[da.Array, da.Array]:
+        """Top-``k`` candidates by the classifier's score (raw decoder scores), ``-1`` / ``-inf`` padded; lazy."""
+        X = self._rows(X)
+        k = self._checked_k(k)
+        F = self.classifier.transform(X)
+        whole = {"Q": self.classifier.Q_, "bias": self.classifier.bias_, "table": self.tree.table_,
+                 "W": self.tree.W_, "cand_indptr": self.tree.cand_indptr_, "cand_indices": self.tree.cand_indices_}
+        operands = [("Xb", X, _ROWS), ("Fb", F, _ROWS)]
+        operands += [(n, dense_operand(v, name=n), _WHOLE) for n, v in whole.items() if v is not None]
+        packed = _per_block(_candidate_topk_block, operands, tail=(2 * k,), dtype=np.float64,
+                            token="candidate-scorer-topk", stack=False, static={"k": k, "form": self.tree.sigma})
+        return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
+
+def _candidate_topk_block(Xb, Fb, Q, table, W, cand_indptr, cand_indices, bias=None, *, k, form):
+    """Packed ``[labels (k), scores (k)]``: each row's leaf candidates scored by ``F Q + bias``."""
+    leaf = TK.leaf_of(Xb, table, W, form=form)
+    out = np.empty((len(leaf), 2 * k))
+    out[:, :k], out[:, k:] = -1, -np.inf
+    F = np.asarray(Fb)
+    for node in np.unique(leaf):
+        rows = np.flatnonzero(leaf == node)
+        cands, _ = _leaf_slots(cand_indptr, cand_indices, node, True)
+        if not len(cands):
+            continue
+        S = F[rows] @ Q[:, cands] + (bias[cands] if bias is not None else 0.0)
+        m = min(k, len(cands))
+        top = np.argsort(-S, axis=1, kind="stable")[:, :m]
+        out[rows[:, None], np.arange(m)[None, :]] = cands[top]
+        out[rows[:, None], k + np.arange(m)[None, :]] = np.take_along_axis(S, top, axis=1)
     return out
