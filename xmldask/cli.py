@@ -1,5 +1,5 @@
 """The ``xmldask`` command line: ``ingest``, ``synth``, ``info``, ``spectrum``, ``train``, ``predict``,
-``evaluate`` and ``demo``.
+``evaluate``, ``demo``, ``tree`` and ``tree-info``.
 
 Run ``xmldask COMMAND --help`` for the options of each command.
 """

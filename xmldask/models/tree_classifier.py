@@ -154,11 +154,9 @@ class TreeClassifier(ParamsMixin):
                                                deterministic=self.routing == "deterministic",
                                                rng=rng if self.routing == "randomized" else None)
                 rows_seen += Xb.shape[0]
-                by_leaf = np.argsort(leaf, kind="stable")
-                nodes, first = np.unique(leaf[by_leaf], return_index=True)
-                groups = np.split(rows[by_leaf], first[1:])
-                for i in rng.permutation(len(nodes)):
-                    node, idx = nodes[i], groups[i]
+                groups = list(TK.rows_by_node(leaf))
+                for i in rng.permutation(len(groups)):
+                    node, idx = groups[i][0], rows[groups[i][1]]
                     cands, cols = self._slots(node)
                     if not len(cands):
                         continue
@@ -280,8 +278,7 @@ def _topk_block(Xb, U, V, b, cand_indptr, cand_indices, table, W, *, k, form, ta
     out = np.empty((X.shape[0], 2 * k))
     out[:, :k], out[:, k:] = -1, -np.inf
     H = np.asarray(X @ U, dtype=np.float64)
-    for node in np.unique(leaf):
-        rows = np.flatnonzero(leaf == node)
+    for node, rows in TK.rows_by_node(leaf):
         cands, cols = _leaf_slots(cand_indptr, cand_indices, node, per_leaf)
         if not len(cands):
             continue
@@ -344,8 +341,7 @@ def _candidate_topk_block(Xb, Fb, Q, table, W, cand_indptr, cand_indices, bias=N
     out = np.empty((len(leaf), 2 * k))
     out[:, :k], out[:, k:] = -1, -np.inf
     F = np.asarray(Fb)
-    for node in np.unique(leaf):
-        rows = np.flatnonzero(leaf == node)
+    for node, rows in TK.rows_by_node(leaf):
         cands, _ = _leaf_slots(cand_indptr, cand_indices, node, True)
         if not len(cands):
             continue

@@ -350,6 +350,13 @@ def candidate_membership(Yb, rows, at, cand_indptr, cand_indices) -> np.ndarray:
     return (keys[pos] == want) if len(keys) else np.zeros(len(want), dtype=bool)
 
 
+def rows_by_node(node_of_row: np.ndarray):
+    """``(node, rows)`` for every node present, rows ascending (one sort, not one scan per node)."""
+    order = np.argsort(node_of_row, kind="stable")
+    nodes, first = np.unique(node_of_row[order], return_index=True)
+    return zip(nodes, np.split(order, first[1:]))
+
+
 def leaf_of(Xb, table, W, *, form="code") -> np.ndarray:
     """The deterministic leaf of every row of the block, shape (b,)."""
     rows, at, _ = route_pairs(Xb, table, W, deterministic=True, form=form)
@@ -399,8 +406,7 @@ def leaf_topk(Xb, table, W, cand_indptr, cand_indices, cand_scores, *, k, form="
     b = len(leaf)
     out = np.empty((b, 2 * k))
     out[:, :k], out[:, k:] = -1, -np.inf
-    for node in np.unique(leaf):
-        rows = np.flatnonzero(leaf == node)
+    for node, rows in rows_by_node(leaf):
         lo, hi = cand_indptr[node], cand_indptr[node + 1]
         order = np.argsort(-cand_scores[lo:hi], kind="stable")[:k]
         m = len(order)
