@@ -52,10 +52,10 @@ PAPER = {"root_purity_train": 86.7, "root_purity_test": 86.9, "test_balance": 49
          "det_routing_accuracy_test": 79.34}
 
 
-def _open(name: str, split: str, work: str, block_rows: int):
-    url = os.path.join(work, f"{name}-{split}.zarr")
+def _open(name: str, split: str, work: str, block_rows: int, normalize: str = "none"):
+    url = os.path.join(work, f"{name}-{split}-{normalize}.zarr")
     if not os.path.exists(url):
-        ingest([os.path.join(DATA, name, f"{split}.txt.gz")], url, block_rows=block_rows)
+        ingest([os.path.join(DATA, name, f"{split}.txt.gz")], url, block_rows=block_rows, normalize=normalize)
     return open_dataset(url)
 
 
@@ -131,7 +131,7 @@ def _classifier_rows(model, train, test, tag, seconds, paper_train, paper_test) 
 
 def run(args, rows: _Rows) -> None:
     work = args.work or tempfile.mkdtemp(prefix="xmldask-bench-tree-")
-    train, test = (_open(args.dataset, split, work, args.block_rows) for split in ("train", "test"))
+    train, test = (_open(args.dataset, split, work, args.block_rows, args.normalize) for split in ("train", "test"))
     aloi = args.dataset == "aloi"
     paper = PAPER if aloi else {}
     budgets = [int(b) for b in args.scorer_budgets.split(",")] if args.scorer_budgets else []
@@ -224,6 +224,8 @@ def main(argv=None) -> None:
     ap.add_argument("--scorer-budgets", default="25,100", help="leaf budgets of the trees scored by the flat model")
     ap.add_argument("--ablations", action="store_true", help="also the classifier ablations")
     ap.add_argument("--block-rows", type=int, default=65536)
+    ap.add_argument("--normalize", default="none", choices=["none", "l2", "sqrt"],
+                    help="row transform at ingest (sqrt: the paper's Hellinger map for text)")
     ap.add_argument("--work", default=None, help="directory for the ingested stores (default: a temporary one)")
     ap.add_argument("--json", default=None, help="write the rows as a JSON list to this file")
     args = ap.parse_args(argv)
