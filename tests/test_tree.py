@@ -355,3 +355,21 @@ def test_candidate_scorer_is_the_classifier_restricted_to_the_leaf():
         best = cands[np.argsort(-S[i, cands], kind="stable")[:2]]
         np.testing.assert_array_equal(labels[i, :len(best)], best)
         np.testing.assert_allclose(scores[i, :len(best)], S[i, best], rtol=1e-4, atol=1e-5)
+
+
+def test_job_refuses_a_label_without_training_rows_before_any_pass(tmp_path):
+    from xmldask import jobs
+    from xmldask.io import ingest
+
+    src = tmp_path / "train.txt"
+    src.write_text("4 3 5\n0 0:1 1:2\n1 1:1\n2,3 0:1 2:1\n0 2:3\n")  # label 4 has no row
+    data = str(tmp_path / "train.zarr")
+    ingest([str(src)], data)
+    out = str(tmp_path / "tree.zarr")
+    with pytest.raises(ValueError, match="1 labels with no training example"):
+        jobs.tree(data, out, depth=2, leaf_labels=2)
+    with pytest.raises(ValueError, match="depth must be a positive integer"):
+        jobs.tree(data, out, depth=0)
+    import os
+
+    assert not os.path.exists(out)
