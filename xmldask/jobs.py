@@ -73,8 +73,7 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
 
     if kernel not in KERNELS:
         raise ValueError(f"kernel must be one of {', '.join(sorted(KERNELS))}, but is {kernel!r}")
-    if _fs.exists(out) and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
     model = EmbeddingClassifier(embedding=embedding, n_components=k, kernel=KERNELS[kernel], random_state=seed,
                                 **params)
@@ -155,8 +154,7 @@ def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwri
     """
     from .models import load_model
 
-    if _fs.exists(out) and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    _fs.check_target(out, kind="predictions", overwrite=overwrite, inputs=[model_url, data_url])
     model = load_model(model_url)
     data = open_dataset(data_url)
     n_labels = int(model.n_labels_)

@@ -13,7 +13,8 @@ import zarr
 
 from . import _fs
 from .csr import CSRWriter, csr_from_group
-from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, LAYOUT_VERSION, StoreError, check_kind
+from .integrity import INVENTORY_ATTR, TailGuard, WriterLock, open_root, record_inventory
+from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, INDEX_DTYPE, LAYOUT_VERSION, StoreError
 
 __all__ = ["Dataset", "DatasetWriter", "open_dataset"]
 
@@ -93,12 +94,18 @@ class Dataset:
                 f"n_labels={self.n_labels}, nnz={self.meta['nnz']}, row_blocks={len(self.meta['row_blocks']) - 1})")
 
 
+#: largest number of features or labels: ids are stored as int32
+MAX_DIMENSION = int(np.iinfo(INDEX_DTYPE).max)
+
+
 def _read_root(url: str):
-    try:
-        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-    except FileNotFoundError as exc:
-        raise StoreError(f"no dataset store at {url}") from exc
-    return group, check_kind(dict(group.attrs), "dataset", url)
+    return open_root(url, "dataset")
+
+
+def check_dimension(name: str, value) -> None:
+    """Refuse a number of features or labels that the store's int32 ids cannot hold."""
+    if value is not None and not 0 <= int(value) <= MAX_DIMENSION:
+        raise ValueError(f"{name} = {value} does not fit the store: ids are int32, so at most {MAX_DIMENSION}")
 
 
 def open_dataset(url: str, *, dtype=DATA_DTYPE) -> Dataset:
@@ -134,13 +141,17 @@ class DatasetWriter:
     A new store is written under a hidden temporary name beside ``url`` and moved into place by
     :meth:`commit`. An append writes past the committed end of the arrays and makes the new rows
     visible by rewriting the root attributes last; an append that died is discarded by the next.
-    Only one writer may append to a dataset at a time.
+    One writer at a time may append: :meth:`append` takes the dataset's writer lock
+    (:class:`~xmldask.store.integrity.WriterLock`; a second writer is refused with a ``StoreError``)
+    and :meth:`commit` refuses if the committed state changed since the append started.
     """
 
     def __init__(self, url: str, *, target: str, group: zarr.Group, meta: dict, block_rows: int,
-                 append: bool, overwrite: bool = False):
+                 append: bool, overwrite: bool = False, lock: WriterLock | None = None):
         self.url, self._target, self._group = str(url), target, group
         self.meta, self._append, self._overwrite = meta, append, overwrite
+        self._lock = lock
+        self._tails = TailGuard(url, group) if append else None
         self._done = False
         if append:
             self._X = CSRWriter(group["X"], block_rows=block_rows, append=True,
@@ -162,20 +173,33 @@ class DatasetWriter:
         if _fs.exists(url) and not overwrite:
             raise FileExistsError(f"{url} already exists; pass overwrite=True (--overwrite) to replace it, "
                                   "or append=True (--append) to add rows to it")
+        _fs.check_target(url, kind="dataset", overwrite=overwrite)
+        check_dimension("n_features", n_features)
+        check_dimension("n_labels", n_labels)
         tmp = _fs.temporary_sibling(url)
-        group = zarr.open_group(_fs.zarr_store(tmp), mode="w")
-        meta = {"kind": "dataset", "layout_version": LAYOUT_VERSION, "complete": False,
-                "n_features": n_features, "n_labels": n_labels, "created": _now()}
-        group.attrs.update({ATTR: meta})
-        return cls(url, target=tmp, group=group, meta=meta, block_rows=block_rows, append=False,
-                   overwrite=overwrite)
+        try:
+            group = zarr.open_group(_fs.zarr_store(tmp), mode="w")
+            meta = {"kind": "dataset", "layout_version": LAYOUT_VERSION, "complete": False,
+                    "n_features": n_features, "n_labels": n_labels, "created": _now()}
+            group.attrs.update({ATTR: meta})
+            return cls(url, target=tmp, group=group, meta=meta, block_rows=block_rows, append=False,
+                       overwrite=overwrite)
+        except BaseException:
+            _fs.remove(tmp)
+            raise
 
     @classmethod
     def append(cls, url: str, *, block_rows: int = BLOCK_ROWS) -> DatasetWriter:
-        """Start appending rows to the complete dataset at ``url``."""
-        _, meta = _read_root(url)
-        group = zarr.open_group(_fs.zarr_store(url), mode="r+")
-        return cls(url, target=url, group=group, meta=dict(meta), block_rows=block_rows, append=True)
+        """Start appending rows to the complete dataset at ``url`` (taking its writer lock)."""
+        _read_root(url)  # a missing or damaged dataset is refused before the lock is taken
+        lock = WriterLock(url).acquire()
+        try:
+            _, meta = _read_root(url)  # the committed state, read under the lock
+            group = zarr.open_group(_fs.zarr_store(url), mode="r+")
+            return cls(url, target=url, group=group, meta=dict(meta), block_rows=block_rows, append=True, lock=lock)
+        except BaseException:
+            lock.release()
+            raise
 
     @property
     def n_samples(self) -> int:
@@ -200,24 +224,28 @@ class DatasetWriter:
             top = int(Y.indices.max()) + 1
             if top > len(self._counts):
                 self._counts = np.concatenate([self._counts, np.zeros(top - len(self._counts), np.int64)])
-            self._counts += np.bincount(Y.indices, minlength=len(self._counts))
+            self._counts[:top] += np.bincount(Y.indices, minlength=top)
         self.rows_without_labels += int(np.count_nonzero(np.diff(Y.indptr) == 0))
 
     def commit(self, *, n_features: int | None = None, n_labels: int | None = None, **extra) -> Dataset:
         """Make the written rows visible (and, for a new store, move it into place); returns the dataset."""
+        if self._append:
+            self._check_unchanged()
         n_features = int(n_features if n_features is not None else self.meta.get("n_features") or 0)
         n_labels = int(n_labels if n_labels is not None else self.meta.get("n_labels") or len(self._counts))
         if len(self._counts) > n_labels:
             raise ValueError(f"label id {len(self._counts) - 1} is out of range for {n_labels} labels")
-        counts = np.zeros(n_labels, np.int64)
-        counts[: len(self._counts)] = self._counts
+        check_dimension("n_features", n_features)
+        check_dimension("n_labels", n_labels)
         row_blocks = self._X.new_row_blocks()
         x_meta = self._X.commit(n_cols=n_features, row_blocks=row_blocks)
         y_meta = self._Y.commit(n_cols=n_labels, row_blocks=row_blocks)
         slot = _COUNT_SLOTS[1] if self.meta.get("label_counts_array") == _COUNT_SLOTS[0] else _COUNT_SLOTS[0]
-        chunks = (max(1, min(len(counts), 1 << 20)),)
-        self._group.create_array(slot, shape=counts.shape, dtype=counts.dtype, chunks=chunks,
-                                 fill_value=0, overwrite=True)[:] = counts
+        chunks = (max(1, min(n_labels, 1 << 20)),)
+        counts = self._group.create_array(slot, shape=(n_labels,), dtype=np.int64, chunks=chunks, fill_value=0,
+                                          overwrite=True)
+        if len(self._counts):  # labels beyond the largest id seen keep the fill value 0
+            counts[: len(self._counts)] = self._counts
         meta = {
             **self.meta,
             **extra,
@@ -234,12 +262,26 @@ class DatasetWriter:
             "generation": uuid.uuid4().hex,
             "updated": _now(),
         }
-        self._group.attrs.update({ATTR: meta})
+        inventory = record_inventory(self._target, ["X", "Y", slot])
+        self._group.attrs.update({ATTR: meta, INVENTORY_ATTR: inventory})
         self.meta = meta
         if not self._append:
             _fs.publish(self._target, self.url, overwrite=self._overwrite)
         self._done = True
+        self._release()
         return open_dataset(self.url)
+
+    def _check_unchanged(self) -> None:
+        """Refuse to commit an append if another writer committed since it started (optimistic check)."""
+        fresh = dict(zarr.open_group(_fs.zarr_store(self.url, read_only=True), mode="r").attrs).get(ATTR) or {}
+        if fresh.get("generation") != self.meta.get("generation"):
+            raise StoreError(f"{self.url} was changed by another writer while this append ran (it now has "
+                             f"{fresh.get('n_samples')} rows, {self.meta.get('n_samples')} when the append started); "
+                             "this append is discarded: run it again")
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def abort(self) -> None:
         """Discard what was written since the last commit."""
@@ -248,7 +290,11 @@ class DatasetWriter:
         self._done = True
         if not self._append:
             _fs.remove(self._target)
-        # an append's uncommitted tail is invisible to readers and truncated by the next append
+        # an append's uncommitted tail is invisible to readers and truncated by the next append; the
+        # committed chunk files it rewrote are put back as they were
+        if self._tails is not None:
+            self._tails.restore()
+        self._release()
 
     def __enter__(self) -> DatasetWriter:
         return self

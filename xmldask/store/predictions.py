@@ -25,7 +25,8 @@ import numpy as np
 import zarr
 
 from . import _fs
-from .layout import ATTR, LAYOUT_VERSION, StoreError, check_kind, compressors
+from .integrity import INVENTORY_ATTR, open_root, record_inventory
+from .layout import ATTR, LAYOUT_VERSION, compressors
 
 __all__ = ["Predictions", "open_predictions", "write_predictions"]
 
@@ -58,11 +59,7 @@ class Predictions:
 
 def open_predictions(url: str) -> Predictions:
     """Open a prediction store written by :func:`write_predictions` (or ``xmldask predict``)."""
-    try:
-        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-    except FileNotFoundError as exc:
-        raise StoreError(f"no prediction store at {url}") from exc
-    meta = check_kind(dict(group.attrs), "predictions", url)
+    group, meta = open_root(url, "predictions")
     return Predictions(url, da.from_zarr(group["labels"]), da.from_zarr(group["scores"]), dict(meta))
 
 
@@ -109,8 +106,7 @@ def write_predictions(url: str, labels: da.Array, scores: da.Array, *, n_labels:
     dict
         The store's ``xmldask`` attributes, including ``seconds`` and ``rows_per_second``.
     """
-    if _fs.exists(url) and not overwrite:
-        raise FileExistsError(f"{url} already exists; pass overwrite=True (--overwrite) to replace it")
+    _fs.check_target(url, kind="predictions", overwrite=overwrite)
     if labels.shape != scores.shape or labels.ndim != 2:
         raise ValueError(f"labels and scores must be 2-D of one shape, but have shapes {labels.shape} and "
                          f"{scores.shape}")
@@ -162,7 +158,7 @@ def write_predictions(url: str, labels: da.Array, scores: da.Array, *, n_labels:
             "rows_per_second": round(n / seconds, 1) if seconds > 0 else math.inf,
             **(meta or {}),
         }
-        group.attrs.update({ATTR: info})
+        group.attrs.update({ATTR: info, INVENTORY_ATTR: record_inventory(tmp)})
         _fs.publish(tmp, url, overwrite=overwrite)
     except BaseException:
         _fs.remove(tmp)
