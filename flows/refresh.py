@@ -27,7 +27,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from pydantic import Field
 
-from xmldask.store import _fs, exists, open_dataset
+from xmldask.store import StoreBusyError, _fs, exists, open_dataset
 
 from .pipeline import run_downstream, summary
 from .stage_flows import (
@@ -65,18 +65,38 @@ def _files(folder: str) -> list[str]:
 
 
 def _quarantine(url: str, folder: str, error: str) -> str:
-    """Move the file ``url`` into ``folder`` beside ``<name>.error.txt``; returns its new URL."""
+    """Move the file ``url`` into ``folder`` beside ``<name>.error.txt``; returns its new URL.
+
+    A name already in the quarantine (an earlier file of the same name) gets a counter, ``a-2.txt``:
+    no quarantined file or error record is ever overwritten.
+    """
     name = url.rstrip("/").rpartition("/")[2]
-    target = join(folder, name)
     fs, path = url_to_fs(url)
     fs.makedirs(url_to_fs(folder)[1], exist_ok=True)
+    stem, dot, ext = name.partition(".")
+    target, n = join(folder, name), 1
+    while fs.exists(url_to_fs(target)[1]) or fs.exists(url_to_fs(f"{target}.error.txt")[1]):
+        n += 1
+        target = join(folder, f"{stem}-{n}{dot}{ext}")
     fs.mv(path, url_to_fs(target)[1])
-    with fs.open(url_to_fs(join(folder, f"{name}.error.txt"))[1], "w") as f:
+    with fs.open(url_to_fs(f"{target}.error.txt")[1], "w") as f:
         f.write(error + "\n")
     return target
 
 
-@task(name="pick-up", retries=2, retry_delay_seconds=1, cache_policy=NONE)
+def _io_failure(task, task_run, state) -> bool:
+    """Retry only what may pass on a second try: I/O errors and a dataset busy with another writer,
+    never a deterministic failure such as a parse error or a damaged store."""
+    try:
+        state.result()
+    except (OSError, StoreBusyError):
+        return True
+    except BaseException:  # noqa: BLE001 - any other failure is deterministic
+        return False
+    return False
+
+
+@task(name="pick-up", retries=2, retry_delay_seconds=1, retry_condition_fn=_io_failure, cache_policy=NONE)
 def pick_up(incoming: str, dataset: str, *, ledger: str, quarantine: str, format: str = "auto",
             one_based: bool = False, normalize: str = "none") -> dict:
     """Append every new file of ``incoming`` to ``dataset`` once; quarantine the files that fail validation.
@@ -105,6 +125,8 @@ def pick_up(incoming: str, dataset: str, *, ledger: str, quarantine: str, format
             continue
         try:
             ds = ingest(url, dataset, append=exists(dataset), format=format, one_based=one_based, normalize=normalize)
+        except StoreBusyError:
+            raise  # another writer appends to the dataset: the file is fine, the task retries
         except Exception as exc:  # noqa: BLE001 - any failure quarantines the file; the dataset is unchanged
             error = f"{type(exc).__name__}: {exc}"
             entry = {"name": name, "sha256": sha, "status": "quarantined", "error": error,

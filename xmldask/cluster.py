@@ -250,7 +250,6 @@ def _handshake(address: str, timeout: float) -> None:
     """
     import asyncio
     from concurrent.futures import ThreadPoolExecutor
-    from concurrent.futures import TimeoutError as FutureTimeout
 
     from distributed.comm import connect
 
@@ -261,7 +260,7 @@ def _handshake(address: str, timeout: float) -> None:
     pool = ThreadPoolExecutor(1, thread_name_prefix="xmldask-scheduler-probe")
     try:
         pool.submit(asyncio.run, probe()).result(timeout + 1)
-    except (asyncio.TimeoutError, FutureTimeout) as exc:
+    except TimeoutError as exc:  # asyncio's and concurrent.futures' are the builtin
         raise TimeoutError(f"something accepted the connection but did not answer as a Dask scheduler within "
                            f"{timeout:g} s") from exc
     finally:

@@ -4,6 +4,7 @@ from ._fs import exists, remove, storage_root, store_url
 from .csr import CSRWriter, open_csr, to_scipy, write_csr
 from .dataset import Dataset, DatasetWriter, open_dataset
 from .dense import open_dense, write_dense
+from .integrity import StoreBusyError
 from .layout import LAYOUT_VERSION, StoreError
 from .predictions import Predictions, open_predictions, write_predictions
 
@@ -13,6 +14,7 @@ __all__ = [
     "Dataset",
     "Predictions",
     "DatasetWriter",
+    "StoreBusyError",
     "StoreError",
     "exists",
     "open_csr",

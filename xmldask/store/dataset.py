@@ -19,6 +19,59 @@ from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, INDEX_DTYPE, LAYOUT_VERSION, S
 __all__ = ["Dataset", "DatasetWriter", "open_dataset"]
 
 _COUNT_SLOTS = ("label_counts", "label_counts_next")
+#: label-count vectors up to this length are read and written whole; longer ones chunk by chunk
+_DENSE_COUNTS = 1 << 24
+_COUNT_CHUNK = 1 << 20
+
+
+class _LabelCounts:
+    """Rows per label, kept sparse (sorted ids and their counts): memory grows with the labels seen,
+    not with the largest id (a header may announce two billion labels)."""
+
+    def __init__(self):
+        self.ids = np.zeros(0, np.int64)
+        self.counts = np.zeros(0, np.int64)
+
+    @property
+    def top(self) -> int:
+        """One past the largest label id counted (0 if none)."""
+        return int(self.ids[-1]) + 1 if len(self.ids) else 0
+
+    def add(self, ids: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Count the label ids ``ids`` (with multiplicities ``counts``, else once each occurrence)."""
+        if counts is None:
+            ids, counts = np.unique(ids, return_counts=True)
+        ids, counts = np.asarray(ids, np.int64), np.asarray(counts, np.int64)
+        pos = np.searchsorted(self.ids, ids).clip(max=max(len(self.ids) - 1, 0))
+        if len(self.ids) and np.array_equal(self.ids[pos], ids):  # no new label: add in place
+            np.add.at(self.counts, pos, counts)
+            return
+        merged, inverse = np.unique(np.concatenate([self.ids, ids]), return_inverse=True)
+        self.counts = np.bincount(inverse, weights=np.concatenate([self.counts, counts]),
+                                  minlength=len(merged)).astype(np.int64)
+        self.ids = merged
+
+    @classmethod
+    def read(cls, array) -> _LabelCounts:
+        out = cls()
+        step = array.shape[0] if array.shape[0] <= _DENSE_COUNTS else _COUNT_CHUNK
+        for start in range(0, array.shape[0], max(step, 1)):
+            block = np.asarray(array[start:start + step], dtype=np.int64)
+            nz = np.flatnonzero(block)
+            if len(nz):
+                out.add(nz + start, block[nz])
+        return out
+
+    def write(self, array) -> None:
+        """Write into a new zero-filled array (untouched chunks keep the fill value, unwritten)."""
+        if not len(self.ids):
+            return
+        if array.shape[0] <= _DENSE_COUNTS:
+            dense = np.zeros(self.top, np.int64)
+            dense[self.ids] = self.counts
+            array[: self.top] = dense
+        else:
+            array.set_coordinate_selection((self.ids,), self.counts)
 
 
 def _now() -> str:
@@ -158,11 +211,11 @@ class DatasetWriter:
                                 committed=(meta["row_blocks"], meta["nnz"]))
             self._Y = CSRWriter(group["Y"], block_rows=block_rows, append=True,
                                 committed=(meta["row_blocks"], meta["nnz_labels"]))
-            self._counts = np.asarray(group[meta["label_counts_array"]][:], dtype=np.int64)
+            self._counts = _LabelCounts.read(group[meta["label_counts_array"]])
         else:
             self._X = CSRWriter(group.create_group("X"), n_cols=meta.get("n_features"), block_rows=block_rows)
             self._Y = CSRWriter(group.create_group("Y"), n_cols=meta.get("n_labels"), block_rows=block_rows)
-            self._counts = np.zeros(meta.get("n_labels") or 0, dtype=np.int64)
+            self._counts = _LabelCounts()
         self.rows_without_labels = int(meta.get("rows_without_labels", 0))
         self.sources: list[dict] = list(meta.get("sources", []))
 
@@ -221,10 +274,7 @@ class DatasetWriter:
         self._X.write(X)
         self._Y.write(Y)
         if Y.nnz:
-            top = int(Y.indices.max()) + 1
-            if top > len(self._counts):
-                self._counts = np.concatenate([self._counts, np.zeros(top - len(self._counts), np.int64)])
-            self._counts[:top] += np.bincount(Y.indices, minlength=top)
+            self._counts.add(Y.indices)
         self.rows_without_labels += int(np.count_nonzero(np.diff(Y.indptr) == 0))
 
     def commit(self, *, n_features: int | None = None, n_labels: int | None = None, **extra) -> Dataset:
@@ -232,20 +282,18 @@ class DatasetWriter:
         if self._append:
             self._check_unchanged()
         n_features = int(n_features if n_features is not None else self.meta.get("n_features") or 0)
-        n_labels = int(n_labels if n_labels is not None else self.meta.get("n_labels") or len(self._counts))
-        if len(self._counts) > n_labels:
-            raise ValueError(f"label id {len(self._counts) - 1} is out of range for {n_labels} labels")
+        n_labels = int(n_labels if n_labels is not None else self.meta.get("n_labels") or self._counts.top)
+        if self._counts.top > n_labels:
+            raise ValueError(f"label id {self._counts.top - 1} is out of range for {n_labels} labels")
         check_dimension("n_features", n_features)
         check_dimension("n_labels", n_labels)
         row_blocks = self._X.new_row_blocks()
         x_meta = self._X.commit(n_cols=n_features, row_blocks=row_blocks)
         y_meta = self._Y.commit(n_cols=n_labels, row_blocks=row_blocks)
         slot = _COUNT_SLOTS[1] if self.meta.get("label_counts_array") == _COUNT_SLOTS[0] else _COUNT_SLOTS[0]
-        chunks = (max(1, min(n_labels, 1 << 20)),)
-        counts = self._group.create_array(slot, shape=(n_labels,), dtype=np.int64, chunks=chunks, fill_value=0,
-                                          overwrite=True)
-        if len(self._counts):  # labels beyond the largest id seen keep the fill value 0
-            counts[: len(self._counts)] = self._counts
+        chunks = (max(1, min(n_labels, _COUNT_CHUNK)),)
+        self._counts.write(self._group.create_array(slot, shape=(n_labels,), dtype=np.int64, chunks=chunks,
+                                                    fill_value=0, overwrite=True))
         meta = {
             **self.meta,
             **extra,

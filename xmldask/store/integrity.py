@@ -30,8 +30,8 @@ import zarr
 from . import _fs
 from .layout import StoreError, check_kind
 
-__all__ = ["INVENTORY_ATTR", "LOCK_NAME", "WriterLock", "TailGuard", "check_inventory", "lock_present",
-           "open_root", "record_inventory", "tails", "writer_lock_held"]
+__all__ = ["INVENTORY_ATTR", "LOCK_NAME", "StoreBusyError", "WriterLock", "TailGuard", "check_inventory",
+           "lock_present", "open_root", "record_inventory", "tails", "writer_lock_held"]
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +152,11 @@ def check_inventory(url: str, attrs: dict, kind: str) -> None:
 # ---------------------------------------------------------------- one writer at a time
 
 
+class StoreBusyError(StoreError):
+    """Another live writer holds the store's writer lock (trying again later may succeed)."""
+
+
+
 def _lock_path(url: str) -> tuple:
     fs, root, _ = _fs._split(url)
     return fs, f"{root.rstrip('/')}/{LOCK_NAME}"
@@ -245,7 +250,7 @@ class WriterLock:
                 holder = _read_holder(self._fs, self._path)
             who = (f"process {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}"
                    if holder else "another process")
-            raise StoreError(f"{self.url} is being written by {who}: one writer at a time may append to a dataset. "
+            raise StoreBusyError(f"{self.url} is being written by {who}: one writer at a time may append to a dataset. "
                              f"Run this again when that writer has finished; if no writer is running (it was "
                              f"killed on another machine), delete {self._fs.unstrip_protocol(self._path)}")
         self.held = True
