@@ -388,3 +388,44 @@ def test_pick_up_retries_only_what_may_pass(error, retried):
     assert pick_up.retry_condition_fn is _io_failure
     assert _io_failure(pick_up, None, Failed(data=error)) is retried
     assert _io_failure(pick_up, None, Failed(data=StoreBusyError("busy"))) is True
+
+
+# ---------------------------------------------------------------- clusters that cannot work
+
+
+def test_scheduler_address_where_something_else_listens_fails_within_the_timeout():
+    import socket
+    import threading
+    import time
+
+    from xmldask.cluster import cluster
+
+    server = socket.create_server(("127.0.0.1", 0))
+    accepted = []
+    threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
+    address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
+    start = time.perf_counter()
+    try:
+        with pytest.raises(ConnectionError, match="did not answer as a Dask scheduler within 2 s"):
+            with cluster(address, timeout=2):
+                pass
+    finally:
+        server.close()
+    assert time.perf_counter() - start < 5 and accepted  # it connected, then gave up on the silent peer
+
+
+@pytest.mark.slow
+def test_worker_memory_limit_below_one_task_is_refused_before_the_first_pass(tmp_path):
+    import time
+
+    from xmldask.cluster import cluster
+    from xmldask.datasets import make_synthetic
+    from xmldask.models import EmbeddingClassifier
+
+    ds = make_synthetic(str(tmp_path / "t.zarr"), n_samples=2000, n_features=500, n_labels=20_000, seed=0)
+    with cluster(n_workers=1, threads_per_worker=1, memory_limit="300MB", dashboard_address=None) as client:
+        start = time.perf_counter()
+        with pytest.raises(ValueError, match="blocks of 2000 rows.*memory limit is 286.10 MiB.*--memory-limit"):
+            EmbeddingClassifier(n_components=8, max_epochs=1).fit(ds.X, ds.Y)
+        assert time.perf_counter() - start < 5
+        assert not client.run(lambda: 0) == {}  # the worker was never lost

@@ -361,6 +361,37 @@ class EmbeddingClassifier(ParamsMixin):
 
     # -- fit ------------------------------------------------------------------------------------
 
+    def _check_worker_memory(self, X, Y, p) -> None:
+        """Refuse before the first pass a fit whose decoder pass cannot fit one worker's memory limit.
+
+        A task of the decoder's pass holds ``F^T F`` and ``F^T Y`` partial sums (float64, three at a
+        time in the tree sum: :func:`_graph.normal_equations_task_bytes`) plus its row block; a worker
+        whose limit is below that is restarted again and again until Dask gives up (``KilledWorker``)
+        after minutes.
+        """
+        from ..linalg.passes import _current_client
+
+        client = _current_client()
+        if client is None:
+            return
+        limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
+        limits = [limit for limit in limits if limit > 0]
+        if not limits:
+            return
+        m1 = (p["n_random_features"] if self.kernel != "identity" else min(p["n_components"], Y.shape[1])) + 1
+        need = _graph.normal_equations_task_bytes(m1, Y.shape[1])
+        block_rows = max(X.chunks[0], default=0)
+        need += block_rows * m1 * np.dtype(p["dtype"]).itemsize  # the held-out and feature rows of one block
+        if need > min(limits):
+            from dask.utils import format_bytes
+
+            raise ValueError(
+                f"one task of the decoder's pass needs about {format_bytes(need)} ({m1 - 1} decoder features x "
+                f"{Y.shape[1]} labels in float64 partial sums, blocks of {block_rows} rows) but the smallest worker "
+                f"memory limit is {format_bytes(min(limits))}: raise the limit (--memory-limit) above "
+                f"{format_bytes(need)}, or lower n_random_features (--n-random-features) or k; fewer block rows "
+                "(ingest --block-rows) help only the last term")
+
     def fit(self, X, Y) -> EmbeddingClassifier:
         """Fit ``W``, the feature map and the decoder ``Q`` (Algorithm 3).
 
@@ -387,6 +418,7 @@ class EmbeddingClassifier(ParamsMixin):
             raise ValueError(f"Y's row blocks must be X's ({len(X.chunks[0])} blocks); fix: Y = Y.rechunk({{0: "
                              f"X.chunks[0]}}) (or open both from one dataset store)")
         dtype = p["dtype"]
+        self._check_worker_memory(X, Y, p)
         n_passes = 0
         self.idf_ = None
         if self.features == "tfidf":

@@ -18,10 +18,12 @@ process is gone (same host, process not running) is stale and taken over.
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import json
 import logging
 import os
 import socket
+import time
 import uuid
 import weakref
 
@@ -31,7 +33,8 @@ from . import _fs
 from .layout import StoreError, check_kind
 
 __all__ = ["INVENTORY_ATTR", "LOCK_NAME", "StoreBusyError", "WriterLock", "TailGuard", "check_inventory",
-           "lock_present", "open_root", "record_inventory", "tails", "writer_lock_held"]
+           "lock_present", "open_root", "record_inventory", "tails", "timed",
+           "writer_lock_held"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +67,24 @@ def _files(url: str) -> dict[str, int]:
             if path.startswith(root + "/")}
 
 
+#: seconds spent per function, once a benchmark called :func:`timed`
+_TIMES: dict[str, float] | None = None
+
+
+def _timing(function):
+    @functools.wraps(function)
+    def timed_call(*args, **kwargs):
+        if _TIMES is None:
+            return function(*args, **kwargs)
+        start = time.perf_counter()
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _TIMES[function.__name__] = _TIMES.get(function.__name__, 0.0) + time.perf_counter() - start
+    return timed_call
+
+
+@_timing
 def record_inventory(url: str, prefixes: list[str] | None = None) -> dict[str, int]:
     """The inventory of the store at ``url`` as it is now (call it after the last chunk write).
 
@@ -117,6 +138,7 @@ def mismatches(url: str, recorded: dict[str, int]) -> tuple[list[str], list[str]
     return missing, resized, found
 
 
+@_timing
 def check_inventory(url: str, attrs: dict, kind: str) -> None:
     """Refuse the store at ``url`` if a file of its recorded inventory is missing or has another size.
 
@@ -325,3 +347,15 @@ class TailGuard:
         """Put the tail files back as they were when the append started."""
         for key, data in self.saved.items():
             self._fs.pipe_file(f"{self._root}/{key}", data)
+
+
+
+def timed() -> dict[str, float]:
+    """Start accumulating the seconds spent recording and checking inventories in this process.
+
+    Returns the dict that :func:`record_inventory` and :func:`check_inventory` add their times to,
+    under their names (for benchmarks: the cost of the integrity work).
+    """
+    global _TIMES
+    _TIMES = {}
+    return _TIMES
