@@ -274,7 +274,7 @@ class WriterLock:
                    if holder else "another process")
             raise StoreBusyError(f"{self.url} is being written by {who}: one writer at a time may append to a dataset. "
                              f"Run this again when that writer has finished; if no writer is running (it was "
-                             f"killed on another machine), delete {self._fs.unstrip_protocol(self._path)}")
+                             f"killed on another machine), delete {self.url.rstrip('/')}/{LOCK_NAME}")
         self.held = True
         _HELD[self.token] = self
         return self
