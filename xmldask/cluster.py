@@ -261,8 +261,8 @@ def _handshake(address: str, timeout: float) -> None:
     try:
         pool.submit(asyncio.run, probe()).result(timeout + 1)
     except TimeoutError as exc:  # asyncio's and concurrent.futures' are the builtin
-        raise TimeoutError(f"something accepted the connection but did not answer as a Dask scheduler within "
-                           f"{timeout:g} s") from exc
+        raise TimeoutError(f"no Dask scheduler answered within {timeout:g} s: nothing accepts connections there, or "
+                           "what does is not a Dask scheduler") from exc
     finally:
         pool.shutdown(wait=False)
 
