@@ -33,8 +33,7 @@ from . import _fs
 from .layout import StoreError, check_kind
 
 __all__ = ["INVENTORY_ATTR", "LOCK_NAME", "StoreBusyError", "WriterLock", "TailGuard", "check_inventory",
-           "lock_present", "open_root", "record_inventory", "tails", "timed",
-           "writer_lock_held"]
+           "lock_present", "open_root", "record_inventory", "tails", "timed"]
 
 logger = logging.getLogger(__name__)
 
@@ -218,13 +217,6 @@ def lock_present(url: str) -> bool:
     """Whether the store at ``url`` has a writer lock file (of a live writer or one that died)."""
     fs, path = _lock_path(url)
     return fs.exists(path)
-
-
-def writer_lock_held(url: str) -> bool:
-    """Whether a live writer holds the lock of the store at ``url``."""
-    fs, path = _lock_path(url)
-    holder = _read_holder(fs, path)
-    return holder is not None and _alive(holder)
 
 
 class WriterLock:
