@@ -22,7 +22,6 @@ Command line::
 The last line printed is the run directory.
 """
 
-from __future__ import annotations
 
 import argparse
 import sys
@@ -32,17 +31,14 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from pydantic import Field
 
+from xmldask.params import DEFAULTS, TrainParams, add_arguments, from_args
 from xmldask.store import exists
 
 from .stage_flows import (
-    Embedding,
-    Features,
     Format,
-    Kernel,
     LocalClusterOptions,
     Normalize,
     PositiveInt,
-    Search,
     dask_client,
     evaluate_flow,
     ingest_flow,
@@ -75,19 +71,15 @@ def synthesize(*, storage: str | None, n_samples: int, n_features: int, n_labels
     return paths
 
 
-def run_downstream(train: dict, test: dict, *, storage: str | None, run_dir: str, embedding: str, k: int, kernel: str,
-                   seed: int, n_random_features: int, max_epochs: int, top_k: int,
-                   spectrum_components: int | None = 50, features: str = "raw", search: dict | None = None,
-                   n_estimators: int = 1) -> dict:
+def run_downstream(train: dict, test: dict, *, storage: str | None, run_dir: str, model: TrainParams, top_k: int,
+                   spectrum_components: int | None = 50) -> dict:
     """spectrum -> train -> predict -> evaluate (stage flows) on ingested data; returns the records by stage."""
     where = {"storage": storage, "run_dir": run_dir}
     data, test_data = output(train, "data"), output(test, "data")
     stages = {}
     if spectrum_components:
-        stages["spectrum"] = spectrum_flow(data, n_components=spectrum_components, seed=seed, **where)
-    stages["train"] = train_flow(data, embedding=embedding, k=k, kernel=kernel, features=features, seed=seed,
-                                 n_random_features=n_random_features, max_epochs=max_epochs, search=search,
-                                 n_estimators=n_estimators, **where)
+        stages["spectrum"] = spectrum_flow(data, n_components=spectrum_components, seed=model.seed, **where)
+    stages["train"] = train_flow(data, model=model, **where)
     stages["predict"] = predict_flow(output(stages["train"], "model"), test_data, top_k=top_k, **where)
     stages["evaluate"] = evaluate_flow(output(stages["predict"], "predictions"), test_data, data, **where)
     return stages
@@ -105,12 +97,9 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
              threads_per_worker: PositiveInt | None = None, processes: bool | None = None,
              memory_limit: str = "auto", dashboard_address: str | None = ":8787",
              format: Format = "auto", one_based: bool = False, normalize: Normalize = "none",
-             embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian",
-             features: Features = "raw", seed: int = 0, n_random_features: PositiveInt = 2000,
-             max_epochs: PositiveInt = 10, search: Search | None = None, n_estimators: PositiveInt = 1,
-             top_k: Annotated[int, Field(ge=10)] = 10, spectrum_components: PositiveInt = 50,
-             synthetic_samples: PositiveInt = 20_000, synthetic_features: PositiveInt = 20_000,
-             synthetic_labels: PositiveInt = 2_000) -> dict:
+             model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
+             spectrum_components: PositiveInt = 50, synthetic_samples: PositiveInt = 20_000,
+             synthetic_features: PositiveInt = 20_000, synthetic_labels: PositiveInt = 2_000) -> dict:
     """The whole pipeline: ingest -> spectrum -> train -> predict -> evaluate -> report.
 
     Parameters
@@ -127,12 +116,9 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         ``dashboard_address``).
     format, one_based, normalize
         How text files are ingested.
-    embedding, k, kernel, features, seed, n_random_features, max_epochs
-        The embedding classifier.
-    search : dict, optional
-        Classifier parameters chosen by held-out P@1 on the training rows (:func:`~flows.stage_flows.train_flow`).
-    n_estimators : int
-        More than 1: an ensemble of that many models with different seeds.
+    model : TrainParams or dict
+        The training parameters (:class:`xmldask.params.TrainParams`, the options of ``xmldask train``),
+        e.g. ``{"k": 32, "kernel": "none"}``; its ``seed`` also seeds the synthetic data and the spectrum.
     top_k : int
         Labels predicted per row (at least 10, for P@1..10).
     spectrum_components : int
@@ -154,7 +140,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
             if train or test:
                 raise ValueError("give both train and test, or neither (for the synthetic default)")
             synth = synthesize(storage=storage, n_samples=synthetic_samples, n_features=synthetic_features,
-                               n_labels=synthetic_labels, seed=seed)
+                               n_labels=synthetic_labels, seed=model.seed)
             train, test = [synth["train"]], [synth["test"]]
         opts = {"storage": storage, "run_dir": run_dir, "format": format, "one_based": one_based,
                 "normalize": normalize}
@@ -162,10 +148,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         stages["ingest-test"] = ingest_flow(list(test), split="test", like=stages["ingest-train"]["outputs"]["data"],
                                             **opts)
         stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], storage=storage, run_dir=run_dir,
-                                     embedding=embedding, k=k, kernel=kernel, seed=seed,
-                                     n_random_features=n_random_features, max_epochs=max_epochs, top_k=top_k,
-                                     spectrum_components=spectrum_components, features=features, search=search,
-                                     n_estimators=n_estimators))
+                                     model=model, top_k=top_k, spectrum_components=spectrum_components))
         title = f"xmldask pipeline: {', '.join(train)} -> {', '.join(test)}"
         out = report_flow(stages, title=title, dashboard=dashboard, run_dir=run_dir)
     computed = [name for name, rec in stages.items() if not rec["reused"]]
@@ -193,32 +176,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", default="auto", choices=["auto", "xc", "libsvm", "vw"])
     parser.add_argument("--one-based", action="store_true", help="ids in the text files start at 1")
     parser.add_argument("--normalize", default="none", choices=["none", "l2", "l1", "sqrt"])
-    parser.add_argument("--embedding", default="rembrandt", choices=["rembrandt", "cs", "plst", "pca"])
-    parser.add_argument("--k", type=int, default=64, help="embedding dimension")
-    parser.add_argument("--kernel", default="gaussian", choices=["none", "gaussian", "cauchy"])
-    parser.add_argument("--features", default="raw", choices=["raw", "l2", "tfidf"],
-                        help="input rows: raw, unit L2 norm, or tf-idf (idf of the training rows)")
-    parser.add_argument("--search", action="append", default=[], metavar="NAME=V1,V2,...",
-                        help="choose NAME among the values by held-out P@1 on the training rows (repeatable), "
-                        "e.g. --search alpha=0.001,1 --search k=50,150")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--n-estimators", type=int, default=1,
-                        help="an ensemble of N models with different seeds (default 1)")
-    parser.add_argument("--n-random-features", type=int, default=2000)
-    parser.add_argument("--max-epochs", type=int, default=10)
     parser.add_argument("--top-k", type=int, default=10)
     parser.add_argument("--synthetic-samples", type=int, default=20_000)
     parser.add_argument("--synthetic-features", type=int, default=20_000)
     parser.add_argument("--synthetic-labels", type=int, default=2_000)
+    add_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from xmldask.model_selection import parse_grid
-
-    args = vars(build_parser().parse_args(argv))
-    args["search"] = parse_grid(args["search"]) or None
-    result = pipeline(**args)
+    args = build_parser().parse_args(argv)
+    model = from_args(args)
+    result = pipeline(**{name: value for name, value in vars(args).items() if name not in TrainParams.model_fields},
+                      model=model)
     print(f"Dask dashboard: {result['dashboard'] or 'none'}")
     metrics = result["metrics"]
     print("  ".join(f"{name} {metrics[name]:.4f}" for name in ("P@1", "P@3", "P@5") if name in metrics))

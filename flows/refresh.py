@@ -17,7 +17,6 @@ changed); the new model and the current one are evaluated on the same held-out t
 one is promoted iff ``new[metric] >= current[metric]``. The report says which model is current and why.
 """
 
-from __future__ import annotations
 
 import datetime as _dt
 from typing import Annotated
@@ -27,13 +26,12 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from pydantic import Field
 
+from xmldask.params import DEFAULTS, TrainParams
 from xmldask.store import _fs, exists, open_dataset
 
 from .pipeline import run_downstream, summary
 from .stage_flows import (
-    Embedding,
     Format,
-    Kernel,
     LocalClusterOptions,
     Normalize,
     PositiveInt,
@@ -150,9 +148,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
             storage: str | None = None, scheduler: str | None = None, n_workers: PositiveInt | None = None,
             threads_per_worker: PositiveInt | None = None, processes: bool | None = None,
             dashboard_address: str | None = ":8787", format: Format = "auto", one_based: bool = False,
-            normalize: Normalize = "none", embedding: Embedding = "rembrandt", k: PositiveInt = 64,
-            kernel: Kernel = "gaussian", seed: int = 0, n_random_features: PositiveInt = 2000,
-            max_epochs: PositiveInt = 10, top_k: Annotated[int, Field(ge=10)] = 10,
+            normalize: Normalize = "none", model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
             spectrum_components: PositiveInt | None = 50, metric: str = "P@1") -> dict:
     """Pick up new files, append them once, retrain, and promote the new model if it is not worse.
 
@@ -192,10 +188,8 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
         stages = {"ingest-train": ingest_flow([dataset], split="train", **where)}
         stages["ingest-test"] = ingest_flow(list(test), split="test", like=dataset, format=format,
                                             one_based=one_based, normalize=normalize, **where)
-        stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], embedding=embedding, k=k,
-                                     kernel=kernel, seed=seed, n_random_features=n_random_features,
-                                     max_epochs=max_epochs, top_k=top_k, spectrum_components=spectrum_components,
-                                     **where))
+        stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], model=model, top_k=top_k,
+                                     spectrum_components=spectrum_components, **where))
         new_metrics = stages["evaluate"]["result"]
         new_model = output(stages["train"], "model")
         current = read_json(current_path)

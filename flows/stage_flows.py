@@ -5,7 +5,7 @@ a small record (:func:`flows.stages.run_stage`); :func:`flows.pipeline.pipeline`
 subflows, and each can be run on its own::
 
     from flows.stage_flows import train_flow
-    record = train_flow("storage/bibtex/train.zarr", k=32, scheduler="tcp://head:8786")
+    record = train_flow("storage/bibtex/train.zarr", model={"k": 32}, scheduler="tcp://head:8786")
     record["outputs"]["model"]        # <storage>/runs/<time>-<id>/train/model.zarr
 
 Inside, a thin task per stage (``ingest``, ``spectrum``, ``train``, ``predict``, ``evaluate``)
@@ -21,7 +21,6 @@ pipeline's); run on its own, it opens :func:`xmldask.cluster.cluster`: the ``sch
 else ``$XMLDASK_SCHEDULER``, else a LocalCluster (``local_cluster`` options), closed at its end.
 """
 
-from __future__ import annotations
 
 import contextlib
 import datetime as _dt
@@ -40,6 +39,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from xmldask import jobs
+from xmldask.params import DEFAULTS, TrainParams
 from xmldask.store import _fs
 
 from .stages import (
@@ -59,13 +59,8 @@ __all__ = ["EVAL_KS", "LocalClusterOptions", "StoreRef", "dask_client", "evaluat
            "new_run_dir", "output", "predict_flow", "report_flow", "run_cached", "spectrum_flow", "train_flow"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
-Embedding = Literal["rembrandt", "cs", "plst", "pca"]
-Kernel = Literal["none", "gaussian", "cauchy"]
 Format = Literal["auto", "xc", "libsvm", "vw"]
 Normalize = Literal["none", "l2", "l1", "sqrt"]
-Features = Literal["raw", "l2", "tfidf"]
-#: a held-out search: parameter name (``k``, ``kernel``, ``alpha``, ...) to the values to try
-Search = dict[str, list[int | float | str]]
 #: the k of the evaluation (the report's P@k plot); the report's table shows 1, 3, 5
 EVAL_KS = tuple(range(1, 11))
 
@@ -326,10 +321,8 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
 
 @flow(name="xmldask-train", log_prints=True)
-def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian",
-               features: Features = "raw", seed: int = 0, n_random_features: PositiveInt = 2000,
-               max_epochs: PositiveInt = 10, search: Search | None = None, n_estimators: PositiveInt = 1,
-               storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
+def train_flow(train: Store, *, model: TrainParams = DEFAULTS, storage: str | None = None,
+               run_dir: str | None = None, scheduler: str | None = None,
                local_cluster: LocalClusterOptions | None = None) -> dict:
     """Fit the embedding classifier (it fits its own label embedding) on a dataset store.
 
@@ -337,13 +330,9 @@ def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveI
     ----------
     train : str or StoreRef
         The training dataset store.
-    embedding, k, kernel, features, seed, n_random_features, max_epochs
-        The classifier (:func:`xmldask.jobs.train`).
-    search : dict, optional
-        Values to choose among by held-out P@1 on the training rows, one parameter at a time
-        (:func:`xmldask.jobs.train` ``search``), e.g. ``{"alpha": [0.001, 1], "k": [50, 150]}``.
-    n_estimators : int
-        More than 1: an ensemble of that many models with different seeds (:func:`xmldask.jobs.train`).
+    model : TrainParams or dict
+        The training parameters (:class:`xmldask.params.TrainParams`, the options of ``xmldask train``),
+        e.g. ``{"k": 32, "search": {"alpha": [0.001, 1]}}``; the fields not given keep their defaults.
     storage, run_dir, scheduler, local_cluster
         As :func:`spectrum_flow`.
 
@@ -352,14 +341,8 @@ def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveI
     dict
         The stage record; ``outputs["model"]`` is the model store.
     """
-    params = {"embedding": embedding, "k": k, "kernel": kernel, "features": features, "seed": seed,
-              "n_random_features": n_random_features, "max_epochs": max_epochs}
-    if search:
-        params["search"] = {name: list(values) for name, values in search.items()}
-    if n_estimators != 1:  # (absent when 1, so the cache keys of single models stay as they were)
-        params["n_estimators"] = n_estimators
     with dask_client(scheduler, local_cluster):
-        return run_cached(train_task, inputs={"train": store_ref(train)}, params=params, storage=storage,
+        return run_cached(train_task, inputs={"train": store_ref(train)}, params=model.model_dump(), storage=storage,
                           run_dir=run_dir)
 
 

@@ -181,6 +181,7 @@ def _cluster_context(args):
 
 def _add_train(sub) -> None:
     from .cluster import add_cluster_arguments
+    from .params import add_arguments
 
     p = sub.add_parser(
         "train",
@@ -191,30 +192,7 @@ def _add_train(sub) -> None:
     )
     p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
     p.add_argument("--out", required=True, metavar="MODEL_URL", help="model store to write")
-    p.add_argument("--embedding", default="rembrandt", choices=["rembrandt", "cs", "plst", "pca"],
-                   help="embedding (default rembrandt)")
-    p.add_argument("--k", type=_positive, default=50, help="embedding dimension (default 50)")
-    p.add_argument("--kernel", default="gaussian", choices=["none", "gaussian", "cauchy"],
-                   help="random Fourier features of the embedded predictions: none (linear), gaussian (default) "
-                   "or cauchy (the Laplacian kernel)")
-    p.add_argument("--features", default=None, choices=["raw", "l2", "tfidf"],
-                   help="input rows as they are (default), scaled to unit L2 norm, or tf-idf weighted then scaled")
-    p.add_argument("--n-random-features", type=_positive, default=None, metavar="M",
-                   help="random features (default 2000)")
-    p.add_argument("--alpha", type=float, default=None, help="ridge of the regression onto the embedding")
-    p.add_argument("--max-epochs", type=_positive, default=None, help="decoder epochs at most (default 10)")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--n-estimators", type=_positive, default=1, metavar="N",
-                   help="an ensemble of N models with different seeds (each holds out its own rows), predicting the "
-                   "mean of their probabilities (default 1: one model)")
-    p.add_argument("--search", action="append", default=[], metavar="NAME=V1,V2,...",
-                   help="choose NAME among the values by held-out P@1 on the training rows (repeatable), e.g. "
-                   "--search k=50,150 --search alpha=0.001,0.03,1 --search kernel=none,gaussian")
-    p.add_argument("--search-strategy", default="coordinate", choices=["coordinate", "grid"],
-                   help="coordinate (default): one parameter at a time, in the order given; grid: every combination")
-    p.add_argument("--search-extensions", type=int, default=2, metavar="N",
-                   help="coordinate search: at most N geometric steps past a numeric grid's winning end (default 2; "
-                   "0: the listed values only)")
+    add_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing model store")
     p.add_argument("--json", action="store_true", help="print the training summary as JSON")
     add_cluster_arguments(p)
@@ -222,18 +200,11 @@ def _add_train(sub) -> None:
 
 def _cmd_train(args) -> int:
     from . import jobs
-    from .model_selection import parse_grid
+    from .params import from_args
 
-    extra = {name: value for name, value in (("features", args.features), ("n_random_features", args.n_random_features),
-                                             ("alpha", args.alpha), ("max_epochs", args.max_epochs))
-             if value is not None}
-    search = parse_grid(args.search, aliases={"n-random-features": "n_random_features",
-                                              "max-epochs": "max_epochs"}) if args.search else None
+    params = from_args(args)
     with _cluster_context(args):
-        info = jobs.train(args.train_url, args.out, embedding=args.embedding, k=args.k, kernel=args.kernel,
-                          seed=args.seed, overwrite=args.overwrite, search=search,
-                          search_strategy=args.search_strategy, search_extensions=args.search_extensions,
-                          n_estimators=args.n_estimators, **extra)
+        info = jobs.train(args.train_url, args.out, overwrite=args.overwrite, **params)
     if args.json:
         print(json.dumps(info, indent=2))
     else:
