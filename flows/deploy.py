@@ -59,15 +59,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--incoming", help="folder of new files (default <storage>/refresh/incoming)")
     parser.add_argument("--scheduler", help="running Dask scheduler, e.g. tcp://host:8786")
     parser.add_argument("--metric", default="P@1", help="held-out metric of the promotion rule")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show the log lines of Dask and xmldask")
     add_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    from .stage_flows import set_verbosity
+
     args = build_parser().parse_args(argv)
     model = from_args(args)
+    set_verbosity(args.verbose)
     parameters = {key: value for key, value in vars(args).items()
-                  if value is not None and key not in ("cron", "name", *TrainParams.model_fields)}
+                  if value is not None and key not in ("cron", "name", "verbose", *TrainParams.model_fields)}
     serve(cron=args.cron, name=args.name, **parameters, **({"model": model} if model else {}))
     return 0
 

@@ -178,7 +178,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
     run_dir = new_run_dir(storage)
     local = LocalClusterOptions(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
                                 dashboard_address=dashboard_address)
-    with dask_client(scheduler, local) as (_, dashboard):
+    with dask_client(scheduler, local) as dask:
         picked = pick_up(incoming, dataset, ledger=join(base, "ledger.json"), quarantine=join(base, "quarantine"),
                          format=format, one_based=one_based, normalize=normalize)
         if not exists(dataset):
@@ -220,7 +220,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
                  f"skipped (seen before): {', '.join(f['name'] for f in picked['skipped']) or 'none'}; "
                  f"quarantined: {', '.join(f['name'] for f in picked['quarantined']) or 'none'}."]
         notes += [f"- quarantined `{f['name']}`: {f['error']}" for f in picked["quarantined"]]
-        out = report_flow(stages, title=f"xmldask refresh of {dataset}", dashboard=dashboard, notes=notes,
+        out = report_flow(stages, title=f"xmldask refresh of {dataset}", dashboard=dask.dashboard, notes=notes,
                           artifact_key="xmldask-refresh-report", run_dir=run_dir)
     return {**picked, **out, "promoted": promote_it, "decision": decision, "current": current,
             "metrics": new_metrics, "current_metrics": current_metrics, "stages": summary(stages)}

@@ -26,7 +26,9 @@ import contextlib
 import datetime as _dt
 import hashlib
 import json
+import logging
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -55,8 +57,9 @@ from .stages import (
     upload,
 )
 
-__all__ = ["EVAL_KS", "LocalClusterOptions", "StoreRef", "dask_client", "evaluate_flow", "ingest_flow",
-           "new_run_dir", "output", "predict_flow", "report_flow", "run_cached", "spectrum_flow", "train_flow"]
+__all__ = ["EVAL_KS", "LazyClient", "LocalClusterOptions", "StoreRef", "compute_on_dask", "dask_client",
+           "evaluate_flow", "ingest_flow", "new_run_dir", "output", "predict_flow", "report_flow", "run_cached",
+           "set_verbosity", "spectrum_flow", "train_flow"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Format = Literal["auto", "xc", "libsvm", "vw"]
@@ -90,43 +93,93 @@ class LocalClusterOptions(BaseModel):
 # Dask, run directories, cached stages
 
 
+class LazyClient:
+    """The Dask client of a flow run, started by the first stage that computes.
+
+    A run whose stages are all Prefect cache hits starts no cluster. Thread-safe: stage tasks run in
+    Prefect's worker threads. ``dashboard`` is the dashboard link once started (else None).
+    """
+
+    def __init__(self, scheduler: str | None, local: LocalClusterOptions):
+        self.scheduler, self.local = scheduler, local
+        self.client, self.dashboard = None, None
+        self._stack, self._lock = contextlib.ExitStack(), threading.Lock()
+
+    def get(self):
+        """The client, starting the cluster (or connecting to the scheduler) on the first call."""
+        from xmldask.cluster import cluster
+
+        with self._lock:
+            if self.client is None:
+                self.client = self._stack.enter_context(cluster(self.scheduler, **self.local.model_dump()))
+                if self.local.dashboard_address is not None or self.scheduler:
+                    self.dashboard = self.client.dashboard_link
+                get_run_logger().info("Dask dashboard: %s", self.dashboard or "none")
+            return self.client
+
+    def close(self) -> None:
+        with self._lock:
+            self._stack.close()
+            self.client = None
+
+
+#: the lazy clients of the flow runs of this process, innermost last
+_ACTIVE: list[LazyClient] = []
+
+
 @contextlib.contextmanager
-def dask_client(scheduler: str | None = None, local: LocalClusterOptions | None = None) -> Iterator[tuple]:
-    """The Dask client to compute on: the caller's running client, else :func:`xmldask.cluster.cluster`.
+def dask_client(scheduler: str | None = None, local: LocalClusterOptions | None = None) -> Iterator[LazyClient]:
+    """The Dask client to compute on: the calling flow's, a running client, else a lazily started cluster.
 
     Parameters
     ----------
     scheduler : str, optional
-        Address of a running scheduler. A running client of this process is reused unless
-        ``scheduler`` names another scheduler.
+        Address of a running scheduler. The client of a calling flow (or a running client of this
+        process) is reused unless ``scheduler`` names another scheduler.
     local : LocalClusterOptions, optional
         The local cluster started when there is neither a running client nor a scheduler address
         (nor ``$XMLDASK_SCHEDULER``).
 
     Yields
     ------
-    tuple of (distributed.Client, str or None)
-        The client and its dashboard link (None for a reused client or a cluster without dashboard).
+    LazyClient
+        Started by the first stage that computes (:func:`compute_on_dask`), closed at the end of the block.
     """
     from distributed import default_client
 
-    from xmldask.cluster import cluster
-
-    log = get_run_logger()
-    try:
-        client = default_client()
-    except ValueError:
-        client = None
     wanted = scheduler if scheduler is None or "://" in scheduler else f"tcp://{scheduler}"
-    if client is not None and wanted in (None, client.scheduler.address):
-        log.info("computing on the running Dask client (scheduler %s)", client.scheduler.address)
-        yield client, None
+    if _ACTIVE and wanted in (None, _ACTIVE[-1].scheduler):
+        yield _ACTIVE[-1]
         return
-    local = local or LocalClusterOptions()
-    with cluster(scheduler, **local.model_dump()) as client:
-        dashboard = client.dashboard_link if local.dashboard_address is not None or scheduler else None
-        log.info("Dask dashboard: %s", dashboard or "none")
-        yield client, dashboard
+    try:
+        running = default_client()
+    except ValueError:
+        running = None
+    lazy = LazyClient(scheduler, local or LocalClusterOptions())
+    if running is not None and wanted in (None, running.scheduler.address):
+        get_run_logger().info("computing on the running Dask client (scheduler %s)", running.scheduler.address)
+        lazy.client = running
+    _ACTIVE.append(lazy)
+    try:
+        yield lazy
+    finally:
+        _ACTIVE.remove(lazy)
+        lazy.close()
+
+
+def set_verbosity(verbose: bool) -> None:
+    """Dask's own log lines (scheduler and worker start-up, ...) at WARNING unless ``verbose``, then also
+    xmldask's at INFO; the flow runs' logs (the stages' progress) are shown either way."""
+    import distributed  # noqa: F401 - it sets its loggers' levels when imported: set ours after
+
+    logging.getLogger("distributed").setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger("xmldask").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def compute_on_dask() -> None:
+    """Start the Dask client of the current flow run, if any (called by a stage task that computes)."""
+    if _ACTIVE:
+        _ACTIVE[-1].get()
 
 
 def new_run_dir(storage: str | None) -> str:
@@ -267,6 +320,7 @@ def spectrum_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     data = inputs["train"]["url"]
 
     def compute(work: str, scratch: Path) -> dict:
+        compute_on_dask()
         spectrum = compute_spectrum(data, matrix="Y", n_components=params["n_components"],
                                     random_state=params["seed"])
         write_spectrum(spectrum, scratch)
@@ -314,6 +368,7 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     """Fit the embedding classifier on ``inputs["train"]`` into ``model.zarr``."""
 
     def compute(work: str, scratch: Path) -> dict:
+        compute_on_dask()
         result = jobs.train(inputs["train"]["url"], join(work, "model.zarr"), **params)
         return {"outputs": {"model": "model.zarr"}, "result": result}
 
@@ -351,6 +406,7 @@ def predict_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     """Top-``top_k`` predictions of ``inputs["model"]`` on ``inputs["test"]`` into ``predictions.zarr``."""
 
     def compute(work: str, scratch: Path) -> dict:
+        compute_on_dask()
         result = jobs.predict(inputs["model"]["url"], inputs["test"]["url"], join(work, "predictions.zarr"), **params)
         return {"outputs": {"predictions": "predictions.zarr"}, "result": result}
 
@@ -388,6 +444,7 @@ def evaluate_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     """Metrics of ``inputs["predictions"]`` against ``inputs["test"]`` into ``metrics.json``."""
 
     def compute(work: str, scratch: Path) -> dict:
+        compute_on_dask()
         train = inputs.get("train", {}).get("url")
         metrics = jobs.evaluate(inputs["predictions"]["url"], inputs["test"]["url"], train_url=train,
                                 ks=tuple(params["ks"]))

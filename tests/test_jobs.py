@@ -40,6 +40,13 @@ def test_train_predict_evaluate(data):
         hits = [len(set(labels[i, :k]) & set(Y[i].indices)) / k for i in range(Y.shape[0])]
         assert results[f"P@{k}"] == pytest.approx(np.mean(hits))
     assert results["P@1"] > 5 / 80  # far above chance
+    # the baseline: the most frequent training labels for every row
+    frequent = np.argsort(-np.asarray(open_dataset(train).label_counts), kind="stable")[:7]
+    for k in (1, 3, 5):
+        hits = [len(set(frequent[:k]) & set(Y[i].indices)) / k for i in range(Y.shape[0])]
+        assert results["baseline"][f"P@{k}"] == pytest.approx(np.mean(hits))
+    assert results["P@1"] > 2 * results["baseline"]["P@1"]
+    assert f"| P@1 | {results['P@1']:.4f} | {results['baseline']['P@1']:.4f} |" in metrics.report(results)
     p = metrics.propensity(open_dataset(train).label_counts, 3000)
     assert results["PSP@1"] == pytest.approx(metrics.evaluate(labels, None, ds.Y, ks=(1,), propensities=p)["PSP@1"])
 

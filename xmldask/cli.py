@@ -282,7 +282,8 @@ def _cmd_evaluate(args) -> int:
 def _add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
-        help="the main job on the embedded default: synthesize, ingest and summarise a dataset in storage/",
+        help="synthesize, ingest and summarise a dataset in storage/ (the main job, the whole pipeline, is "
+        "python -m flows.pipeline)",
         description="Generate a synthetic multilabel dataset as XC text files under the storage root, ingest "
         "them into dataset stores, and print their summary. Re-running reuses what is already there.",
     )

@@ -1,4 +1,4 @@
-"""The main job on the embedded default: synthesize text data, ingest it, summarise it."""
+"""Synthesize text data under the storage root, ingest it, summarise it (`xmldask demo`)."""
 
 from __future__ import annotations
 

@@ -16,6 +16,10 @@ from __future__ import annotations
 import logging
 import time
 
+import dask
+import dask.array as da
+import numpy as np
+
 from .params import TrainParams, validated
 from .store import _fs, open_dataset, open_predictions, write_predictions
 
@@ -209,7 +213,9 @@ def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(
     -------
     dict
         Metric name to value (``"P@1"``, ``"P@3"``, ``"P@5"``, ``"nDCG@k"``, ``"PSP@k"``, ...), plus
-        ``n_samples`` and ``propensity_source``.
+        ``n_samples``, ``propensity_source`` and ``baseline``: the same metrics for predicting the
+        most frequent labels of the training data (of the propensity source) for every row, the
+        trivial model a model must beat.
     """
     from . import metrics
 
@@ -224,9 +230,19 @@ def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(
     if source.Y.shape[1] != data.Y.shape[1]:
         raise ValueError(f"{source.url} has {source.Y.shape[1]} labels but {data_url} has {data.Y.shape[1]}")
     propensities = metrics.propensity(source.label_counts, source.Y.shape[0], A=A, B=B)
-    results = metrics.evaluate(preds.labels, preds.scores, data.Y, ks=ks, propensities=propensities)
+    # the baseline: every row gets the most frequent labels of the training data, scored in the same pass
+    frequent = np.argsort(-np.asarray(source.label_counts), kind="stable")[:preds.top_k].astype(preds.labels.dtype)
+    constant = da.broadcast_to(frequent, preds.labels.shape, chunks=preds.labels.chunks)
+    results, baseline = dask.compute(
+        metrics.evaluate(preds.labels, preds.scores, data.Y, ks=ks, propensities=propensities, compute=False),
+        metrics.evaluate(constant, None, data.Y, ks=ks, propensities=propensities, compute=False))
     results["propensity_source"] = "train" if source is not data else "test"
+    results["baseline"] = {name: value for name, value in baseline.items() if name not in _COUNTS}
     return results
+
+
+#: figures of the evaluated rows, the same for the model and the baseline
+_COUNTS = ("n_samples", "n_samples_without_labels")
 
 
 def _model_train_url(model_url: str | None) -> str | None:
