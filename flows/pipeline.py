@@ -201,7 +201,12 @@ def main(argv: list[str] | None = None) -> int:
     set_verbosity(args.verbose)
     given = {name: value for name, value in vars(args).items()
              if name not in TrainParams.model_fields and name != "verbose"}
-    result = pipeline(**given, model=model)
+    from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
+
+    # no heartbeat thread: on the command line the flow runs in this process against a temporary local
+    # server (nothing watches for crashed runs) and each subflow run would wait up to a second for it
+    with temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+        result = pipeline(**given, model=model)
     metrics = result["metrics"]
     print("  ".join(f"{name} {metrics[name]:.4f}" for name in ("P@1", "P@3", "P@5") if name in metrics))
     print(f"report: {result['report']}")
