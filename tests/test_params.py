@@ -60,3 +60,14 @@ def test_parse_grid():
     for bad in (["k"], ["=1"], ["k="]):
         with pytest.raises(ValueError, match="NAME=V1,V2"):
             parse_grid(bad)
+
+
+def test_auto_search_chooses_what_is_not_given():
+    """The default search="auto" chooses the kernel by held-out P@1, unless the kernel is given."""
+    assert TrainParams().search == TrainParams(k=8).search == {"kernel": ["none", "gaussian"]}
+    assert TrainParams(kernel="gaussian").search is None
+    assert TrainParams(search=None).search is None
+    assert TrainParams(search={"alpha": [0.1, 1]}).search == {"alpha": [0.1, 1]}  # an explicit search as given
+    assert TrainParams(**TrainParams(k=8).model_dump()) == TrainParams(k=8)  # resolved once: dumps round-trip
+    no_search = cli.build_parser().parse_args(["train", "d", "--out", "m", "--no-search"])
+    assert from_args(no_search) == {"search": None}
