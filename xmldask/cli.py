@@ -15,7 +15,7 @@ import time
 
 from . import __version__
 from .io.parse import ParseError
-from .store import StoreError
+from .store import StoreError, format_info
 
 logger = logging.getLogger("xmldask")
 
@@ -71,7 +71,7 @@ def _cmd_ingest(args) -> int:
                 duplicates=args.duplicates, overwrite=args.overwrite, append=args.append,
                 skip_ingested=args.skip_ingested, progress=not args.no_progress)
     print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
-    print(_format_info(ds.info()))
+    print(format_info(ds.info()))
     return 0
 
 
@@ -113,7 +113,7 @@ def _cmd_synth(args) -> int:
                         avg_features=args.avg_features, avg_labels=args.avg_labels, block_rows=args.block_rows,
                         normalize=args.normalize, overwrite=args.overwrite, progress=not args.no_progress)
     print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
-    print(_format_info(ds.info()))
+    print(format_info(ds.info()))
     return 0
 
 
@@ -129,7 +129,7 @@ def _cmd_info(args) -> int:
     from .store import open_dataset
 
     info = open_dataset(args.url).info()
-    print(json.dumps(info, indent=2) if args.json else _format_info(info))
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
     return 0
 
 
@@ -300,24 +300,6 @@ def _cmd_demo(args) -> int:
     run_demo(root=args.root, n_samples=args.n_samples, n_features=args.n_features, n_labels=args.n_labels,
              seed=args.seed)
     return 0
-
-
-def _format_info(info: dict) -> str:
-    rows = [
-        ("dataset", info["url"]),
-        ("rows", f"{info['n_samples']:,} ({info['row_blocks']} row blocks)"),
-        ("features", f"{info['n_features']:,}  nnz {info['nnz']:,}  ({info['avg_features_per_row']:.2f} per row)"),
-        ("labels", f"{info['n_labels']:,}  used {info['labels_used']:,}  ({info['avg_labels_per_row']:.2f} per row)"),
-        ("rows without labels", f"{info['rows_without_labels']:,}"),
-        ("label frequency", f"max {info['label_frequency_max']:,}, median {info['label_frequency_median']:g}, "
-                            f"{info['labels_seen_at_most_5_times']:,} labels seen <= 5 times, "
-                            f"top 10 labels carry {100 * info['top_10_label_share']:.1f}% of assignments"),
-    ]
-    for source in info["sources"]:
-        rows.append(("source", f"{source['path']} ({source['format']}, {source['rows']:,} rows, "
-                               f"sha256 {source['sha256'][:12]}...)"))
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
 
 def build_parser() -> argparse.ArgumentParser:

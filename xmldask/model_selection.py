@@ -46,6 +46,7 @@ import time
 
 import numpy as np
 
+from .models import kept_epoch
 from .params import parse_grid
 
 __all__ = ["HeldOutSearch", "held_out_score", "kept_epoch", "parse_grid"]
@@ -54,16 +55,6 @@ logger = logging.getLogger("xmldask.model_selection")
 
 _SCORINGS = ("p@1", "loss")
 _STRATEGIES = ("coordinate", "grid")
-
-
-def kept_epoch(estimator) -> dict:
-    """The ``history_`` entry of a fitted estimator's kept decoder (the epoch its ``early_stopping`` chose)."""
-    history = getattr(estimator, "history_", None)
-    if not history or history[0].get("val_loss") is None or math.isnan(history[0]["val_loss"]):
-        raise ValueError("the estimator has no held-out figures; fit it with validation_fraction > 0")
-    if getattr(estimator, "early_stopping", "loss") == "p@1":
-        return max(history, key=lambda h: h["val_p@1"])
-    return min(history, key=lambda h: h["val_loss"])
 
 
 def held_out_score(estimator, scoring: str = "p@1") -> float:
