@@ -27,6 +27,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import os
 import tempfile
 import threading
 import uuid
@@ -172,6 +173,8 @@ def set_verbosity(verbose: bool) -> None:
     xmldask's at INFO; the flow runs' logs (the stages' progress) are shown either way."""
     import distributed  # noqa: F401 - it sets its loggers' levels when imported: set ours after
 
+    # local worker processes are spawned: they read the level from the environment when they import Dask
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = "info" if verbose else "warning"
     logging.getLogger("distributed").setLevel(logging.INFO if verbose else logging.WARNING)
     logging.getLogger("xmldask").setLevel(logging.INFO if verbose else logging.WARNING)
 
