@@ -16,7 +16,7 @@ from .csr import CSRWriter, csr_from_group
 from .integrity import INVENTORY_ATTR, TailGuard, WriterLock, open_root, record_inventory
 from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, INDEX_DTYPE, LAYOUT_VERSION, StoreError
 
-__all__ = ["Dataset", "DatasetWriter", "open_dataset"]
+__all__ = ["Dataset", "DatasetWriter", "format_info", "open_dataset"]
 
 _COUNT_SLOTS = ("label_counts", "label_counts_next")
 #: label-count vectors up to this length are read and written whole; longer ones chunk by chunk
@@ -350,3 +350,22 @@ class DatasetWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self._done:
             self.abort()
+
+
+def format_info(info: dict) -> str:
+    """:meth:`Dataset.info` as aligned text lines (``xmldask info``)."""
+    rows = [
+        ("dataset", info["url"]),
+        ("rows", f"{info['n_samples']:,} ({info['row_blocks']} row blocks)"),
+        ("features", f"{info['n_features']:,}  nnz {info['nnz']:,}  ({info['avg_features_per_row']:.2f} per row)"),
+        ("labels", f"{info['n_labels']:,}  used {info['labels_used']:,}  ({info['avg_labels_per_row']:.2f} per row)"),
+        ("rows without labels", f"{info['rows_without_labels']:,}"),
+        ("label frequency", f"max {info['label_frequency_max']:,}, median {info['label_frequency_median']:g}, "
+                            f"{info['labels_seen_at_most_5_times']:,} labels seen <= 5 times, "
+                            f"top 10 labels carry {100 * info['top_10_label_share']:.1f}% of assignments"),
+    ]
+    for source in info["sources"]:
+        rows.append(("source", f"{source['path']} ({source['format']}, {source['rows']:,} rows, "
+                               f"sha256 {source['sha256'][:12]}...)"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)

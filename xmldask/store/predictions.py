@@ -14,16 +14,15 @@ The root attribute ``xmldask`` holds ``kind = "predictions"``, ``top_k``, ``n_sa
 from __future__ import annotations
 
 import math
-import os
 import time
 import uuid
 from dataclasses import dataclass
 
-import dask
 import dask.array as da
 import numpy as np
 import zarr
 
+from ..scheduling import parallelism
 from . import _fs
 from .integrity import INVENTORY_ATTR, open_root, record_inventory
 from .layout import ATTR, LAYOUT_VERSION, compressors
@@ -66,16 +65,6 @@ def open_predictions(url: str) -> Predictions:
 def _block_batches(n_blocks: int, batch: int):
     for start in range(0, n_blocks, batch):
         yield start, min(n_blocks, start + batch)
-
-
-def _parallelism() -> int:
-    """Tasks the current scheduler runs at once (workers x threads for a distributed client)."""
-    from ..linalg.passes import _current_client
-
-    client = _current_client()
-    if client is not None:
-        return max(1, sum(client.nthreads().values()))
-    return max(1, dask.config.get("num_workers", None) or os.cpu_count() or 1)
 
 
 def write_predictions(url: str, labels: da.Array, scores: da.Array, *, n_labels: int, meta: dict | None = None,
@@ -133,7 +122,7 @@ def write_predictions(url: str, labels: da.Array, scores: da.Array, *, n_labels:
 
             bar = tqdm(total=n, unit="rows", desc="predict", unit_scale=True)
         try:
-            for a, b in _block_batches(lab.numblocks[0], 2 * _parallelism()):
+            for a, b in _block_batches(lab.numblocks[0], 2 * parallelism()):
                 r0, r1 = int(bounds[a]), int(bounds[b])
                 da.store([lab.blocks[a:b], sco.blocks[a:b]],
                          [out_labels, out_scores], regions=[(slice(r0, r1),), (slice(r0, r1),)], lock=False)
