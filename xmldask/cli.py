@@ -15,7 +15,7 @@ import time
 
 from . import __version__
 from .io.parse import ParseError
-from .store import StoreError
+from .store import StoreError, format_info
 
 logger = logging.getLogger("xmldask")
 
@@ -71,7 +71,7 @@ def _cmd_ingest(args) -> int:
                 duplicates=args.duplicates, overwrite=args.overwrite, append=args.append,
                 skip_ingested=args.skip_ingested, progress=not args.no_progress)
     print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
-    print(_format_info(ds.info()))
+    print(format_info(ds.info()))
     return 0
 
 
@@ -113,7 +113,7 @@ def _cmd_synth(args) -> int:
                         avg_features=args.avg_features, avg_labels=args.avg_labels, block_rows=args.block_rows,
                         normalize=args.normalize, overwrite=args.overwrite, progress=not args.no_progress)
     print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
-    print(_format_info(ds.info()))
+    print(format_info(ds.info()))
     return 0
 
 
@@ -129,7 +129,7 @@ def _cmd_info(args) -> int:
     from .store import open_dataset
 
     info = open_dataset(args.url).info()
-    print(json.dumps(info, indent=2) if args.json else _format_info(info))
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
     return 0
 
 
@@ -181,6 +181,7 @@ def _cluster_context(args):
 
 def _add_train(sub) -> None:
     from .cluster import add_cluster_arguments
+    from .params import add_arguments
 
     p = sub.add_parser(
         "train",
@@ -191,33 +192,7 @@ def _add_train(sub) -> None:
     )
     p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
     p.add_argument("--out", required=True, metavar="MODEL_URL", help="model store to write")
-    p.add_argument("--embedding", default="rembrandt", choices=["rembrandt", "cs", "plst", "pca"],
-                   help="embedding (default rembrandt)")
-    p.add_argument("--k", type=_positive, default=50, help="embedding dimension (default 50)")
-    p.add_argument("--kernel", default="gaussian", choices=["none", "gaussian", "cauchy"],
-                   help="random Fourier features of the embedded predictions: none (linear), gaussian (default) "
-                   "or cauchy (the Laplacian kernel)")
-    p.add_argument("--features", default=None, choices=["raw", "l2", "tfidf"],
-                   help="input rows as they are (default), scaled to unit L2 norm, or tf-idf weighted then scaled")
-    p.add_argument("--n-random-features", type=_positive, default=None, metavar="M",
-                   help="random features (default 2000)")
-    p.add_argument("--alpha", type=float, default=None, help="ridge of the regression onto the embedding")
-    p.add_argument("--max-epochs", type=_positive, default=None, help="decoder epochs at most (default 10)")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--n-estimators", type=_positive, default=1, metavar="N",
-                   help="an ensemble of N models with different seeds (each holds out its own rows), predicting the "
-                   "mean of their probabilities (default 1: one model)")
-    p.add_argument("--search", action="append", default=[], metavar="NAME=V1,V2,...",
-                   help="choose NAME among the values by held-out P@1 on the training rows (repeatable), e.g. "
-                   "--search k=50,150 --search alpha=0.001,0.03,1 --search kernel=none,gaussian")
-    p.add_argument("--search-strategy", default="coordinate", choices=["coordinate", "grid"],
-                   help="coordinate (default): one parameter at a time, in the order given; grid: every combination")
-    p.add_argument("--search-extensions", type=int, default=2, metavar="N",
-                   help="coordinate search: at most N geometric steps past a numeric grid's winning end (default 2; "
-                   "0: the listed values only)")
-    p.add_argument("--tree", default=None, metavar="TREE_URL",
-                   help="train the candidate-restricted classifier of this spectral label tree (xmldask tree) instead: "
-                   "a rank-k shared U with per-leaf V, b, trained --max-epochs passes (default 200)")
+    add_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing model store")
     p.add_argument("--json", action="store_true", help="print the training summary as JSON")
     add_cluster_arguments(p)
@@ -225,18 +200,11 @@ def _add_train(sub) -> None:
 
 def _cmd_train(args) -> int:
     from . import jobs
-    from .model_selection import parse_grid
+    from .params import from_args
 
-    extra = {name: value for name, value in (("features", args.features), ("n_random_features", args.n_random_features),
-                                             ("alpha", args.alpha), ("max_epochs", args.max_epochs))
-             if value is not None}
-    search = parse_grid(args.search, aliases={"n-random-features": "n_random_features",
-                                              "max-epochs": "max_epochs"}) if args.search else None
+    params = from_args(args)
     with _cluster_context(args):
-        info = jobs.train(args.train_url, args.out, embedding=args.embedding, k=args.k, kernel=args.kernel,
-                          seed=args.seed, overwrite=args.overwrite, search=search,
-                          search_strategy=args.search_strategy, search_extensions=args.search_extensions,
-                          n_estimators=args.n_estimators, **({"tree": args.tree} if args.tree else {}), **extra)
+        info = jobs.train(args.train_url, args.out, overwrite=args.overwrite, **params)
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -314,7 +282,8 @@ def _cmd_evaluate(args) -> int:
 def _add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
-        help="the main job on the embedded default: synthesize, ingest and summarise a dataset in storage/",
+        help="synthesize, ingest and summarise a dataset in storage/ (the main job, the whole pipeline, is "
+        "python -m flows.pipeline)",
         description="Generate a synthetic multilabel dataset as XC text files under the storage root, ingest "
         "them into dataset stores, and print their summary. Re-running reuses what is already there.",
     )
@@ -331,24 +300,6 @@ def _cmd_demo(args) -> int:
     run_demo(root=args.root, n_samples=args.n_samples, n_features=args.n_features, n_labels=args.n_labels,
              seed=args.seed)
     return 0
-
-
-def _format_info(info: dict) -> str:
-    rows = [
-        ("dataset", info["url"]),
-        ("rows", f"{info['n_samples']:,} ({info['row_blocks']} row blocks)"),
-        ("features", f"{info['n_features']:,}  nnz {info['nnz']:,}  ({info['avg_features_per_row']:.2f} per row)"),
-        ("labels", f"{info['n_labels']:,}  used {info['labels_used']:,}  ({info['avg_labels_per_row']:.2f} per row)"),
-        ("rows without labels", f"{info['rows_without_labels']:,}"),
-        ("label frequency", f"max {info['label_frequency_max']:,}, median {info['label_frequency_median']:g}, "
-                            f"{info['labels_seen_at_most_5_times']:,} labels seen <= 5 times, "
-                            f"top 10 labels carry {100 * info['top_10_label_share']:.1f}% of assignments"),
-    ]
-    for source in info["sources"]:
-        rows.append(("source", f"{source['path']} ({source['format']}, {source['rows']:,} rows, "
-                               f"sha256 {source['sha256'][:12]}...)"))
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
 
 
 def _add_tree(sub) -> None:

@@ -7,11 +7,12 @@ held-out training rows. :class:`EnsembleClassifier` averages the probabilities o
 with different seeds (each on its own random 90% of the rows). :func:`load_model` reads either.
 """
 
-from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier, NotFittedError
+from ..base import NotFittedError, kept_epoch
+from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier
 from .ensemble import ENSEMBLE_VERSION, EnsembleClassifier
 
 __all__ = ["ENSEMBLE_VERSION", "MODEL_VERSION", "EmbeddingClassifier", "EnsembleClassifier", "NotFittedError",
-           "load_model"]
+           "kept_epoch", "load_model"]
 
 #: the classes :func:`load_model` reads, by the name their stores record
 MODEL_CLASSES = {cls.__name__: cls for cls in (EmbeddingClassifier, EnsembleClassifier)}

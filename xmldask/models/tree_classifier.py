@@ -28,12 +28,12 @@ import scipy.linalg
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
+from ..base import NotFittedError, ParamsMixin, _as_rows
 from ..linalg.passes import _ROWS, _WHOLE, _per_block, dense_operand, gram
 from ..store.models import jsonable, open_model_store, write_model_store
 from ..tree import _kernels as TK
 from ..tree.model import SpectralLabelTree
 from . import _kernels as MK
-from ._base import ParamsMixin, _as_rows
 
 __all__ = ["TREE_CLASSIFIER_VERSION", "CandidateScorer", "TreeClassifier"]
 
@@ -203,7 +203,6 @@ class TreeClassifier(ParamsMixin):
 
     def _check_fitted(self) -> None:
         if getattr(self, "U_", None) is None:
-            from .embedding_classifier import NotFittedError
 
             raise NotFittedError("this TreeClassifier is not fitted yet; call fit(X, Y) first")
 

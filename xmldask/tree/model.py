@@ -6,8 +6,8 @@ import dask
 import dask.array as da
 import numpy as np
 
+from ..base import NotFittedError, ParamsMixin, _as_rows
 from ..linalg.passes import _ROWS, _WHOLE, _check_rows_operand, _per_block, _tree_sum, dense_operand
-from ..models._base import ParamsMixin, _as_rows
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _kernels as K
 from .growth import MEMORY_BUDGET, grow_tree
@@ -100,7 +100,6 @@ class SpectralLabelTree(ParamsMixin):
 
     def _check_fitted(self) -> None:
         if getattr(self, "table_", None) is None:
-            from ..models import NotFittedError
 
             raise NotFittedError("this SpectralLabelTree is not fitted yet; call fit(X, Y) first")
 
