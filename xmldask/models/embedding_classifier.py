@@ -365,9 +365,9 @@ class EmbeddingClassifier(ParamsMixin):
         whose limit is below that is restarted again and again until Dask gives up (``KilledWorker``)
         after minutes.
         """
-        from ..linalg.passes import _current_client
+        from ..scheduling import current_client
 
-        client = _current_client()
+        client = current_client()
         if client is None:
             return
         limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
