@@ -25,14 +25,25 @@ def child(source: str, out: str) -> None:
     import psutil
 
     import xmldask.io
+    from xmldask.store import integrity, open_dataset
 
+    timer = integrity.timed()  # the integrity work: the inventory recorded at commit, checked at every open
     base_rss = psutil.Process().memory_info().rss
     start = time.perf_counter()
     ds = xmldask.io.ingest(source, out, overwrite=True)
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    record = timer.pop("record_inventory", 0.0)
+    opened = []
+    for _ in range(5):
+        timer.clear()
+        begin = time.perf_counter()
+        open_dataset(out)
+        opened.append((time.perf_counter() - begin, timer.get("check_inventory", 0.0)))
+    open_s, check_s = sorted(opened)[len(opened) // 2]
     print(json.dumps({"seconds": seconds, "n_samples": ds.n_samples, "nnz": ds.meta["nnz"],
-                      "peak_rss_mb": peak / 2**20, "rss_after_import_mb": base_rss / 2**20}))
+                      "peak_rss_mb": peak / 2**20, "rss_after_import_mb": base_rss / 2**20,
+                      "inventory_ms": 1e3 * record, "open_ms": 1e3 * open_s, "check_ms": 1e3 * check_s}))
 
 
 def text_bytes(path: Path) -> int:
@@ -67,7 +78,10 @@ def main() -> None:
                          "mb_per_s": round(mb / fig["seconds"], 1),
                          "rows_per_s": round(fig["n_samples"] / fig["seconds"]),
                          "peak_rss_mb": round(fig["peak_rss_mb"], 1),
-                         "rss_after_import_mb": round(fig["rss_after_import_mb"], 1)})
+                         "rss_after_import_mb": round(fig["rss_after_import_mb"], 1),
+                         "inventory_ms": round(fig["inventory_ms"], 1), "open_ms": round(fig["open_ms"], 1),
+                         "check_ms": round(fig["check_ms"], 1),
+                         "check_share_of_open": round(fig["check_ms"] / fig["open_ms"], 3)})
     small, large = rows[0]["peak_rss_mb"], rows[-1]["peak_rss_mb"]
     for row in rows:
         row["peak_rss_ratio_to_small"] = round(row["peak_rss_mb"] / small, 2)

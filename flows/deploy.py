@@ -16,6 +16,10 @@ from __future__ import annotations
 
 import argparse
 
+from prefect.deployments.runner import EntrypointType
+
+from xmldask.params import TrainParams, add_arguments, from_args
+
 __all__ = ["build_deployment", "deployment_options", "main", "serve"]
 
 
@@ -25,7 +29,10 @@ def deployment_options(*, cron: str, test: list[str], name: str = "xmldask-refre
     :func:`serve` passes these to ``refresh.serve`` and :func:`build_deployment` to ``refresh.to_deployment``.
     """
     return {"name": name, "cron": cron, "parameters": {"test": list(test), **parameters}, "tags": ["xmldask"],
-            "description": "Ingest new files of the incoming folder once, retrain, promote if not worse."}
+            "description": "Ingest new files of the incoming folder once, retrain, promote if not worse.",
+            # a run started without this process (``python -m prefect.engine``) imports ``flows.refresh``
+            # as a module of the package (its relative imports need it), not as a script file
+            "entrypoint_type": EntrypointType.MODULE_PATH}
 
 
 def build_deployment(*, cron: str, test: list[str], name: str = "xmldask-refresh", **parameters):
@@ -51,15 +58,21 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--storage", help="storage root (default $XMLDASK_STORAGE or storage/)")
     parser.add_argument("--incoming", help="folder of new files (default <storage>/refresh/incoming)")
     parser.add_argument("--scheduler", help="running Dask scheduler, e.g. tcp://host:8786")
-    parser.add_argument("--k", type=int, default=64, help="embedding dimension")
     parser.add_argument("--metric", default="P@1", help="held-out metric of the promotion rule")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show the log lines of Dask and xmldask")
+    add_arguments(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = vars(build_parser().parse_args(argv))
-    parameters = {key: value for key, value in args.items() if value is not None and key not in ("cron", "name")}
-    serve(cron=args["cron"], name=args["name"], **parameters)
+    from .stage_flows import set_verbosity
+
+    args = build_parser().parse_args(argv)
+    model = from_args(args)
+    set_verbosity(args.verbose)
+    parameters = {key: value for key, value in vars(args).items()
+                  if value is not None and key not in ("cron", "name", "verbose", *TrainParams.model_fields)}
+    serve(cron=args.cron, name=args.name, **parameters, **({"model": model} if model else {}))
     return 0
 
 

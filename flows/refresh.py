@@ -17,7 +17,6 @@ changed); the new model and the current one are evaluated on the same held-out t
 one is promoted iff ``new[metric] >= current[metric]``. The report says which model is current and why.
 """
 
-from __future__ import annotations
 
 import datetime as _dt
 from typing import Annotated
@@ -27,13 +26,12 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from pydantic import Field
 
-from xmldask.store import _fs, exists, open_dataset
+from xmldask.params import DEFAULTS, TrainParams
+from xmldask.store import StoreBusyError, _fs, exists, open_dataset
 
 from .pipeline import run_downstream, summary
 from .stage_flows import (
-    Embedding,
     Format,
-    Kernel,
     LocalClusterOptions,
     Normalize,
     PositiveInt,
@@ -65,18 +63,38 @@ def _files(folder: str) -> list[str]:
 
 
 def _quarantine(url: str, folder: str, error: str) -> str:
-    """Move the file ``url`` into ``folder`` beside ``<name>.error.txt``; returns its new URL."""
+    """Move the file ``url`` into ``folder`` beside ``<name>.error.txt``; returns its new URL.
+
+    A name already in the quarantine (an earlier file of the same name) gets a counter, ``a-2.txt``:
+    no quarantined file or error record is ever overwritten.
+    """
     name = url.rstrip("/").rpartition("/")[2]
-    target = join(folder, name)
     fs, path = url_to_fs(url)
     fs.makedirs(url_to_fs(folder)[1], exist_ok=True)
+    stem, dot, ext = name.partition(".")
+    target, n = join(folder, name), 1
+    while fs.exists(url_to_fs(target)[1]) or fs.exists(url_to_fs(f"{target}.error.txt")[1]):
+        n += 1
+        target = join(folder, f"{stem}-{n}{dot}{ext}")
     fs.mv(path, url_to_fs(target)[1])
-    with fs.open(url_to_fs(join(folder, f"{name}.error.txt"))[1], "w") as f:
+    with fs.open(url_to_fs(f"{target}.error.txt")[1], "w") as f:
         f.write(error + "\n")
     return target
 
 
-@task(name="pick-up", retries=2, retry_delay_seconds=1, cache_policy=NONE)
+def _io_failure(task, task_run, state) -> bool:
+    """Retry only what may pass on a second try: I/O errors and a dataset busy with another writer,
+    never a deterministic failure such as a parse error or a damaged store."""
+    try:
+        state.result()
+    except (OSError, StoreBusyError):
+        return True
+    except BaseException:  # noqa: BLE001 - any other failure is deterministic
+        return False
+    return False
+
+
+@task(name="pick-up", retries=2, retry_delay_seconds=1, retry_condition_fn=_io_failure, cache_policy=NONE)
 def pick_up(incoming: str, dataset: str, *, ledger: str, quarantine: str, format: str = "auto",
             one_based: bool = False, normalize: str = "none") -> dict:
     """Append every new file of ``incoming`` to ``dataset`` once; quarantine the files that fail validation.
@@ -105,6 +123,8 @@ def pick_up(incoming: str, dataset: str, *, ledger: str, quarantine: str, format
             continue
         try:
             ds = ingest(url, dataset, append=exists(dataset), format=format, one_based=one_based, normalize=normalize)
+        except StoreBusyError:
+            raise  # another writer appends to the dataset: the file is fine, the task retries
         except Exception as exc:  # noqa: BLE001 - any failure quarantines the file; the dataset is unchanged
             error = f"{type(exc).__name__}: {exc}"
             entry = {"name": name, "sha256": sha, "status": "quarantined", "error": error,
@@ -150,9 +170,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
             storage: str | None = None, scheduler: str | None = None, n_workers: PositiveInt | None = None,
             threads_per_worker: PositiveInt | None = None, processes: bool | None = None,
             dashboard_address: str | None = ":8787", format: Format = "auto", one_based: bool = False,
-            normalize: Normalize = "none", embedding: Embedding = "rembrandt", k: PositiveInt = 64,
-            kernel: Kernel = "gaussian", seed: int = 0, n_random_features: PositiveInt = 2000,
-            max_epochs: PositiveInt = 10, top_k: Annotated[int, Field(ge=10)] = 10,
+            normalize: Normalize = "none", model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
             spectrum_components: PositiveInt | None = 50, metric: str = "P@1") -> dict:
     """Pick up new files, append them once, retrain, and promote the new model if it is not worse.
 
@@ -182,7 +200,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
     run_dir = new_run_dir(storage)
     local = LocalClusterOptions(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
                                 dashboard_address=dashboard_address)
-    with dask_client(scheduler, local) as (_, dashboard):
+    with dask_client(scheduler, local) as dask:
         picked = pick_up(incoming, dataset, ledger=join(base, "ledger.json"), quarantine=join(base, "quarantine"),
                          format=format, one_based=one_based, normalize=normalize)
         if not exists(dataset):
@@ -192,10 +210,8 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
         stages = {"ingest-train": ingest_flow([dataset], split="train", **where)}
         stages["ingest-test"] = ingest_flow(list(test), split="test", like=dataset, format=format,
                                             one_based=one_based, normalize=normalize, **where)
-        stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], embedding=embedding, k=k,
-                                     kernel=kernel, seed=seed, n_random_features=n_random_features,
-                                     max_epochs=max_epochs, top_k=top_k, spectrum_components=spectrum_components,
-                                     **where))
+        stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], model=model, top_k=top_k,
+                                     spectrum_components=spectrum_components, **where))
         new_metrics = stages["evaluate"]["result"]
         new_model = output(stages["train"], "model")
         current = read_json(current_path)
@@ -226,7 +242,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
                  f"skipped (seen before): {', '.join(f['name'] for f in picked['skipped']) or 'none'}; "
                  f"quarantined: {', '.join(f['name'] for f in picked['quarantined']) or 'none'}."]
         notes += [f"- quarantined `{f['name']}`: {f['error']}" for f in picked["quarantined"]]
-        out = report_flow(stages, title=f"xmldask refresh of {dataset}", dashboard=dashboard, notes=notes,
+        out = report_flow(stages, title=f"xmldask refresh of {dataset}", dashboard=dask.dashboard, notes=notes,
                           artifact_key="xmldask-refresh-report", run_dir=run_dir)
     return {**picked, **out, "promoted": promote_it, "decision": decision, "current": current,
             "metrics": new_metrics, "current_metrics": current_metrics, "stages": summary(stages)}

@@ -43,15 +43,19 @@ def plot_label_frequency(label_counts, path: Path, *, title: str = "Label freque
 
 
 def plot_precision_at_k(metrics: dict, path: Path, *, title: str = "Precision at k") -> Path:
-    """``P@k`` (and ``PSP@k`` where present) for every ``k`` in ``metrics``."""
+    """``P@k`` (and ``PSP@k``, ``nDCG@k`` where present) for every ``k`` in ``metrics``, dashed: the baseline's."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    baseline = metrics.get("baseline") or {}
     try:
         for family in ("P", "PSP", "nDCG"):
             ks = sorted(int(name.split("@")[1]) for name in metrics
                         if name.startswith(f"{family}@") and name.split("@")[1].isdigit())
             if ks:
-                ax.plot(ks, [metrics[f"{family}@{k}"] for k in ks], marker="o", label=f"{family}@k")
+                line, = ax.plot(ks, [metrics[f"{family}@{k}"] for k in ks], marker="o", label=f"{family}@k")
+                if all(f"{family}@{k}" in baseline for k in ks):
+                    ax.plot(ks, [baseline[f"{family}@{k}"] for k in ks], linestyle="--", color=line.get_color(),
+                            label=f"{family}@k, most frequent labels")
         ax.set_xlabel("k")
         ax.set_ylabel("value")
         ax.set_title(title)
@@ -71,7 +75,7 @@ def table_metrics(metrics: dict) -> dict:
         family, sep, k = name.partition("@")
         if sep and k.isdigit() and int(k) not in TABLE_KS:
             continue
-        shown[name] = value
+        shown[name] = table_metrics(value) if isinstance(value, dict) else value
     return shown
 
 

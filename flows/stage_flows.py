@@ -5,7 +5,7 @@ a small record (:func:`flows.stages.run_stage`); :func:`flows.pipeline.pipeline`
 subflows, and each can be run on its own::
 
     from flows.stage_flows import train_flow
-    record = train_flow("storage/bibtex/train.zarr", k=32, scheduler="tcp://head:8786")
+    record = train_flow("storage/bibtex/train.zarr", model={"k": 32}, scheduler="tcp://head:8786")
     record["outputs"]["model"]        # <storage>/runs/<time>-<id>/train/model.zarr
 
 Inside, a thin task per stage (``ingest``, ``spectrum``, ``train``, ``predict``, ``evaluate``)
@@ -21,13 +21,15 @@ pipeline's); run on its own, it opens :func:`xmldask.cluster.cluster`: the ``sch
 else ``$XMLDASK_SCHEDULER``, else a LocalCluster (``local_cluster`` options), closed at its end.
 """
 
-from __future__ import annotations
 
 import contextlib
 import datetime as _dt
 import hashlib
 import json
+import logging
+import os
 import tempfile
+import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +42,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from xmldask import jobs
+from xmldask.params import DEFAULTS, TrainParams
 from xmldask.store import _fs
 
 from .stages import (
@@ -55,17 +58,13 @@ from .stages import (
     upload,
 )
 
-__all__ = ["EVAL_KS", "LocalClusterOptions", "StoreRef", "dask_client", "evaluate_flow", "ingest_flow",
-           "new_run_dir", "output", "predict_flow", "report_flow", "run_cached", "spectrum_flow", "train_flow"]
+__all__ = ["EVAL_KS", "LazyClient", "LocalClusterOptions", "StoreRef", "compute_on_dask", "dask_client",
+           "evaluate_flow", "ingest_flow", "new_run_dir", "output", "predict_flow", "report_flow", "run_cached",
+           "set_verbosity", "spectrum_flow", "train_flow"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
-Embedding = Literal["rembrandt", "cs", "plst", "pca"]
-Kernel = Literal["none", "gaussian", "cauchy"]
 Format = Literal["auto", "xc", "libsvm", "vw"]
 Normalize = Literal["none", "l2", "l1", "sqrt"]
-Features = Literal["raw", "l2", "tfidf"]
-#: a held-out search: parameter name (``k``, ``kernel``, ``alpha``, ...) to the values to try
-Search = dict[str, list[int | float | str]]
 #: the k of the evaluation (the report's P@k plot); the report's table shows 1, 3, 5
 EVAL_KS = tuple(range(1, 11))
 
@@ -95,43 +94,95 @@ class LocalClusterOptions(BaseModel):
 # Dask, run directories, cached stages
 
 
+class LazyClient:
+    """The Dask client of a flow run, started by the first stage that computes.
+
+    A run whose stages are all Prefect cache hits starts no cluster. Thread-safe: stage tasks run in
+    Prefect's worker threads. ``dashboard`` is the dashboard link once started (else None).
+    """
+
+    def __init__(self, scheduler: str | None, local: LocalClusterOptions):
+        self.scheduler, self.local = scheduler, local
+        self.client, self.dashboard = None, None
+        self._stack, self._lock = contextlib.ExitStack(), threading.Lock()
+
+    def get(self):
+        """The client, starting the cluster (or connecting to the scheduler) on the first call."""
+        from xmldask.cluster import cluster
+
+        with self._lock:
+            if self.client is None:
+                self.client = self._stack.enter_context(cluster(self.scheduler, **self.local.model_dump()))
+                if self.local.dashboard_address is not None or self.scheduler:
+                    self.dashboard = self.client.dashboard_link
+                get_run_logger().info("Dask dashboard: %s", self.dashboard or "none")
+            return self.client
+
+    def close(self) -> None:
+        with self._lock:
+            self._stack.close()
+            self.client = None
+
+
+#: the lazy clients of the flow runs of this process, innermost last
+_ACTIVE: list[LazyClient] = []
+
+
 @contextlib.contextmanager
-def dask_client(scheduler: str | None = None, local: LocalClusterOptions | None = None) -> Iterator[tuple]:
-    """The Dask client to compute on: the caller's running client, else :func:`xmldask.cluster.cluster`.
+def dask_client(scheduler: str | None = None, local: LocalClusterOptions | None = None) -> Iterator[LazyClient]:
+    """The Dask client to compute on: the calling flow's, a running client, else a lazily started cluster.
 
     Parameters
     ----------
     scheduler : str, optional
-        Address of a running scheduler. A running client of this process is reused unless
-        ``scheduler`` names another scheduler.
+        Address of a running scheduler. The client of a calling flow (or a running client of this
+        process) is reused unless ``scheduler`` names another scheduler.
     local : LocalClusterOptions, optional
         The local cluster started when there is neither a running client nor a scheduler address
         (nor ``$XMLDASK_SCHEDULER``).
 
     Yields
     ------
-    tuple of (distributed.Client, str or None)
-        The client and its dashboard link (None for a reused client or a cluster without dashboard).
+    LazyClient
+        Started by the first stage that computes (:func:`compute_on_dask`), closed at the end of the block.
     """
     from distributed import default_client
 
-    from xmldask.cluster import cluster
-
-    log = get_run_logger()
-    try:
-        client = default_client()
-    except ValueError:
-        client = None
     wanted = scheduler if scheduler is None or "://" in scheduler else f"tcp://{scheduler}"
-    if client is not None and wanted in (None, client.scheduler.address):
-        log.info("computing on the running Dask client (scheduler %s)", client.scheduler.address)
-        yield client, None
+    if _ACTIVE and wanted in (None, _ACTIVE[-1].scheduler):
+        yield _ACTIVE[-1]
         return
-    local = local or LocalClusterOptions()
-    with cluster(scheduler, **local.model_dump()) as client:
-        dashboard = client.dashboard_link if local.dashboard_address is not None or scheduler else None
-        log.info("Dask dashboard: %s", dashboard or "none")
-        yield client, dashboard
+    try:
+        running = default_client()
+    except ValueError:
+        running = None
+    lazy = LazyClient(scheduler, local or LocalClusterOptions())
+    if running is not None and wanted in (None, running.scheduler.address):
+        get_run_logger().info("computing on the running Dask client (scheduler %s)", running.scheduler.address)
+        lazy.client = running
+    _ACTIVE.append(lazy)
+    try:
+        yield lazy
+    finally:
+        _ACTIVE.remove(lazy)
+        lazy.close()
+
+
+def set_verbosity(verbose: bool) -> None:
+    """Dask's own log lines (scheduler and worker start-up, ...) at WARNING unless ``verbose``, then also
+    xmldask's at INFO; the flow runs' logs (the stages' progress) are shown either way."""
+    import distributed  # noqa: F401 - it sets its loggers' levels when imported: set ours after
+
+    # local worker processes are spawned: they read the level from the environment when they import Dask
+    os.environ["DASK_LOGGING__DISTRIBUTED"] = "info" if verbose else "warning"
+    logging.getLogger("distributed").setLevel(logging.INFO if verbose else logging.WARNING)
+    logging.getLogger("xmldask").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def compute_on_dask() -> None:
+    """Start the Dask client of the current flow run, if any (called by a stage task that computes)."""
+    if _ACTIVE:
+        _ACTIVE[-1].get()
 
 
 def new_run_dir(storage: str | None) -> str:
@@ -272,6 +323,7 @@ def spectrum_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     data = inputs["train"]["url"]
 
     def compute(work: str, scratch: Path) -> dict:
+        compute_on_dask()
         spectrum = compute_spectrum(data, matrix="Y", n_components=params["n_components"],
                                     random_state=params["seed"])
         write_spectrum(spectrum, scratch)
@@ -319,6 +371,7 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     """Fit the embedding classifier on ``inputs["train"]`` into ``model.zarr``."""
 
     def compute(work: str, scratch: Path) -> dict:
+        compute_on_dask()
         result = jobs.train(inputs["train"]["url"], join(work, "model.zarr"), **params)
         return {"outputs": {"model": "model.zarr"}, "result": result}
 
@@ -326,10 +379,8 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
 
 @flow(name="xmldask-train", log_prints=True)
-def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveInt = 64, kernel: Kernel = "gaussian",
-               features: Features = "raw", seed: int = 0, n_random_features: PositiveInt = 2000,
-               max_epochs: PositiveInt = 10, search: Search | None = None, n_estimators: PositiveInt = 1,
-               storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
+def train_flow(train: Store, *, model: TrainParams = DEFAULTS, storage: str | None = None,
+               run_dir: str | None = None, scheduler: str | None = None,
                local_cluster: LocalClusterOptions | None = None) -> dict:
     """Fit the embedding classifier (it fits its own label embedding) on a dataset store.
 
@@ -337,13 +388,9 @@ def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveI
     ----------
     train : str or StoreRef
         The training dataset store.
-    embedding, k, kernel, features, seed, n_random_features, max_epochs
-        The classifier (:func:`xmldask.jobs.train`).
-    search : dict, optional
-        Values to choose among by held-out P@1 on the training rows, one parameter at a time
-        (:func:`xmldask.jobs.train` ``search``), e.g. ``{"alpha": [0.001, 1], "k": [50, 150]}``.
-    n_estimators : int
-        More than 1: an ensemble of that many models with different seeds (:func:`xmldask.jobs.train`).
+    model : TrainParams or dict
+        The training parameters (:class:`xmldask.params.TrainParams`, the options of ``xmldask train``),
+        e.g. ``{"k": 32, "search": {"alpha": [0.001, 1]}}``; the fields not given keep their defaults.
     storage, run_dir, scheduler, local_cluster
         As :func:`spectrum_flow`.
 
@@ -352,14 +399,8 @@ def train_flow(train: Store, *, embedding: Embedding = "rembrandt", k: PositiveI
     dict
         The stage record; ``outputs["model"]`` is the model store.
     """
-    params = {"embedding": embedding, "k": k, "kernel": kernel, "features": features, "seed": seed,
-              "n_random_features": n_random_features, "max_epochs": max_epochs}
-    if search:
-        params["search"] = {name: list(values) for name, values in search.items()}
-    if n_estimators != 1:  # (absent when 1, so the cache keys of single models stay as they were)
-        params["n_estimators"] = n_estimators
     with dask_client(scheduler, local_cluster):
-        return run_cached(train_task, inputs={"train": store_ref(train)}, params=params, storage=storage,
+        return run_cached(train_task, inputs={"train": store_ref(train)}, params=model.model_dump(), storage=storage,
                           run_dir=run_dir)
 
 
@@ -368,6 +409,7 @@ def predict_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     """Top-``top_k`` predictions of ``inputs["model"]`` on ``inputs["test"]`` into ``predictions.zarr``."""
 
     def compute(work: str, scratch: Path) -> dict:
+        compute_on_dask()
         result = jobs.predict(inputs["model"]["url"], inputs["test"]["url"], join(work, "predictions.zarr"), **params)
         return {"outputs": {"predictions": "predictions.zarr"}, "result": result}
 
@@ -405,6 +447,7 @@ def evaluate_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     """Metrics of ``inputs["predictions"]`` against ``inputs["test"]`` into ``metrics.json``."""
 
     def compute(work: str, scratch: Path) -> dict:
+        compute_on_dask()
         train = inputs.get("train", {}).get("url")
         metrics = jobs.evaluate(inputs["predictions"]["url"], inputs["test"]["url"], train_url=train,
                                 ks=tuple(params["ks"]))

@@ -67,7 +67,10 @@ def prefect_harness():
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
     from prefect.testing.utilities import prefect_test_harness
 
-    with prefect_test_harness(), temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
+    # the temporary server's start-up waits up to two minutes (as flows/__init__.py sets for the flows):
+    # 30 s was seen to run out on a loaded machine
+    with prefect_test_harness(server_startup_timeout=120), \
+            temporary_settings(updates={PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
         yield
 
 

@@ -18,8 +18,9 @@ from xmldask.models import load_model
 
 DIMS = {"n_features": 1000, "n_labels": 100}
 #: a small model: seconds per stage on 2 cores
-MODEL = {"k": 8, "n_random_features": 100, "max_epochs": 2, "spectrum_components": 10}
-TRAIN = {key: MODEL[key] for key in ("k", "n_random_features", "max_epochs")}
+TRAIN = {"k": 8, "n_random_features": 100, "max_epochs": 2}
+#: the pipeline's options of that model
+MODEL = {"model": TRAIN, "spectrum_components": 10}
 STAGES = ["ingest-train", "ingest-test", "spectrum", "train", "predict", "evaluate"]
 #: the cached stage tasks of a pipeline run (ingest twice)
 STAGE_TASKS = ["evaluate", "ingest", "ingest", "predict", "spectrum", "train"]
@@ -147,7 +148,7 @@ def test_parameter_change_recomputes_only_later_stages(first_run, data, storage,
     assert computed(more) == ["predict", "evaluate"]
     assert {p.name for p in Path(more["run_dir"]).iterdir()} == REPORT_FILES | {"predict", "evaluate"}
     other, flow_run_id = run_with_state(pipeline, [data["train"]], [data["test"]], storage=storage,
-                                        scheduler=scheduler, **{**MODEL, "k": 4})
+                                        scheduler=scheduler, **{**MODEL, "model": {**TRAIN, "k": 4}})
     assert computed(other) == ["train", "predict", "evaluate"]
     states = stage_states(flow_run_id)
     assert states["ingest"] == ["Cached", "Cached"] and states["spectrum"] == ["Cached"]
@@ -159,11 +160,13 @@ def test_parameters_are_validated(storage):
     from prefect.exceptions import ParameterTypeError
 
     with pytest.raises(ParameterTypeError):
-        pipeline(storage=storage, k=0)
+        pipeline(storage=storage, model={"k": 0})
     with pytest.raises(ParameterTypeError):
-        pipeline(storage=storage, embedding="nope")
+        pipeline(storage=storage, model={"embedding": "nope"})
     with pytest.raises(ParameterTypeError):
-        train_flow("x.zarr", storage=storage, kernel="nope")
+        train_flow("x.zarr", storage=storage, model={"kernel": "nope"})
+    with pytest.raises(ParameterTypeError):  # a misspelt parameter is not silently ignored
+        train_flow("x.zarr", storage=storage, model={"kernal": "none"})
 
 
 def test_each_stage_flow_runs_on_its_own(first_run, data, storage, scheduler, monkeypatch):
@@ -175,13 +178,14 @@ def test_each_stage_flow_runs_on_its_own(first_run, data, storage, scheduler, mo
     test_url = first_run["stages"]["ingest-test"]["dir"] + "/data.zarr"
 
     # a URL given as a string gets the fingerprint the producing stage recorded: the pipeline's train is reused
-    assert train_flow(train_url, storage=storage, **TRAIN)["state"] == "Cached"
+    assert train_flow(train_url, storage=storage, model=TRAIN)["state"] == "Cached"
 
-    model = train_flow(train_url, storage=storage, **{**TRAIN, "k": 6}, n_estimators=2)  # an ensemble
+    model = train_flow(train_url, storage=storage, model={**TRAIN, "k": 6, "n_estimators": 2})  # an ensemble
     assert model["state"] == "Completed" and model["params"]["n_estimators"] == 2
     assert len(load_model(model["outputs"]["model"]).estimators_) == 2
     # the held-out search and the input features are train parameters like the others
-    searched = train_flow(train_url, storage=storage, features="tfidf", search={"alpha": [0.001, 10.0]}, **TRAIN)
+    searched = train_flow(train_url, storage=storage,
+                          model={**TRAIN, "features": "tfidf", "search": {"alpha": [0.001, 10.0]}})
     assert searched["state"] == "Completed" and searched["params"]["search"] == {"alpha": [0.001, 10.0]}
     tried = searched["result"]["search"]
     assert [r["params"]["alpha"] for r in tried][:2] == [0.001, 10.0]  # then steps past the winning end
@@ -278,7 +282,7 @@ def test_refresh_ingests_once_quarantines_and_promotes_by_the_metric(data, tmp_p
 
     # new rows with a much weaker model (k=1, one epoch): kept the previous model
     shutil.copy(data["more"], incoming / "part-001.txt.gz")
-    worse = refresh([data["test"]], **{**opts, "k": 1, "max_epochs": 1, "n_random_features": 10})
+    worse = refresh([data["test"]], **{**opts, "model": {**TRAIN, "k": 1, "max_epochs": 1, "n_random_features": 10}})
     assert [f["name"] for f in worse["ingested"]] == ["part-001.txt.gz"]
     assert open_dataset(str(dataset)).n_samples == 1800
     assert worse["metrics"]["P@1"] < worse["current_metrics"]["P@1"]
@@ -302,12 +306,15 @@ def test_deploy_builds_the_scheduled_refresh_deployment(monkeypatch):
 
     served = {}
     monkeypatch.setattr(refresh_flow, "serve", lambda **options: served.update(options))
-    assert deploy.main(["--cron", "*/15 * * * *", "--test", "t.zarr", "--storage", "s3://bucket/xmc", "--k", "32"]) == 0
+    assert deploy.main(["--cron", "*/15 * * * *", "--test", "t.zarr", "--storage", "s3://bucket/xmc", "--k", "32",
+                        "--features", "tfidf", "--search", "alpha=0.01,1", "--n-estimators", "2"]) == 0
     assert served["cron"] == "*/15 * * * *"
-    assert served["parameters"] == {"test": ["t.zarr"], "storage": "s3://bucket/xmc", "k": 32, "metric": "P@1"}
+    assert served["parameters"] == {"test": ["t.zarr"], "storage": "s3://bucket/xmc", "metric": "P@1",
+                                    "model": {"k": 32, "features": "tfidf", "search": {"alpha": [0.01, 1]},
+                                              "n_estimators": 2}}
 
     deployment = deploy.build_deployment(**{key: served[key] for key in ("cron", "name")}, **served["parameters"])
     assert deployment.name == "xmldask-refresh" and deployment.flow_name == "xmldask-refresh"
     assert [s.schedule.cron for s in deployment.schedules] == ["*/15 * * * *"]
     assert deployment.parameters == served["parameters"]
-    assert deployment.entrypoint.endswith("refresh.py:refresh")
+    assert deployment.entrypoint == "flows.refresh.refresh"  # imported as a module of the package

@@ -40,6 +40,13 @@ def test_train_predict_evaluate(data):
         hits = [len(set(labels[i, :k]) & set(Y[i].indices)) / k for i in range(Y.shape[0])]
         assert results[f"P@{k}"] == pytest.approx(np.mean(hits))
     assert results["P@1"] > 5 / 80  # far above chance
+    # the baseline: the most frequent training labels for every row
+    frequent = np.argsort(-np.asarray(open_dataset(train).label_counts), kind="stable")[:7]
+    for k in (1, 3, 5):
+        hits = [len(set(frequent[:k]) & set(Y[i].indices)) / k for i in range(Y.shape[0])]
+        assert results["baseline"][f"P@{k}"] == pytest.approx(np.mean(hits))
+    assert results["P@1"] > 2 * results["baseline"]["P@1"]
+    assert f"| P@1 | {results['P@1']:.4f} | {results['baseline']['P@1']:.4f} |" in metrics.report(results)
     p = metrics.propensity(open_dataset(train).label_counts, 3000)
     assert results["PSP@1"] == pytest.approx(metrics.evaluate(labels, None, ds.Y, ks=(1,), propensities=p)["PSP@1"])
 
@@ -47,8 +54,12 @@ def test_train_predict_evaluate(data):
 def test_refusals(data):
     root, train, test = data
     model_url = str(root / "model2.zarr")
-    with pytest.raises(ValueError, match="kernel must be one of"):
+    with pytest.raises(ValueError, match="kernel = 'rbf': Input should be 'none', 'gaussian' or 'cauchy'"):
         jobs.train(train, model_url, kernel="rbf")
+    with pytest.raises(ValueError, match="unknown training parameter.s. kernal; known: embedding, k, "):
+        jobs.train(train, model_url, kernal="none")
+    with pytest.raises(ValueError, match="unknown training parameter.s. n_components"):  # the job's name is k
+        jobs.train(train, model_url, n_components=8)
     jobs.train(train, model_url, embedding="cs", k=8, kernel="none", max_epochs=1)
     pca_url = str(root / "pca.zarr")  # a feature embedding: no label embedding R in the model
     jobs.train(train, pca_url, embedding="pca", k=8, kernel="none", max_epochs=1)
@@ -64,3 +75,14 @@ def test_refusals(data):
     with pytest.raises(ValueError, match="predictions for 900 rows but"):
         jobs.evaluate(str(root / "p.zarr"), other)
     assert set(jobs.evaluate(str(root / "p.zarr"), test)) >= {"P@1", "P@3"}
+
+
+def test_k_beyond_the_labels_is_lowered_before_any_pass(data, caplog):
+    """``k`` (and the search's ``k``) above the number of labels is lowered to it, with a message."""
+    root, train, _ = data
+    with caplog.at_level("WARNING", logger="xmldask.jobs"):
+        info = jobs.train(train, str(root / "k.zarr"), k=500, kernel="none", max_epochs=1,
+                          search={"k": [8, 200, 400]}, search_extensions=0)
+    assert "k=500 is more than the 80 labels" in caplog.text
+    assert "the search's k=[8, 200, 400] exceed the 80 labels" in caplog.text and "trying k=[8, 80]" in caplog.text
+    assert [r["params"]["k"] for r in info["search"]] == [8, 80]

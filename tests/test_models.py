@@ -325,7 +325,8 @@ def test_save_load_round_trip(multiclass, tmp_path):
     assert not [p for p in tmp_path.iterdir() if "partial" in p.name]
     # a store of another class is refused
     other = zarr.open_group(str(tmp_path / "other.zarr"), mode="w")
-    other.attrs.update({"xmldask": {"kind": "model", "class": "Rembrandt", "model_version": 1, "complete": True}})
+    other.attrs.update({"xmldask": {"kind": "model", "class": "Rembrandt", "model_version": 1, "layout_version": 1,
+                                    "complete": True}})
     with pytest.raises(StoreError, match="Rembrandt model, not a EmbeddingClassifier"):
         EmbeddingClassifier.load(str(tmp_path / "other.zarr"))
     with pytest.raises(StoreError, match="no model store"):

@@ -1,5 +1,5 @@
 """The ``xmldask`` command line: ``ingest``, ``synth``, ``info``, ``spectrum``, ``train``, ``predict``,
-``evaluate`` and ``demo``.
+``evaluate``, ``demo``, ``tree`` and ``tree-info``.
 
 Run ``xmldask COMMAND --help`` for the options of each command.
 """
@@ -15,7 +15,7 @@ import time
 
 from . import __version__
 from .io.parse import ParseError
-from .store import StoreError
+from .store import StoreError, format_info
 
 logger = logging.getLogger("xmldask")
 
@@ -71,7 +71,7 @@ def _cmd_ingest(args) -> int:
                 duplicates=args.duplicates, overwrite=args.overwrite, append=args.append,
                 skip_ingested=args.skip_ingested, progress=not args.no_progress)
     print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
-    print(_format_info(ds.info()))
+    print(format_info(ds.info()))
     return 0
 
 
@@ -113,7 +113,7 @@ def _cmd_synth(args) -> int:
                         avg_features=args.avg_features, avg_labels=args.avg_labels, block_rows=args.block_rows,
                         normalize=args.normalize, overwrite=args.overwrite, progress=not args.no_progress)
     print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
-    print(_format_info(ds.info()))
+    print(format_info(ds.info()))
     return 0
 
 
@@ -129,7 +129,7 @@ def _cmd_info(args) -> int:
     from .store import open_dataset
 
     info = open_dataset(args.url).info()
-    print(json.dumps(info, indent=2) if args.json else _format_info(info))
+    print(json.dumps(info, indent=2) if args.json else format_info(info))
     return 0
 
 
@@ -181,6 +181,7 @@ def _cluster_context(args):
 
 def _add_train(sub) -> None:
     from .cluster import add_cluster_arguments
+    from .params import add_arguments
 
     p = sub.add_parser(
         "train",
@@ -191,60 +192,19 @@ def _add_train(sub) -> None:
     )
     p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
     p.add_argument("--out", required=True, metavar="MODEL_URL", help="model store to write")
-    p.add_argument("--embedding", default="rembrandt", choices=["rembrandt", "cs", "plst", "pca"],
-                   help="embedding (default rembrandt)")
-    p.add_argument("--k", type=_positive, default=50, help="embedding dimension (default 50)")
-    p.add_argument("--kernel", default="gaussian", choices=["none", "gaussian", "cauchy"],
-                   help="random Fourier features of the embedded predictions: none (linear), gaussian (default) "
-                   "or cauchy (the Laplacian kernel)")
-    p.add_argument("--features", default=None, choices=["raw", "l2", "tfidf"],
-                   help="input rows as they are (default), scaled to unit L2 norm, or tf-idf weighted then scaled")
-    p.add_argument("--n-random-features", type=_positive, default=None, metavar="M",
-                   help="random features (default 2000)")
-    p.add_argument("--alpha", type=float, default=None, help="ridge of the regression onto the embedding")
-    p.add_argument("--max-epochs", type=_positive, default=None, help="decoder epochs at most (default 10)")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--n-estimators", type=_positive, default=1, metavar="N",
-                   help="an ensemble of N models with different seeds (each holds out its own rows), predicting the "
-                   "mean of their probabilities (default 1: one model)")
-    p.add_argument("--search", action="append", default=[], metavar="NAME=V1,V2,...",
-                   help="choose NAME among the values by held-out P@1 on the training rows (repeatable), e.g. "
-                   "--search k=50,150 --search alpha=0.001,0.03,1 --search kernel=none,gaussian")
-    p.add_argument("--search-strategy", default="coordinate", choices=["coordinate", "grid"],
-                   help="coordinate (default): one parameter at a time, in the order given; grid: every combination")
-    p.add_argument("--search-extensions", type=int, default=2, metavar="N",
-                   help="coordinate search: at most N geometric steps past a numeric grid's winning end (default 2; "
-                   "0: the listed values only)")
+    add_arguments(p)
     p.add_argument("--overwrite", action="store_true", help="replace an existing model store")
     p.add_argument("--json", action="store_true", help="print the training summary as JSON")
-    leml = p.add_argument_group("LEML and binary relevance (--model leml|br; they use a dataset's observed-entry mask)")
-    leml.add_argument("--model", default="embedding", choices=["embedding", "leml", "br"],
-                      help="embedding: the label-embedding classifier (default); leml: low-rank Z = W H^T of rank --k "
-                      "(Yu et al. 2014); br: one ridge per label on its observed entries")
-    leml.add_argument("--loss", default=None, choices=["squared", "logistic", "sqhinge"],
-                      help="loss on the observed entries (default squared)")
-    leml.add_argument("--lam", type=float, default=None, help="regulariser lam of eq. (4) (default 0.1)")
-    leml.add_argument("--n-iter", type=_positive, default=None, help="alternations (default 5)")
     add_cluster_arguments(p)
 
 
 def _cmd_train(args) -> int:
     from . import jobs
-    from .model_selection import parse_grid
+    from .params import from_args
 
-    extra = {name: value for name, value in (("features", args.features), ("n_random_features", args.n_random_features),
-                                             ("alpha", args.alpha), ("max_epochs", args.max_epochs))
-             if value is not None}
-    if args.model != "embedding":
-        extra = {name: value for name, value in (("loss", args.loss), ("lam", args.lam), ("n_iter", args.n_iter))
-                 if value is not None and not (args.model == "br" and name == "n_iter")}
-    search = parse_grid(args.search, aliases={"n-random-features": "n_random_features",
-                                              "max-epochs": "max_epochs"}) if args.search else None
+    params = from_args(args)
     with _cluster_context(args):
-        info = jobs.train(args.train_url, args.out, embedding=args.embedding, k=args.k, kernel=args.kernel,
-                          seed=args.seed, overwrite=args.overwrite, search=search,
-                          search_strategy=args.search_strategy, search_extensions=args.search_extensions,
-                          n_estimators=args.n_estimators, model=args.model, **extra)
+        info = jobs.train(args.train_url, args.out, overwrite=args.overwrite, **params)
     if args.json:
         print(json.dumps(info, indent=2))
     else:
@@ -350,7 +310,8 @@ def _cmd_evaluate(args) -> int:
 def _add_demo(sub) -> None:
     p = sub.add_parser(
         "demo",
-        help="the main job on the embedded default: synthesize, ingest and summarise a dataset in storage/",
+        help="synthesize, ingest and summarise a dataset in storage/ (the main job, the whole pipeline, is "
+        "python -m flows.pipeline)",
         description="Generate a synthetic multilabel dataset as XC text files under the storage root, ingest "
         "them into dataset stores, and print their summary. Re-running reuses what is already there.",
     )
@@ -369,22 +330,65 @@ def _cmd_demo(args) -> int:
     return 0
 
 
-def _format_info(info: dict) -> str:
-    rows = [
-        ("dataset", info["url"]),
-        ("rows", f"{info['n_samples']:,} ({info['row_blocks']} row blocks)"),
-        ("features", f"{info['n_features']:,}  nnz {info['nnz']:,}  ({info['avg_features_per_row']:.2f} per row)"),
-        ("labels", f"{info['n_labels']:,}  used {info['labels_used']:,}  ({info['avg_labels_per_row']:.2f} per row)"),
-        ("rows without labels", f"{info['rows_without_labels']:,}"),
-        ("label frequency", f"max {info['label_frequency_max']:,}, median {info['label_frequency_median']:g}, "
-                            f"{info['labels_seen_at_most_5_times']:,} labels seen <= 5 times, "
-                            f"top 10 labels carry {100 * info['top_10_label_share']:.1f}% of assignments"),
-    ]
-    for source in info["sources"]:
-        rows.append(("source", f"{source['path']} ({source['format']}, {source['rows']:,} rows, "
-                               f"sha256 {source['sha256'][:12]}...)"))
-    width = max(len(name) for name, _ in rows)
-    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
+def _add_tree(sub) -> None:
+    from .cluster import add_cluster_arguments
+
+    p = sub.add_parser(
+        "tree",
+        help="grow a hierarchical spectral label tree (candidate-label filter) on a dataset store",
+        description="Grow the label tree of Mineiro and Karampatziakis (2015) level by level over the row blocks: "
+        "each node routes by the top eigenvector of eq. (2) and a weighted median; training rows are routed "
+        "fractionally; a leaf keeps its most probable labels. Writes a tree store (a model store).",
+    )
+    p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
+    p.add_argument("--out", required=True, metavar="TREE_URL", help="tree store to write")
+    p.add_argument("--depth", type=_positive, default=14, help="maximum depth (default 14)")
+    p.add_argument("--leaf-labels", type=_positive, default=25, metavar="S", help="leaf label budget (default 25)")
+    p.add_argument("--routing", default="fractional", choices=["fractional", "deterministic"],
+                   help="routing of the training rows while growing (default fractional)")
+    p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing tree store")
+    p.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_cluster_arguments(p)
+
+
+def _cmd_tree(args) -> int:
+    from . import jobs
+
+    with _cluster_context(args):
+        info = jobs.tree(args.train_url, args.out, depth=args.depth, leaf_labels=args.leaf_labels,
+                         routing=args.routing, seed=args.seed, overwrite=args.overwrite)
+    if args.json:
+        print(json.dumps(info, indent=2, default=float))
+    else:
+        fig = info["train_figures"]
+        print(f"wrote {info['tree']} in {info['seconds']:.1f} s ({info['n_passes']} passes, {info['n_leaves']} leaves, "
+              f"{info['n_orphans']} orphans repaired; train tree recall {fig['tree_recall']:.4f}, mean depth "
+              f"{fig['mean_depth']:.2f}, mean candidates {fig['mean_candidates']:.2f})")
+    return 0
+
+
+def _add_tree_info(sub) -> None:
+    p = sub.add_parser("tree-info", help="figures of a spectral label tree on a dataset store",
+                       description="Route every row of a dataset store through a tree (one pass) and report tree "
+                       "recall, root purity and balance, mean depth, mean candidates and the recall of the most "
+                       "frequent training labels.")
+    p.add_argument("tree_url", metavar="TREE_URL")
+    p.add_argument("data_url", metavar="DATA_URL")
+    p.add_argument("--json", action="store_true", help="print JSON (keys tree_recall, root_purity, mean_depth, "
+                   "mean_candidates, top_labels_recall)")
+
+
+def _cmd_tree_info(args) -> int:
+    from . import jobs
+
+    info = jobs.tree_info(args.tree_url, args.data_url)
+    if args.json:
+        print(json.dumps(info, indent=2))
+    else:
+        for key, value in info.items():
+            print(f"  {key:<18} {value:.4f}" if isinstance(value, float) else f"  {key:<18} {value}")
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -396,14 +400,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for add in (_add_ingest, _add_synth, _add_info, _add_spectrum, _add_train, _add_predict, _add_evaluate,
-                _add_demo, _add_mask):
+                _add_demo, _add_tree, _add_tree_info, _add_mask):
         add(sub)
     return parser
 
 
 _COMMANDS = {"ingest": _cmd_ingest, "synth": _cmd_synth, "info": _cmd_info, "spectrum": _cmd_spectrum,
              "train": _cmd_train, "predict": _cmd_predict, "evaluate": _cmd_evaluate, "demo": _cmd_demo,
-             "mask": _cmd_mask}
+             "tree": _cmd_tree, "tree-info": _cmd_tree_info, "mask": _cmd_mask}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -241,11 +241,39 @@ def worker_blas_threads(client) -> dict[str, list[dict]]:
     return client.run(threadpool_info)
 
 
+def _handshake(address: str, timeout: float) -> None:
+    """Open one connection to ``address`` and exchange Dask's handshake, all within ``timeout`` seconds.
+
+    ``Client`` waits for the handshake without a deadline: a server of another protocol (an HTTP
+    server, say) that accepts the connection and says nothing would hang it. The probe runs in a
+    thread of its own with its own event loop (callers may run inside one).
+    """
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    from distributed.comm import connect
+
+    async def probe():
+        comm = await asyncio.wait_for(connect(address, timeout=timeout), timeout)
+        await comm.close()
+
+    pool = ThreadPoolExecutor(1, thread_name_prefix="xmldask-scheduler-probe")
+    try:
+        pool.submit(asyncio.run, probe()).result(timeout + 1)
+    except TimeoutError as exc:  # asyncio's and concurrent.futures' are the builtin
+        raise TimeoutError(f"no Dask scheduler answered within {timeout:g} s: nothing accepts connections there, or "
+                           "what does is not a Dask scheduler") from exc
+    finally:
+        pool.shutdown(wait=False)
+
+
 def _connect(address: str, timeout: float):
     from distributed import Client
 
     start = time.perf_counter()
     try:
+        if address.startswith("tcp://"):
+            _handshake(address, timeout)
         return Client(address, timeout=timeout, set_as_default=True)
     except (OSError, TimeoutError) as exc:
         waited = time.perf_counter() - start

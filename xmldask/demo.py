@@ -1,11 +1,11 @@
-"""The main job on the embedded default: synthesize text data, ingest it, summarise it."""
+"""Synthesize text data under the storage root, ingest it, summarise it (`xmldask demo`)."""
 
 from __future__ import annotations
 
 import logging
 import time
 
-from .store import Dataset, exists, open_dataset, store_url
+from .store import Dataset, exists, format_info, open_dataset, store_url
 
 logger = logging.getLogger(__name__)
 
@@ -22,7 +22,6 @@ def run_demo(*, root: str | None = None, n_samples: int = 100_000, n_features: i
     dict
         ``{"train": Dataset, "test": Dataset}``.
     """
-    from .cli import _format_info
     from .datasets import write_synthetic_text
     from .io import ingest
 
@@ -42,6 +41,6 @@ def run_demo(*, root: str | None = None, n_samples: int = 100_000, n_features: i
             echo(f"{split}: ingesting {text} into {store}")
             ds = ingest(text, store, progress=True)
             echo(f"{split}: done in {time.perf_counter() - start:.1f} s")
-        echo(_format_info(ds.info()))
+        echo(format_info(ds.info()))
         out[split] = ds
     return out

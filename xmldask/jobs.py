@@ -13,11 +13,19 @@ Examples
 
 from __future__ import annotations
 
+import logging
 import time
 
+import dask
+import dask.array as da
+import numpy as np
+
+from .params import TrainParams, validated
 from .store import _fs, open_dataset, open_predictions, write_predictions
 
-__all__ = ["KERNELS", "evaluate", "predict", "train"]
+logger = logging.getLogger(__name__)
+
+__all__ = ["KERNELS", "evaluate", "predict", "train", "tree", "tree_info"]
 
 #: command-line kernel names and the decoder's: ``none`` is the identity map, ``cauchy`` random
 #: features (Cauchy frequencies) for the Laplacian kernel
@@ -25,10 +33,8 @@ KERNELS = {"none": "identity", "identity": "identity", "gaussian": "gaussian", "
            "laplacian": "laplacian"}
 
 
-def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50, kernel: str = "gaussian",
-          seed: int = 0, overwrite: bool = False, search: dict | None = None, search_strategy: str = "coordinate",
-          search_extensions: int = 2, n_estimators: int = 1, model: str = "embedding", **params) -> dict:
-    """Fit an :class:`~xmldask.models.EmbeddingClassifier` (or a LEML model) on a dataset store and save it.
+def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict:
+    """Fit an :class:`~xmldask.models.EmbeddingClassifier` (or a tree, LEML or BR model) on a dataset store; save it.
 
     Parameters
     ----------
@@ -36,37 +42,19 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
         Dataset store to train on.
     out : str
         Where to save the model (refused if it exists, unless ``overwrite``).
-    embedding : {"rembrandt", "cs", "plst", "pca"}
-        Label (or, for ``"pca"``, feature) embedding.
-    k : int
-        Embedding dimension.
-    kernel : {"none", "gaussian", "cauchy"}
-        Feature map of the embedded predictions (``identity``/``laplacian`` are accepted too).
-    seed : int
-        Random seed of every random step.
     overwrite : bool
         Replace an existing model store.
-    search : dict, optional
-        Candidate values to choose among on the held-out slice of the training rows
-        (:class:`~xmldask.model_selection.HeldOutSearch`), e.g. ``{"k": [50, 150], "alpha": [1e-3, 1]}``;
-        ``k`` and ``kernel`` take the names above, other keys are classifier parameters. The values
-        given directly are where the search starts only if they are also listed.
-    search_strategy : {"coordinate", "grid"}
-        One parameter at a time, or every combination.
-    search_extensions : int
-        Under ``"coordinate"``, most geometric steps past a numeric grid's winning end
-        (:class:`~xmldask.model_selection.HeldOutSearch` ``max_extensions``; 0: the grid only).
-    n_estimators : int
-        More than 1: save an :class:`~xmldask.models.EnsembleClassifier` of that many members with
-        the (chosen) parameters and different seeds; member 0 is the single (searched) model.
-    model : {"embedding", "leml", "br"}
-        The label-embedding classifier (default), :class:`~xmldask.models.LEML` (rank ``k``) or
-        :class:`~xmldask.models.BinaryRelevance`; the last two use the dataset's observed-entry mask
-        (missing labels), which the embedding classifier refuses. ``params`` are then the model's
-        (``loss``, ``lam``, ``n_iter``, ...); ``embedding``, ``kernel``, ``search`` and
-        ``n_estimators`` do not apply.
     **params
-        Further :class:`~xmldask.models.EmbeddingClassifier` parameters.
+        :class:`~xmldask.params.TrainParams` (``embedding``, ``k``, ``kernel``, ``features``, ``alpha``,
+        ``n_random_features``, ``max_epochs``, ``seed``, ``n_estimators``, ``search``,
+        ``search_strategy``, ``search_extensions``; their defaults are the command line's and the
+        flows'), and further :class:`~xmldask.models.EmbeddingClassifier` parameters (e.g.
+        ``bandwidth_scale``). ``search`` lists values to choose among on the held-out slice of the
+        training rows (:class:`~xmldask.model_selection.HeldOutSearch`), e.g. ``{"k": [50, 150],
+        "alpha": [1e-3, 1]}``. ``k`` (and every ``k`` of the search) larger than the data allows
+        is lowered to the number of labels (of features, for ``embedding="pca"``) before any pass,
+        with a warning. ``n_estimators > 1`` saves an :class:`~xmldask.models.EnsembleClassifier`
+        whose member 0 is the single (searched) model.
 
     Returns
     -------
@@ -77,87 +65,121 @@ def train(train_url: str, out: str, *, embedding: str = "rembrandt", k: int = 50
     """
     from .models import EmbeddingClassifier
 
-    if model in LOW_RANK_MODELS:
-        return _train_low_rank(train_url, out, model=model, k=k, seed=seed, overwrite=overwrite,
-                               search=search, n_estimators=n_estimators, **params)
-    if model != "embedding":
-        raise ValueError(f"model must be one of embedding, {', '.join(LOW_RANK_MODELS)}, but is {model!r}")
-    if kernel not in KERNELS:
-        raise ValueError(f"kernel must be one of {', '.join(sorted(KERNELS))}, but is {kernel!r}")
-    if _fs.exists(out) and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    extra = {name: params.pop(name) for name in list(params) if name not in TrainParams.model_fields}
+    unknown = sorted(set(extra) - set(EmbeddingClassifier._param_names) | set(extra) & _SET_BY_THE_JOB)
+    if unknown:
+        raise ValueError(f"unknown training parameter(s) {', '.join(unknown)}; known: "
+                         f"{', '.join([*TrainParams.model_fields, *_estimator_only()])}")
+    p = validated(TrainParams, params)
+    if p.tree is not None:
+        return _train_tree_classifier(train_url, out, p, overwrite=overwrite, **extra)
+    if p.model != "embedding":
+        return _train_low_rank(train_url, out, p, overwrite=overwrite, **extra)
+    _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
     if data.observed is not None:
         raise ValueError(f"{train_url} has missing labels (an observed-entry mask) and the embedding classifier "
                          "treats every label entry as observed; train --model leml or --model br on it, or train on "
                          "the fully labelled dataset")
-    model = EmbeddingClassifier(embedding=embedding, n_components=k, kernel=KERNELS[kernel], random_state=seed,
-                                **params)
+    k, search = _fit_to_data(p, data)
+    model = EmbeddingClassifier(embedding=p.embedding, n_components=k, kernel=KERNELS[p.kernel], features=p.features,
+                                alpha=p.alpha, n_random_features=p.n_random_features, max_epochs=p.max_epochs,
+                                random_state=p.seed, **extra)
     grid = _search_grid(search) if search else None
     start = time.perf_counter()
+    chosen = {}
     if grid:
         from .model_selection import HeldOutSearch
 
-        fitted = HeldOutSearch(model, grid, strategy=search_strategy,
-                               max_extensions=search_extensions).fit(data.X, data.Y)
+        fitted = HeldOutSearch(model, grid, strategy=p.search_strategy,
+                               max_extensions=p.search_extensions).fit(data.X, data.Y)
         model = fitted.best_estimator_
         chosen = _public(fitted.best_params_)
-        k, kernel = chosen.pop("k", k), chosen.pop("kernel", kernel)
-        # without the parameters the chosen setting ignores (a bandwidth of the identity feature map)
-        ignored = {name for name, (parent, values) in model.conditional_params.items()
-                   if model.get_params()[parent] not in values}
-        params = {name: value for name, value in {**params, **chosen}.items() if name not in ignored}
     else:
         model.fit(data.X, data.Y)
     single = model
-    if n_estimators != 1:
+    if p.n_estimators != 1:
         from .models import EnsembleClassifier
 
-        model = EnsembleClassifier(type(single)(**single.get_params()), n_estimators=n_estimators,
-                                   random_state=seed).fit(data.X, data.Y, fitted=[single])
+        model = EnsembleClassifier(type(single)(**single.get_params()), n_estimators=p.n_estimators,
+                                   random_state=p.seed).fit(data.X, data.Y, fitted=[single])
     seconds = time.perf_counter() - start
     meta = {"train_url": train_url, **({"search": fitted.record()} if grid else {})}
     model.save(out, overwrite=overwrite, meta=meta)
     last = single.history_[-1] if getattr(single, "history_", None) else {}
+    used = {name: getattr(p, name) for name in ("embedding", "kernel", "features", "alpha", "n_random_features",
+                                                "max_epochs", "seed")}
+    # reported without the parameters the model ignores (a bandwidth of the identity feature map)
+    ignored = {name for name, (parent, values) in single.conditional_params.items()
+               if single.get_params()[parent] not in values}
     return {
         "model": out,
         "train": train_url,
         "seconds": round(seconds, 3),
         "n_passes": int(sum(getattr(m, "n_passes_", 0) for m in getattr(model, "estimators_", [model]))),
         "task": getattr(model, "task_", None),
-        "params": {"embedding": embedding, "k": k, "kernel": kernel, "seed": seed, **params,
-                   **({"n_estimators": n_estimators} if n_estimators != 1 else {})},
+        "params": {name: value for name, value in {**used, "k": k, **extra, **chosen}.items() if name not in ignored}
+        | ({"n_estimators": p.n_estimators} if p.n_estimators != 1 else {}),
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
         **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {}),
     }
 
 
-#: ``model=`` names of the models that read an observed-entry mask: LEML and binary relevance
-LOW_RANK_MODELS = ("leml", "br")
+#: estimator parameters the job sets from :class:`~xmldask.params.TrainParams` (under the job's names)
+_SET_BY_THE_JOB = frozenset({"n_components", "random_state"})
 
 
-def _train_low_rank(train_url: str, out: str, *, model: str, k: int, seed: int, overwrite: bool,
-                    search: dict | None, n_estimators: int, **params) -> dict:
-    """Fit and save a :class:`~xmldask.models.LEML` or :class:`~xmldask.models.BinaryRelevance` model."""
+def _estimator_only() -> list[str]:
+    from .models import EmbeddingClassifier
+
+    return [name for name in EmbeddingClassifier._param_names
+            if name not in TrainParams.model_fields and name not in _SET_BY_THE_JOB]
+
+
+def _fit_to_data(p: TrainParams, data) -> tuple[int, dict | None]:
+    """``k`` and the search's ``k`` values lowered to what the data allows (a warning says so), before any pass."""
+    most, what = (data.n_features, "features") if p.embedding == "pca" else (data.n_labels, "labels")
+    k = p.k
+    if k > most:
+        logger.warning("k=%d is more than the %d %s of %s: using k=%d", k, most, what, data.url, most)
+        k = most
+    search = dict(p.search) if p.search else None
+    if search and "k" in search:
+        values = [int(v) for v in search["k"]]
+        lowered = list(dict.fromkeys(min(v, most) for v in values))
+        if lowered != values:
+            logger.warning("the search's k=%s exceed the %d %s of %s: trying k=%s", values, most, what, data.url,
+                           lowered)
+        search["k"] = lowered
+    return k, search
+
+
+def _train_low_rank(train_url: str, out: str, p: TrainParams, *, overwrite: bool, **extra) -> dict:
+    """``train(..., model="leml"|"br")``: fit and save a :class:`~xmldask.models.LEML` (rank ``k``) or
+    :class:`~xmldask.models.BinaryRelevance` model on the dataset's observed entries."""
     from .models import LEML, BinaryRelevance
 
-    if search or n_estimators != 1:
-        raise ValueError(f"--model {model} takes no --search or --n-estimators; choose lam on held-out training rows "
-                         "(as bench/leml.py does) and pass it with --lam")
-    if _fs.exists(out) and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    cls = LEML if p.model == "leml" else BinaryRelevance
+    unknown = sorted(set(extra) - set(cls._param_names) | set(extra) & {"k", "loss", "lam", "n_iter", "random_state"})
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} do not apply to --model {p.model}")
+    _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
-    est = LEML(k=k, random_state=seed, **params) if model == "leml" else BinaryRelevance(**params)
+    if p.model == "leml":
+        est = LEML(k=min(p.k, data.n_labels), loss=p.loss, lam=p.lam, n_iter=p.n_iter, random_state=p.seed, **extra)
+    else:
+        est = BinaryRelevance(loss=p.loss, lam=p.lam, **extra)
     start = time.perf_counter()
     est.fit(data.X, data.Y, data.observed)
     seconds = time.perf_counter() - start
     est.save(out, overwrite=overwrite, meta={"train_url": train_url})
     last = est.history_[-1] if est.history_ else {}
     return {"model": out, "train": train_url, "seconds": round(seconds, 3), "n_passes": int(est.n_passes_),
-            "task": "multilabel", "params": {"model": model, **({"k": k, "seed": seed} if model == "leml" else {}),
-                                             **est.get_params()},
+            "task": "multilabel", "params": {"model": p.model, "seed": p.seed, **est.get_params()},
             "observed_fraction": est.observed_fraction_, "threshold": est.threshold_, "held_out": {},
             "objective": last.get("J_after_H")}
+
+
 
 
 #: the job's names of the classifier's kernels
@@ -198,8 +220,7 @@ def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwri
     """
     from .models import load_model
 
-    if _fs.exists(out) and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    _fs.check_target(out, kind="predictions", overwrite=overwrite, inputs=[model_url, data_url])
     model = load_model(model_url)
     data = open_dataset(data_url)
     n_labels = int(model.n_labels_)
@@ -226,7 +247,9 @@ def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(
     -------
     dict
         Metric name to value (``"P@1"``, ``"P@3"``, ``"P@5"``, ``"nDCG@k"``, ``"PSP@k"``, ...), plus
-        ``n_samples`` and ``propensity_source``.
+        ``n_samples``, ``propensity_source`` and ``baseline``: the same metrics for predicting the
+        most frequent labels of the training data (of the propensity source) for every row, the
+        trivial model a model must beat.
     """
     from . import metrics
 
@@ -241,10 +264,20 @@ def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(
     if source.Y.shape[1] != data.Y.shape[1]:
         raise ValueError(f"{source.url} has {source.Y.shape[1]} labels but {data_url} has {data.Y.shape[1]}")
     propensities = metrics.propensity(source.label_counts, source.Y.shape[0], A=A, B=B)
-    results = metrics.evaluate(preds.labels, preds.scores, data.Y, ks=ks, propensities=propensities,
-                               **_full_scores(preds.meta.get("model"), data))
+    # the baseline: every row gets the most frequent labels of the training data, scored in the same pass
+    frequent = np.argsort(-np.asarray(source.label_counts), kind="stable")[:preds.top_k].astype(preds.labels.dtype)
+    constant = da.broadcast_to(frequent, preds.labels.shape, chunks=preds.labels.chunks)
+    results, baseline = dask.compute(
+        metrics.evaluate(preds.labels, preds.scores, data.Y, ks=ks, propensities=propensities, compute=False,
+                         **_full_scores(preds.meta.get("model"), data)),
+        metrics.evaluate(constant, None, data.Y, ks=ks, propensities=propensities, compute=False))
     results["propensity_source"] = "train" if source is not data else "test"
+    results["baseline"] = {name: value for name, value in baseline.items() if name not in _COUNTS}
     return results
+
+
+#: figures of the evaluated rows, the same for the model and the baseline
+_COUNTS = ("n_samples", "n_samples_without_labels")
 
 
 def _full_scores(model_url: str | None, data) -> dict:
@@ -268,3 +301,98 @@ def _model_train_url(model_url: str | None) -> str | None:
 
     attrs = dict(zarr.open_group(_fs.zarr_store(model_url, read_only=True), mode="r").attrs)
     return (attrs.get("xmldask") or {}).get("train_url")
+
+
+# --------------------------------------------------------------------------------------------
+# spectral label tree
+
+
+def _fingerprint(data) -> str:
+    """Content fingerprint of a dataset store: its sources' sha256 and its shape."""
+    import hashlib
+    import json
+
+    facts = {"sources": [src.get("sha256") for src in data.meta.get("sources", [])],
+             "shape": [data.n_samples, data.n_features, data.n_labels]}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
+
+
+def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, routing: str = "fractional",
+         seed: int = 0, overwrite: bool = False, **params) -> dict:
+    """Grow a :class:`~xmldask.tree.SpectralLabelTree` on a dataset store and save it.
+
+    Bad input is refused before any pass: a depth or leaf budget that is not a positive integer, an
+    existing ``out``, a training label with no example.
+
+    Returns
+    -------
+    dict
+        ``tree`` (URL), ``train``, ``seconds``, ``n_passes``, ``n_nodes``, ``n_leaves``, ``n_orphans``,
+        ``task``, ``params`` and the training figures of :meth:`SpectralLabelTree.figures`.
+    """
+    import numpy as np
+
+    from .tree import SpectralLabelTree
+
+    for name, value in (("depth", depth), ("leaf_labels", leaf_labels)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, but is {value!r}")
+    if _fs.exists(out) and not overwrite:
+        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    data = open_dataset(train_url)
+    missing = np.flatnonzero(data.label_counts == 0)
+    if len(missing):
+        raise ValueError(f"{train_url} has {len(missing)} labels with no training example (first: "
+                         f"{missing[:5].tolist()}); the tree cannot place them. Ingest with the labels present "
+                         f"only (remap the label ids), or train on data that covers every label")
+    model = SpectralLabelTree(max_depth=depth, leaf_labels=leaf_labels, routing=routing, random_state=seed, **params)
+    start = time.perf_counter()
+    model.fit(data.X, data.Y)
+    figures = model.figures(data.X, data.Y)
+    seconds = time.perf_counter() - start
+    model.save(out, overwrite=overwrite, meta={"train_url": train_url, "train_fingerprint": _fingerprint(data)})
+    return {"tree": out, "train": train_url, "seconds": round(seconds, 3), "n_passes": int(model.n_passes_) + 1,
+            "n_nodes": int(len(model.table_)), "n_leaves": model.n_leaves_, "n_orphans": int(model.n_orphans_),
+            "task": model.task_, "params": {"depth": depth, "leaf_labels": leaf_labels, "routing": routing,
+                                            "seed": seed, **params},
+            "train_figures": figures}
+
+
+def tree_info(tree_url: str, data_url: str) -> dict:
+    """The figures of a saved tree on a dataset store (one pass): ``tree_recall``, ``root_purity``,
+    ``root_balance``, ``mean_depth``, ``mean_candidates``, ``top_labels_recall``, ``n_samples``, plus
+    the tree's ``n_nodes``, ``n_leaves``, ``max_depth`` and ``leaf_labels``."""
+    from .tree import SpectralLabelTree
+
+    model = SpectralLabelTree.load(tree_url)
+    data = open_dataset(data_url)
+    if data.n_features != model.n_features_in_ or data.n_labels != model.n_labels_:
+        raise ValueError(f"{data_url} has {data.n_features} features and {data.n_labels} labels but the tree "
+                         f"{tree_url} was grown on {model.n_features_in_} and {model.n_labels_}; use data ingested "
+                         f"like the tree's training data")
+    figures = {key: (float(v) if key != "n_samples" else int(v)) for key, v in model.figures(data.X, data.Y).items()}
+    return {**figures, "n_nodes": int(len(model.table_)), "n_leaves": model.n_leaves_,
+            "max_depth": int(model.max_depth), "leaf_labels": int(model.leaf_labels), "tree": tree_url,
+            "data": data_url}
+
+
+def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrite: bool, **extra) -> dict:
+    """``train(..., tree=URL)``: the candidate-restricted classifier of that tree (rank ``k``, ``max_epochs``
+    passes)."""
+    from .models.tree_classifier import TreeClassifier
+
+    unknown = sorted(set(extra) - set(TreeClassifier._param_names) | set(extra) & {"tree", "rank", "n_epochs"})
+    if unknown:
+        raise ValueError(f"{', '.join(unknown)} do not apply to the tree classifier (tree=); its options are "
+                         f"k (rank), max_epochs (passes), seed and {', '.join(TreeClassifier._param_names)}")
+    _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url, p.tree])
+    data = open_dataset(train_url)
+    model = TreeClassifier(p.tree, rank=p.k, n_epochs=p.max_epochs, random_state=p.seed, **extra)
+    start = time.perf_counter()
+    model.fit(data.X, data.Y)
+    seconds = time.perf_counter() - start
+    model.save(out, overwrite=overwrite, meta={"train_url": train_url, "tree_url": p.tree})
+    return {"model": out, "train": train_url, "tree": p.tree, "seconds": round(seconds, 3),
+            "n_passes": int(model.n_passes_), "task": model.task_,
+            "params": {"k": p.k, "max_epochs": p.max_epochs, "seed": p.seed, **extra},
+            "held_out": {key: value for key, value in model.history_[-1].items()}}

@@ -893,7 +893,9 @@ def report(results: dict, *, digits: int = 4, title: str | None = None) -> str:
     Parameters
     ----------
     results : dict
-        As returned by :func:`evaluate` (unknown keys are listed after the known ones).
+        As returned by :func:`evaluate` (unknown keys are listed after the known ones). A
+        ``"baseline"`` entry (a dict of the same metrics for a trivial model, as
+        :func:`xmldask.jobs.evaluate` adds) becomes a second column, with the lift over it.
     digits : int, default 4
         Decimals shown for metric values (counts are shown as integers).
     title : str, optional
@@ -909,19 +911,30 @@ def report(results: dict, *, digits: int = 4, title: str | None = None) -> str:
         fam, _, k = name.partition("@")
         return (_ORDER.index(fam), int(k)) if fam in _ORDER and k.isdigit() else None
 
+    def shown(name: str, value) -> str:
+        if name in _COUNTS or isinstance(value, numbers.Integral):
+            return f"{int(value)}"
+        if isinstance(value, numbers.Real):
+            return "nan" if math.isnan(value) else f"{value:.{digits}f}"
+        return str(value)
+
+    baseline = results.get("baseline") if isinstance(results.get("baseline"), dict) else None
+    results = {name: value for name, value in results.items() if name != "baseline" or baseline is None}
     ranked = sorted((n for n in results if family_key(n) is not None), key=family_key)
     single = [n for n in _SINGLE if n in results]
     counts = [n for n in _COUNTS if n in results]
     rest = [n for n in results if n not in ranked and n not in single and n not in counts]
     lines = [f"**{title}**", ""] if title else []
-    lines += ["| metric | value |", "|---|---:|"]
+    if baseline is None:
+        lines += ["| metric | value |", "|---|---:|"]
+    else:
+        lines += ["| metric | value | baseline: most frequent labels | ratio |", "|---|---:|---:|---:|"]
     for name in ranked + single + rest + counts:
         value = results[name]
-        if name in _COUNTS or isinstance(value, numbers.Integral):
-            shown = f"{int(value)}"
-        elif isinstance(value, numbers.Real):
-            shown = "nan" if math.isnan(value) else f"{value:.{digits}f}"
-        else:
-            shown = str(value)
-        lines.append(f"| {name} | {shown} |")
+        if baseline is None:
+            lines.append(f"| {name} | {shown(name, value)} |")
+            continue
+        base = baseline.get(name)
+        ratio = f"{value / base:.2f}" if isinstance(base, numbers.Real) and base > 0 and name in ranked else ""
+        lines.append(f"| {name} | {shown(name, value)} | {'' if base is None else shown(name, base)} | {ratio} |")
     return "\n".join(lines) + "\n"

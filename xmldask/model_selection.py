@@ -46,22 +46,15 @@ import time
 
 import numpy as np
 
+from .models import kept_epoch
+from .params import parse_grid
+
 __all__ = ["HeldOutSearch", "held_out_score", "kept_epoch", "parse_grid"]
 
 logger = logging.getLogger("xmldask.model_selection")
 
 _SCORINGS = ("p@1", "loss")
 _STRATEGIES = ("coordinate", "grid")
-
-
-def kept_epoch(estimator) -> dict:
-    """The ``history_`` entry of a fitted estimator's kept decoder (the epoch its ``early_stopping`` chose)."""
-    history = getattr(estimator, "history_", None)
-    if not history or history[0].get("val_loss") is None or math.isnan(history[0]["val_loss"]):
-        raise ValueError("the estimator has no held-out figures; fit it with validation_fraction > 0")
-    if getattr(estimator, "early_stopping", "loss") == "p@1":
-        return max(history, key=lambda h: h["val_p@1"])
-    return min(history, key=lambda h: h["val_loss"])
 
 
 def held_out_score(estimator, scoring: str = "p@1") -> float:
@@ -72,33 +65,6 @@ def held_out_score(estimator, scoring: str = "p@1") -> float:
     """
     kept = kept_epoch(estimator)
     return float(kept["val_p@1"]) if scoring == "p@1" else -float(kept["val_loss"])
-
-
-def parse_grid(items: list[str], aliases: dict[str, str] | None = None) -> dict[str, list]:
-    """``["alpha=0.001,0.1", "kernel=identity,gaussian"]`` -> ``{"alpha": [0.001, 0.1], "kernel": [...]}``.
-
-    Values are read as int, else float, else kept as strings; ``aliases`` renames parameters (e.g.
-    ``{"k": "n_components"}``).
-    """
-    def value(text: str):
-        for kind in (int, float):
-            try:
-                return kind(text)
-            except ValueError:
-                pass
-        return text
-
-    grid = {}
-    for item in items:
-        name, sep, values = item.partition("=")
-        name = name.strip()
-        if not sep or not name or not values.strip():
-            raise ValueError(f"a search item must look like NAME=V1,V2,... but is {item!r}")
-        name = (aliases or {}).get(name, name)
-        if name in grid:
-            raise ValueError(f"parameter {name!r} is given twice in the search")
-        grid[name] = [value(v.strip()) for v in values.split(",") if v.strip()]
-    return grid
 
 
 class HeldOutSearch:

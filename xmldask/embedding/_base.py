@@ -20,6 +20,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
+from ..base import NotFittedError
 from ..store.layout import StoreError
 from ..store.models import jsonable, open_model_store, write_model_store
 
@@ -29,10 +30,6 @@ __all__ = ["MODEL_VERSION", "EmbeddingModel", "NotFittedError", "load_model"]
 MODEL_VERSION = 1
 
 _REGISTRY: dict[str, type] = {}
-
-
-class NotFittedError(ValueError, AttributeError):
-    """The estimator is used before ``fit``."""
 
 
 class EmbeddingModel:

@@ -15,7 +15,7 @@ import fsspec
 from tqdm.auto import tqdm
 
 from ..store import _fs
-from ..store.dataset import Dataset, DatasetWriter, open_dataset
+from ..store.dataset import Dataset, DatasetWriter, check_dimension, open_dataset
 from ..store.layout import BLOCK_ROWS
 from .parse import FORMATS, ParseError, parse_batch, parse_header, sniff_format
 from .transforms import NORMALIZATIONS, transform_rows
@@ -60,7 +60,8 @@ def _open_text(path: str, errors: str = "strict"):
     tap = _Tap(raw)
     buffered = io.BufferedReader(tap, buffer_size=1 << 20)
     stream = gzip.GzipFile(fileobj=buffered, mode="rb") if buffered.peek(2)[:2] == b"\x1f\x8b" else buffered
-    return io.TextIOWrapper(stream, encoding="utf-8", errors=errors, newline=None), tap, raw
+    # utf-8-sig: a byte-order mark at the start of the file is dropped (editors on Windows write one)
+    return io.TextIOWrapper(stream, encoding="utf-8-sig", errors=errors, newline=None), tap, raw
 
 
 _UNDECODABLE = re.compile("[\udc80-\udcff]")  # bytes that are not UTF-8, as "surrogateescape" keeps them
@@ -107,6 +108,12 @@ def _inspect(path: str, fmt: str) -> _Source:
     header = parse_header(first) if fmt == "xc" else None
     if fmt == "xc" and header is None:
         raise ParseError("expected the XC header 'n_samples n_features n_labels'", path=path, line=1, text=first)
+    if header is not None:
+        for name, value in zip(("n_features", "n_labels"), header[1:]):
+            try:
+                check_dimension(name, value)
+            except ValueError as exc:
+                raise ParseError(f"the header gives {exc}", path=path, line=1, text=first) from None
     return _Source(path, fmt, header, fs.size(fpath) or 0)
 
 
@@ -210,6 +217,10 @@ def ingest(
     if not append and _fs.exists(out) and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it, "
                               "or append=True (--append) to add rows to it")
+    if not append:
+        _fs.check_target(out, kind="dataset", overwrite=overwrite, inputs=sources)
+    check_dimension("n_features", n_features)
+    check_dimension("n_labels", n_labels)
     transforms = {"normalize": normalize, "bias": bias, "one_based": one_based, "duplicates": duplicates}
     if append:
         existing = open_dataset(out)
@@ -229,7 +240,7 @@ def ingest(
                          "or use the XC format, whose header gives it")
 
     if append:
-        todo = []
+        todo, digests = [], []
         for source in inspected:
             digest = _sha256(source.path)
             if digest in known:
@@ -240,10 +251,17 @@ def ingest(
                 logger.info("skipping %s: already ingested", source.path)
                 continue
             todo.append(source)
+            digests.append(digest)
         if not todo:
             return existing
         inspected = todo
         writer = DatasetWriter.append(out, block_rows=block_rows)
+        # another writer may have committed between the check above and taking the lock
+        committed = {s["sha256"] for s in writer.sources}
+        if committed.intersection(digests):
+            writer.abort()
+            raise ValueError(f"a source was ingested into {out} by another writer meanwhile; run this again "
+                             "(with skip_ingested=True / --skip-ingested to skip it)")
     else:
         writer = DatasetWriter.create(out, block_rows=block_rows, overwrite=overwrite,
                                       n_features=None if n_features is None else n_features + (bias is not None),

@@ -38,6 +38,12 @@ _HEADER = re.compile(r"\s*(\d+)\s+(\d+)\s+(\d+)\s*")
 #: the numbers the fast path reads (NumPy): ASCII decimal floats, inf and nan; Python's float() and
 #: int() also take "1_000" and non-ASCII digits, which the fast path rejects
 _NUMBER = re.compile(r"[+-]?(?:(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?|inf(?:inity)?|nan)", re.ASCII | re.IGNORECASE)
+#: ids are stored as int32: the largest id allowed is one below its maximum (the count of ids must fit too)
+MAX_ID = int(np.iinfo(np.int32).max) - 1
+#: values are stored as float32: larger magnitudes would become infinity
+MAX_VALUE = float(np.finfo(np.float32).max)
+#: characters of an offending token shown in an error message
+TOKEN_CHARS = 40
 #: the separators NumPy knows; str.split() also splits on non-ASCII spaces such as U+00A0
 _ASCII_SPACES = re.compile(r"[ \t\n\r\f\v]+")
 
@@ -50,6 +56,11 @@ class ParseError(ValueError):
         where = f"{path}, line {line}" if line is not None else path
         shown = "" if text is None else f": {_clip(text)!r}"
         super().__init__(f"{where}: {reason}{shown}")
+
+
+def _token(token: str) -> str:
+    """A token for an error message: quoted, and clipped to :data:`TOKEN_CHARS` characters."""
+    return repr(_clip(token, TOKEN_CHARS))
 
 
 def _clip(text: str, width: int = 120) -> str:
@@ -139,8 +150,8 @@ def _fast(lines: list[str], fmt: str, one_based: bool):
 
 
 def _check_ids(ids: np.ndarray, limit: int | None) -> np.ndarray:
-    """Mask of bad ids: not integers, negative, or >= limit."""
-    bad = (ids != np.floor(ids)) | (ids < 0) | ~np.isfinite(ids)
+    """Mask of bad ids: not integers, negative, >= limit or beyond the store's int32 (:data:`MAX_ID`)."""
+    bad = (ids != np.floor(ids)) | (ids < 0) | ~np.isfinite(ids) | (ids > MAX_ID)
     if limit is not None:
         bad |= ids >= limit
     return bad
@@ -197,9 +208,13 @@ def parse_batch(lines: list[str], first_line: int, *, fmt: str, one_based: bool 
     base = 1 if one_based else 0
     if np.any(bad := ~np.isfinite(val)):
         fail(bad, rows_f, f"feature value {val[np.argmax(bad)]} is not a finite number")
+    if np.any(bad := np.abs(val) > MAX_VALUE):
+        fail(bad, rows_f, f"feature value {val[np.argmax(bad)]:g} does not fit float32 (magnitude at most "
+                          f"{MAX_VALUE:.4g}): rescale the values")
     for ids, rows, limit, kind in ((fid, rows_f, n_features, "feature"), (lid, rows_l, n_labels, "label")):
         if np.any(bad := _check_ids(ids, limit)):
-            allowed = f"[{base}, {limit + base})" if limit is not None else f">= {base}"
+            allowed = (f"[{base}, {min(limit, MAX_ID + 1) + base})" if limit is not None
+                       else f">= {base} and <= {MAX_ID + base} (ids are stored as int32)")
             value = ids[np.argmax(bad)] + base
             what = "is not an integer" if value != np.floor(value) else "is out of range"
             fail(bad, rows, f"{kind} id {value:g} {what}: ids must be integers {allowed}")
@@ -251,14 +266,14 @@ def _diagnose(lines, line_numbers, fmt, one_based, path) -> None:
 
 def _number(token: str, kind: str) -> str | None:
     if not _NUMBER.fullmatch(token):
-        return f"{kind} {token!r} is not a number"
+        return f"{kind} {_token(token)} is not a number"
     return None
 
 
 def _int_id(token: str, kind: str) -> str | None:
     # like the fast path, accept integral numbers such as "3.0"
     if not _NUMBER.fullmatch(token) or not float(token).is_integer():
-        return f"{kind} id {token!r} is not an integer"
+        return f"{kind} id {_token(token)} is not an integer"
     return None
 
 
@@ -293,10 +308,10 @@ def _line_error(ln: str, fmt: str) -> str | None:
         if fmt == "vw" and ":" not in token:
             token = token + ":1"
         if token.count(":") != 1:
-            return f"malformed token {token!r}: expected 'id:value'"
+            return f"malformed token {_token(token)}: expected 'id:value'"
         fid, value = token.split(":")
         if reason := _int_id(fid, "feature"):
             return reason
-        if reason := _number(value, f"value of feature {fid}"):
+        if reason := _number(value, f"value of feature {_clip(fid, TOKEN_CHARS)}"):
             return reason
     return None

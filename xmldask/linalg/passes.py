@@ -51,13 +51,12 @@ from __future__ import annotations
 import logging
 import math
 import numbers
-import sys
 
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
-from dask.base import get_scheduler
 
+from ..scheduling import current_client
 from ..store.csr import block_reader
 from . import _kernels as K
 from ._kernels import working_dtype
@@ -91,24 +90,8 @@ _ROWS, _WHOLE = "rows", "whole"
 # shipping operands
 
 
-def _current_client():
-    """The ``distributed.Client`` that ``dask.compute`` would use now, or ``None``."""
-    if "distributed" not in sys.modules:
-        return None
-    from distributed import Client
-
-    try:
-        get = get_scheduler()
-    except (RuntimeError, ValueError):
-        return None
-    client = getattr(get, "__self__", None)
-    if isinstance(client, Client) and not client.asynchronous:
-        return client
-    return None
-
-
 def _scatter_target(nbytes: int):
-    return _current_client() if nbytes >= SCATTER_BYTES else None
+    return current_client() if nbytes >= SCATTER_BYTES else None
 
 
 def dense_operand(A, *, name: str = "operand") -> da.Array:

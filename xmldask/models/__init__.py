@@ -9,16 +9,16 @@ minimisation with missing labels (Yu et al. 2014), :class:`BinaryRelevance` its 
 :func:`load_model` reads any of them.
 """
 
-from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier, NotFittedError
+from ..base import NotFittedError, kept_epoch
+from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier
 from .ensemble import ENSEMBLE_VERSION, EnsembleClassifier
 from .leml import LEML, LEML_VERSION, BinaryRelevance
 
 __all__ = ["ENSEMBLE_VERSION", "LEML", "LEML_VERSION", "MODEL_VERSION", "BinaryRelevance", "EmbeddingClassifier",
-           "EnsembleClassifier", "NotFittedError", "load_model"]
+           "EnsembleClassifier", "NotFittedError", "kept_epoch", "load_model"]
 
 #: the classes :func:`load_model` reads, by the name their stores record
-MODEL_CLASSES = {cls.__name__: cls for cls in (EmbeddingClassifier, EnsembleClassifier, LEML,
-                                                               BinaryRelevance)}
+MODEL_CLASSES = {cls.__name__: cls for cls in (EmbeddingClassifier, EnsembleClassifier, LEML, BinaryRelevance)}
 
 
 def load_model(url: str):
@@ -33,7 +33,24 @@ def load_model(url: str):
     from ..store.models import model_class
 
     name = model_class(url)
-    if name not in MODEL_CLASSES:
+    classes = {**MODEL_CLASSES, **_tree_classes()}
+    if name not in classes:
         raise StoreError(f"{url} holds a {name} model, which this xmldask cannot read (it reads "
-                         f"{', '.join(MODEL_CLASSES)})")
-    return MODEL_CLASSES[name].load(url)
+                         f"{', '.join(classes)})")
+    return classes[name].load(url)
+
+
+def _tree_classes() -> dict:
+    """The spectral label tree and its classifier (imported here: :mod:`xmldask.tree` imports this package)."""
+    from ..tree import SpectralLabelTree
+    from .tree_classifier import TreeClassifier
+
+    return {cls.__name__: cls for cls in (SpectralLabelTree, TreeClassifier)}
+
+
+def __getattr__(name: str):
+    if name == "TreeClassifier":
+        from .tree_classifier import TreeClassifier
+
+        return TreeClassifier
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

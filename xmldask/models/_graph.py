@@ -166,6 +166,28 @@ def _normal_block(Xb, Yb, mask, state):
     return out
 
 
+#: partial sums a task of the tree sum holds at once: its two inputs and their sum (:func:`_add`)
+_TREE_OPERANDS = 3
+_FLOAT64_BYTES = 8
+
+
+def normal_equations_task_bytes(n_features_out: int, n_labels: int) -> int:
+    """Bytes one task of :func:`normal_equations` needs at least, whatever the block rows.
+
+    ``G`` ``(m + 1, m + 1)`` and ``FtY`` ``(m + 1, n_labels)`` in float64, three of each in a task of
+    the tree sum, plus one sub-batch of features (:data:`SUB_ROWS` rows of ``m + 1``).
+
+    Parameters
+    ----------
+    n_features_out : int
+        ``m + 1``: the decoder's features (random features or embedding dimension) and the bias.
+    n_labels : int
+    """
+    m1 = int(n_features_out)
+    partials = _TREE_OPERANDS * _FLOAT64_BYTES * m1 * (m1 + int(n_labels))
+    return partials + _FLOAT64_BYTES * _sub_rows(m1) * m1
+
+
 def _add(a, b):
     return {"G": a["G"] + b["G"], "FtY": a["FtY"] + b["FtY"], "held": a["held"] + b["held"],
             "counts": (min(a["counts"][0], b["counts"][0]), max(a["counts"][1], b["counts"][1]))}

@@ -40,11 +40,11 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from ..base import NotFittedError, ParamsMixin, _as_rows
 from ..linalg import ridge_lstsq, x_q
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
 from . import _kernels as K
-from ._base import ParamsMixin, _as_rows
 
 __all__ = ["MODEL_VERSION", "EmbeddingClassifier", "NotFittedError"]
 
@@ -60,10 +60,6 @@ _EMBEDDING_CLASSES = {"rembrandt": "Rembrandt", "cs": "CompressedSensing", "plst
 #: fitted arrays written by :meth:`EmbeddingClassifier.save`
 _ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
 _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
-
-
-class NotFittedError(ValueError, AttributeError):
-    """The estimator is used before ``fit``."""
 
 
 def _check_int(value, name: str, minimum: int) -> int:
@@ -361,6 +357,37 @@ class EmbeddingClassifier(ParamsMixin):
 
     # -- fit ------------------------------------------------------------------------------------
 
+    def _check_worker_memory(self, X, Y, p) -> None:
+        """Refuse before the first pass a fit whose decoder pass cannot fit one worker's memory limit.
+
+        A task of the decoder's pass holds ``F^T F`` and ``F^T Y`` partial sums (float64, three at a
+        time in the tree sum: :func:`_graph.normal_equations_task_bytes`) plus its row block; a worker
+        whose limit is below that is restarted again and again until Dask gives up (``KilledWorker``)
+        after minutes.
+        """
+        from ..scheduling import current_client
+
+        client = current_client()
+        if client is None:
+            return
+        limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
+        limits = [limit for limit in limits if limit > 0]
+        if not limits:
+            return
+        m1 = (p["n_random_features"] if self.kernel != "identity" else min(p["n_components"], Y.shape[1])) + 1
+        need = _graph.normal_equations_task_bytes(m1, Y.shape[1])
+        block_rows = max(X.chunks[0], default=0)
+        need += block_rows * m1 * np.dtype(p["dtype"]).itemsize  # the held-out and feature rows of one block
+        if need > min(limits):
+            from dask.utils import format_bytes
+
+            raise ValueError(
+                f"one task of the decoder's pass needs about {format_bytes(need)} ({m1 - 1} decoder features x "
+                f"{Y.shape[1]} labels in float64 partial sums, blocks of {block_rows} rows) but the smallest worker "
+                f"memory limit is {format_bytes(min(limits))}: raise the limit (--memory-limit) above "
+                f"{format_bytes(need)}, or lower n_random_features (--n-random-features) or k; fewer block rows "
+                "(ingest --block-rows) help only the last term")
+
     def fit(self, X, Y) -> EmbeddingClassifier:
         """Fit ``W``, the feature map and the decoder ``Q`` (Algorithm 3).
 
@@ -387,6 +414,7 @@ class EmbeddingClassifier(ParamsMixin):
             raise ValueError(f"Y's row blocks must be X's ({len(X.chunks[0])} blocks); fix: Y = Y.rechunk({{0: "
                              f"X.chunks[0]}}) (or open both from one dataset store)")
         dtype = p["dtype"]
+        self._check_worker_memory(X, Y, p)
         n_passes = 0
         self.idf_ = None
         if self.features == "tfidf":

@@ -18,10 +18,10 @@ import numbers
 import dask.array as da
 import numpy as np
 
+from ..base import NotFittedError, ParamsMixin, _as_rows, kept_epoch
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
-from ._base import ParamsMixin, _as_rows
-from .embedding_classifier import EmbeddingClassifier, NotFittedError, _seed_of
+from .embedding_classifier import EmbeddingClassifier, _seed_of
 
 __all__ = ["ENSEMBLE_VERSION", "EnsembleClassifier"]
 
@@ -131,8 +131,6 @@ class EnsembleClassifier(ParamsMixin):
         for member in self.estimators_:
             history = getattr(member, "history_", None) or []
             if history and history[0].get("val_loss") is not None and not np.isnan(history[0]["val_loss"]):
-                from ..model_selection import kept_epoch
-
                 kept.append(kept_epoch(member))
         self.held_out_ = ({key: float(np.mean([h[key] for h in kept])) for key in ("val_p@1", "val_loss")}
                           if kept else {})

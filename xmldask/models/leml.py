@@ -51,13 +51,13 @@ import scipy.optimize
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from ..base import ParamsMixin, _as_rows
 from ..linalg import dense_operand, x_q, xt_x_q, yt_x_z
 from ..linalg.passes import _per_block, _tree_sum
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
 from . import _kernels as K
 from . import _leml_kernels as LK
-from ._base import ParamsMixin, _as_rows
 from .embedding_classifier import NotFittedError, _check_float, _check_int, _seed_of
 
 __all__ = ["LEML", "LEML_VERSION", "BinaryRelevance"]

@@ -2,8 +2,9 @@
 
 from ._fs import exists, remove, storage_root, store_url
 from .csr import CSRWriter, open_csr, to_scipy, write_csr
-from .dataset import Dataset, DatasetWriter, open_dataset
+from .dataset import Dataset, DatasetWriter, format_info, open_dataset
 from .dense import open_dense, write_dense
+from .integrity import StoreBusyError
 from .layout import LAYOUT_VERSION, StoreError
 from .predictions import Predictions, open_predictions, write_predictions
 
@@ -11,8 +12,10 @@ __all__ = [
     "LAYOUT_VERSION",
     "CSRWriter",
     "Dataset",
+    "format_info",
     "Predictions",
     "DatasetWriter",
+    "StoreBusyError",
     "StoreError",
     "exists",
     "open_csr",

@@ -12,6 +12,7 @@ import zarr
 from dask.base import tokenize
 
 from . import _fs
+from .integrity import INVENTORY_ATTR, open_root, record_inventory
 from .layout import (
     ATTR,
     BLOCK_ROWS,
@@ -22,8 +23,6 @@ from .layout import (
     INDPTR_DTYPE,
     LAYOUT_VERSION,
     SHARD_CHUNKS,
-    StoreError,
-    check_kind,
     compressors,
 )
 
@@ -172,8 +171,13 @@ class CSRWriter:
         for appender in (self._data, self._indices, self._indptr):
             appender.flush()
 
-    def commit(self, *, n_cols: int | None = None, row_blocks: list[int] | None = None) -> dict:
-        """Flush and publish the new rows to readers; returns the new ``xmldask`` attributes."""
+    def commit(self, *, n_cols: int | None = None, row_blocks: list[int] | None = None,
+               inventory: str | None = None) -> dict:
+        """Flush and publish the new rows to readers; returns the new ``xmldask`` attributes.
+
+        ``inventory``: the URL of the store whose root is this group, to record its chunk inventory
+        (:mod:`.integrity`) with the commit; leave it out when another record (a dataset's root) commits.
+        """
         self.flush()
         n_cols = self.n_cols if n_cols is None else int(n_cols)
         if n_cols is None:
@@ -185,7 +189,8 @@ class CSRWriter:
         self.row_blocks = row_blocks if row_blocks is not None else self.new_row_blocks()
         self.n_rows_start = self.n_rows
         meta = self._meta(complete=True)
-        self.group.attrs.update({"shape": [self.n_rows, self.n_cols], ATTR: meta})
+        extra = {INVENTORY_ATTR: record_inventory(inventory)} if inventory is not None else {}
+        self.group.attrs.update({"shape": [self.n_rows, self.n_cols], ATTR: meta, **extra})
         return meta
 
     def _meta(self, *, complete: bool) -> dict:
@@ -206,8 +211,7 @@ def write_csr(url: str, matrix_or_blocks, *, n_cols: int | None = None, block_ro
     The store appears at ``url`` only once complete; an existing store is replaced only with
     ``overwrite=True``.
     """
-    if _fs.exists(url) and not overwrite:
-        raise FileExistsError(f"{url} already exists; pass overwrite=True to replace it")
+    _fs.check_target(url, kind="csr", overwrite=overwrite)
     pieces = [matrix_or_blocks] if sp.issparse(matrix_or_blocks) else matrix_or_blocks
     if sp.issparse(matrix_or_blocks) and n_cols is None:
         n_cols = matrix_or_blocks.shape[1]
@@ -217,7 +221,7 @@ def write_csr(url: str, matrix_or_blocks, *, n_cols: int | None = None, block_ro
         writer = CSRWriter(group, n_cols=n_cols, block_rows=block_rows)
         for piece in pieces:
             writer.write(piece)
-        writer.commit()
+        writer.commit(inventory=tmp)
         _fs.publish(tmp, url, overwrite=overwrite)
     except BaseException:
         _fs.remove(tmp)
@@ -298,11 +302,7 @@ def open_csr(url: str, *, dtype=DATA_DTYPE) -> da.Array:
 
     Each task reads only its own row block. Pass ``dtype=np.float64`` to compute in double precision.
     """
-    try:
-        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-    except FileNotFoundError as exc:
-        raise StoreError(f"no store at {url}") from exc
-    meta = check_kind(dict(group.attrs), "csr", url)
+    group, meta = open_root(url, "csr")
     n_rows, n_cols = group.attrs["shape"]
     return csr_from_group(url, "", n_rows=n_rows, n_cols=n_cols, row_blocks=meta["row_blocks"],
                           generation=meta["generation"], dtype=dtype)

@@ -13,13 +13,68 @@ import zarr
 
 from . import _fs
 from .csr import CSRWriter, csr_from_group
-from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, LAYOUT_VERSION, StoreError, check_kind
+from .integrity import INVENTORY_ATTR, TailGuard, WriterLock, open_root, record_inventory
+from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, INDEX_DTYPE, LAYOUT_VERSION, StoreError
 
-__all__ = ["Dataset", "DatasetWriter", "open_dataset"]
+__all__ = ["Dataset", "DatasetWriter", "format_info", "open_dataset"]
 
 _COUNT_SLOTS = ("label_counts", "label_counts_next")
 #: the group (and meta flag) of the observed-entry mask of a dataset with missing labels
 OBSERVED = "observed"
+
+#: label-count vectors up to this length are read and written whole; longer ones chunk by chunk
+_DENSE_COUNTS = 1 << 24
+_COUNT_CHUNK = 1 << 20
+
+
+class _LabelCounts:
+    """Rows per label, kept sparse (sorted ids and their counts): memory grows with the labels seen,
+    not with the largest id (a header may announce two billion labels)."""
+
+    def __init__(self):
+        self.ids = np.zeros(0, np.int64)
+        self.counts = np.zeros(0, np.int64)
+
+    @property
+    def top(self) -> int:
+        """One past the largest label id counted (0 if none)."""
+        return int(self.ids[-1]) + 1 if len(self.ids) else 0
+
+    def add(self, ids: np.ndarray, counts: np.ndarray | None = None) -> None:
+        """Count the label ids ``ids`` (with multiplicities ``counts``, else once each occurrence)."""
+        if counts is None:
+            ids, counts = np.unique(ids, return_counts=True)
+        ids, counts = np.asarray(ids, np.int64), np.asarray(counts, np.int64)
+        pos = np.searchsorted(self.ids, ids).clip(max=max(len(self.ids) - 1, 0))
+        if len(self.ids) and np.array_equal(self.ids[pos], ids):  # no new label: add in place
+            np.add.at(self.counts, pos, counts)
+            return
+        merged, inverse = np.unique(np.concatenate([self.ids, ids]), return_inverse=True)
+        self.counts = np.bincount(inverse, weights=np.concatenate([self.counts, counts]),
+                                  minlength=len(merged)).astype(np.int64)
+        self.ids = merged
+
+    @classmethod
+    def read(cls, array) -> _LabelCounts:
+        out = cls()
+        step = array.shape[0] if array.shape[0] <= _DENSE_COUNTS else _COUNT_CHUNK
+        for start in range(0, array.shape[0], max(step, 1)):
+            block = np.asarray(array[start:start + step], dtype=np.int64)
+            nz = np.flatnonzero(block)
+            if len(nz):
+                out.add(nz + start, block[nz])
+        return out
+
+    def write(self, array) -> None:
+        """Write into a new zero-filled array (untouched chunks keep the fill value, unwritten)."""
+        if not len(self.ids):
+            return
+        if array.shape[0] <= _DENSE_COUNTS:
+            dense = np.zeros(self.top, np.int64)
+            dense[self.ids] = self.counts
+            array[: self.top] = dense
+        else:
+            array.set_coordinate_selection((self.ids,), self.counts)
 
 
 def _now() -> str:
@@ -99,12 +154,18 @@ class Dataset:
                 f"n_labels={self.n_labels}, nnz={self.meta['nnz']}, row_blocks={len(self.meta['row_blocks']) - 1})")
 
 
+#: largest number of features or labels: ids are stored as int32
+MAX_DIMENSION = int(np.iinfo(INDEX_DTYPE).max)
+
+
 def _read_root(url: str):
-    try:
-        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-    except FileNotFoundError as exc:
-        raise StoreError(f"no dataset store at {url}") from exc
-    return group, check_kind(dict(group.attrs), "dataset", url)
+    return open_root(url, "dataset")
+
+
+def check_dimension(name: str, value) -> None:
+    """Refuse a number of features or labels that the store's int32 ids cannot hold."""
+    if value is not None and not 0 <= int(value) <= MAX_DIMENSION:
+        raise ValueError(f"{name} = {value} does not fit the store: ids are int32, so at most {MAX_DIMENSION}")
 
 
 def open_dataset(url: str, *, dtype=DATA_DTYPE) -> Dataset:
@@ -141,26 +202,30 @@ class DatasetWriter:
     A new store is written under a hidden temporary name beside ``url`` and moved into place by
     :meth:`commit`. An append writes past the committed end of the arrays and makes the new rows
     visible by rewriting the root attributes last; an append that died is discarded by the next.
-    Only one writer may append to a dataset at a time.
+    One writer at a time may append: :meth:`append` takes the dataset's writer lock
+    (:class:`~xmldask.store.integrity.WriterLock`; a second writer is refused with a ``StoreError``)
+    and :meth:`commit` refuses if the committed state changed since the append started.
     """
 
     def __init__(self, url: str, *, target: str, group: zarr.Group, meta: dict, block_rows: int,
-                 append: bool, overwrite: bool = False):
+                 append: bool, overwrite: bool = False, lock: WriterLock | None = None):
         self.url, self._target, self._group = str(url), target, group
         self.meta, self._append, self._overwrite = meta, append, overwrite
+        self._lock = lock
+        self._tails = TailGuard(url, group) if append else None
         self._done = False
         if append:
             self._X = CSRWriter(group["X"], block_rows=block_rows, append=True,
                                 committed=(meta["row_blocks"], meta["nnz"]))
             self._Y = CSRWriter(group["Y"], block_rows=block_rows, append=True,
                                 committed=(meta["row_blocks"], meta["nnz_labels"]))
-            self._counts = np.asarray(group[meta["label_counts_array"]][:], dtype=np.int64)
+            self._counts = _LabelCounts.read(group[meta["label_counts_array"]])
             self._O = CSRWriter(group[OBSERVED], block_rows=block_rows, append=True,
                                 committed=(meta["row_blocks"], meta["nnz_observed"])) if meta.get(OBSERVED) else None
         else:
             self._X = CSRWriter(group.create_group("X"), n_cols=meta.get("n_features"), block_rows=block_rows)
             self._Y = CSRWriter(group.create_group("Y"), n_cols=meta.get("n_labels"), block_rows=block_rows)
-            self._counts = np.zeros(meta.get("n_labels") or 0, dtype=np.int64)
+            self._counts = _LabelCounts()
             self._O = CSRWriter(group.create_group(OBSERVED), n_cols=meta.get("n_labels"),
                                 block_rows=block_rows) if meta.get(OBSERVED) else None
         self.rows_without_labels = int(meta.get("rows_without_labels", 0))
@@ -177,20 +242,33 @@ class DatasetWriter:
         if _fs.exists(url) and not overwrite:
             raise FileExistsError(f"{url} already exists; pass overwrite=True (--overwrite) to replace it, "
                                   "or append=True (--append) to add rows to it")
+        _fs.check_target(url, kind="dataset", overwrite=overwrite)
+        check_dimension("n_features", n_features)
+        check_dimension("n_labels", n_labels)
         tmp = _fs.temporary_sibling(url)
-        group = zarr.open_group(_fs.zarr_store(tmp), mode="w")
-        meta = {"kind": "dataset", "layout_version": LAYOUT_VERSION, "complete": False,
-                "n_features": n_features, "n_labels": n_labels, "created": _now(), OBSERVED: bool(observed)}
-        group.attrs.update({ATTR: meta})
-        return cls(url, target=tmp, group=group, meta=meta, block_rows=block_rows, append=False,
-                   overwrite=overwrite)
+        try:
+            group = zarr.open_group(_fs.zarr_store(tmp), mode="w")
+            meta = {"kind": "dataset", "layout_version": LAYOUT_VERSION, "complete": False,
+                    "n_features": n_features, "n_labels": n_labels, "created": _now(), OBSERVED: bool(observed)}
+            group.attrs.update({ATTR: meta})
+            return cls(url, target=tmp, group=group, meta=meta, block_rows=block_rows, append=False,
+                       overwrite=overwrite)
+        except BaseException:
+            _fs.remove(tmp)
+            raise
 
     @classmethod
     def append(cls, url: str, *, block_rows: int = BLOCK_ROWS) -> DatasetWriter:
-        """Start appending rows to the complete dataset at ``url``."""
-        _, meta = _read_root(url)
-        group = zarr.open_group(_fs.zarr_store(url), mode="r+")
-        return cls(url, target=url, group=group, meta=dict(meta), block_rows=block_rows, append=True)
+        """Start appending rows to the complete dataset at ``url`` (taking its writer lock)."""
+        _read_root(url)  # a missing or damaged dataset is refused before the lock is taken
+        lock = WriterLock(url).acquire()
+        try:
+            _, meta = _read_root(url)  # the committed state, read under the lock
+            group = zarr.open_group(_fs.zarr_store(url), mode="r+")
+            return cls(url, target=url, group=group, meta=dict(meta), block_rows=block_rows, append=True, lock=lock)
+        except BaseException:
+            lock.release()
+            raise
 
     @property
     def n_samples(self) -> int:
@@ -230,29 +308,28 @@ class DatasetWriter:
         self._X.write(X)
         self._Y.write(Y)
         if Y.nnz:
-            top = int(Y.indices.max()) + 1
-            if top > len(self._counts):
-                self._counts = np.concatenate([self._counts, np.zeros(top - len(self._counts), np.int64)])
-            self._counts += np.bincount(Y.indices, minlength=len(self._counts))
+            self._counts.add(Y.indices)
         self.rows_without_labels += int(np.count_nonzero(np.diff(Y.indptr) == 0))
 
     def commit(self, *, n_features: int | None = None, n_labels: int | None = None, **extra) -> Dataset:
         """Make the written rows visible (and, for a new store, move it into place); returns the dataset."""
+        if self._append:
+            self._check_unchanged()
         n_features = int(n_features if n_features is not None else self.meta.get("n_features") or 0)
-        n_labels = int(n_labels if n_labels is not None else self.meta.get("n_labels") or len(self._counts))
-        if len(self._counts) > n_labels:
-            raise ValueError(f"label id {len(self._counts) - 1} is out of range for {n_labels} labels")
-        counts = np.zeros(n_labels, np.int64)
-        counts[: len(self._counts)] = self._counts
+        n_labels = int(n_labels if n_labels is not None else self.meta.get("n_labels") or self._counts.top)
+        if self._counts.top > n_labels:
+            raise ValueError(f"label id {self._counts.top - 1} is out of range for {n_labels} labels")
+        check_dimension("n_features", n_features)
+        check_dimension("n_labels", n_labels)
         row_blocks = self._X.new_row_blocks()
         x_meta = self._X.commit(n_cols=n_features, row_blocks=row_blocks)
         y_meta = self._Y.commit(n_cols=n_labels, row_blocks=row_blocks)
         if self._O is not None:
             extra["nnz_observed"] = self._O.commit(n_cols=n_labels, row_blocks=row_blocks)["nnz"]
         slot = _COUNT_SLOTS[1] if self.meta.get("label_counts_array") == _COUNT_SLOTS[0] else _COUNT_SLOTS[0]
-        chunks = (max(1, min(len(counts), 1 << 20)),)
-        self._group.create_array(slot, shape=counts.shape, dtype=counts.dtype, chunks=chunks,
-                                 fill_value=0, overwrite=True)[:] = counts
+        chunks = (max(1, min(n_labels, _COUNT_CHUNK)),)
+        self._counts.write(self._group.create_array(slot, shape=(n_labels,), dtype=np.int64, chunks=chunks,
+                                                    fill_value=0, overwrite=True))
         meta = {
             **self.meta,
             **extra,
@@ -269,12 +346,26 @@ class DatasetWriter:
             "generation": uuid.uuid4().hex,
             "updated": _now(),
         }
-        self._group.attrs.update({ATTR: meta})
+        inventory = record_inventory(self._target, ["X", "Y", slot])
+        self._group.attrs.update({ATTR: meta, INVENTORY_ATTR: inventory})
         self.meta = meta
         if not self._append:
             _fs.publish(self._target, self.url, overwrite=self._overwrite)
         self._done = True
+        self._release()
         return open_dataset(self.url)
+
+    def _check_unchanged(self) -> None:
+        """Refuse to commit an append if another writer committed since it started (optimistic check)."""
+        fresh = dict(zarr.open_group(_fs.zarr_store(self.url, read_only=True), mode="r").attrs).get(ATTR) or {}
+        if fresh.get("generation") != self.meta.get("generation"):
+            raise StoreError(f"{self.url} was changed by another writer while this append ran (it now has "
+                             f"{fresh.get('n_samples')} rows, {self.meta.get('n_samples')} when the append started); "
+                             "this append is discarded: run it again")
+
+    def _release(self) -> None:
+        if self._lock is not None:
+            self._lock.release()
 
     def abort(self) -> None:
         """Discard what was written since the last commit."""
@@ -283,7 +374,11 @@ class DatasetWriter:
         self._done = True
         if not self._append:
             _fs.remove(self._target)
-        # an append's uncommitted tail is invisible to readers and truncated by the next append
+        # an append's uncommitted tail is invisible to readers and truncated by the next append; the
+        # committed chunk files it rewrote are put back as they were
+        if self._tails is not None:
+            self._tails.restore()
+        self._release()
 
     def __enter__(self) -> DatasetWriter:
         return self
@@ -291,3 +386,22 @@ class DatasetWriter:
     def __exit__(self, exc_type, exc, tb) -> None:
         if not self._done:
             self.abort()
+
+
+def format_info(info: dict) -> str:
+    """:meth:`Dataset.info` as aligned text lines (``xmldask info``)."""
+    rows = [
+        ("dataset", info["url"]),
+        ("rows", f"{info['n_samples']:,} ({info['row_blocks']} row blocks)"),
+        ("features", f"{info['n_features']:,}  nnz {info['nnz']:,}  ({info['avg_features_per_row']:.2f} per row)"),
+        ("labels", f"{info['n_labels']:,}  used {info['labels_used']:,}  ({info['avg_labels_per_row']:.2f} per row)"),
+        ("rows without labels", f"{info['rows_without_labels']:,}"),
+        ("label frequency", f"max {info['label_frequency_max']:,}, median {info['label_frequency_median']:g}, "
+                            f"{info['labels_seen_at_most_5_times']:,} labels seen <= 5 times, "
+                            f"top 10 labels carry {100 * info['top_10_label_share']:.1f}% of assignments"),
+    ]
+    for source in info["sources"]:
+        rows.append(("source", f"{source['path']} ({source['format']}, {source['rows']:,} rows, "
+                               f"sha256 {source['sha256'][:12]}...)"))
+    width = max(len(name) for name, _ in rows)
+    return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)

@@ -9,7 +9,8 @@ import numpy as np
 import zarr
 
 from . import _fs
-from .layout import ATTR, BLOCK_ROWS, DENSE_ENCODING, LAYOUT_VERSION, StoreError, check_kind, compressors
+from .integrity import INVENTORY_ATTR, open_root, record_inventory
+from .layout import ATTR, BLOCK_ROWS, DENSE_ENCODING, LAYOUT_VERSION, compressors
 
 __all__ = ["write_dense", "open_dense"]
 
@@ -20,8 +21,7 @@ def write_dense(url: str, x, *, block_rows: int | None = None, overwrite: bool =
     A Dask array is written block by block (each task writes its own rows); the store appears at
     ``url`` only once complete.
     """
-    if _fs.exists(url) and not overwrite:
-        raise FileExistsError(f"{url} already exists; pass overwrite=True to replace it")
+    _fs.check_target(url, kind="dense", overwrite=overwrite)
     if x.ndim != 2:
         raise ValueError(f"expected a 2-D array, got shape {x.shape}")
     rows = int(block_rows or (x.chunks[0][0] if isinstance(x, da.Array) else min(BLOCK_ROWS, max(1, x.shape[0]))))
@@ -35,7 +35,8 @@ def write_dense(url: str, x, *, block_rows: int | None = None, overwrite: bool =
         else:
             array[...] = np.asarray(x)
         meta = {"kind": "dense", "layout_version": LAYOUT_VERSION, "complete": True, "generation": uuid.uuid4().hex}
-        group.attrs.update({**DENSE_ENCODING, "shape": list(x.shape), ATTR: meta})
+        group.attrs.update({**DENSE_ENCODING, "shape": list(x.shape), ATTR: meta,
+                           INVENTORY_ATTR: record_inventory(tmp)})
         _fs.publish(tmp, url, overwrite=overwrite)
     except BaseException:
         _fs.remove(tmp)
@@ -45,9 +46,5 @@ def write_dense(url: str, x, *, block_rows: int | None = None, overwrite: bool =
 
 def open_dense(url: str) -> da.Array:
     """Open a dense matrix store as a Dask array chunked by rows."""
-    try:
-        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-    except FileNotFoundError as exc:
-        raise StoreError(f"no store at {url}") from exc
-    check_kind(dict(group.attrs), "dense", url)
+    group, _ = open_root(url, "dense")
     return da.from_zarr(group["values"])

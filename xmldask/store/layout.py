@@ -40,7 +40,9 @@ padding); the attributes add ``top_k``, ``n_samples``, ``n_labels``, the model a
 the throughput of the run (:mod:`.predictions`).
 
 ``complete`` is false while a store is being written and set true in the last write. Readers refuse
-stores that are not complete. New stores are written under a hidden temporary name and moved into
+stores that are not complete. Every store also records, in the root attribute ``xmldask_inventory``
+written with its commit, the size of each chunk file readers use; openers refuse a store whose files
+do not match (:mod:`.integrity`). New stores are written under a hidden temporary name and moved into
 place when complete.
 """
 

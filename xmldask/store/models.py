@@ -16,6 +16,7 @@ import numpy as np
 import zarr
 
 from . import _fs
+from .integrity import INVENTORY_ATTR, open_root, record_inventory
 from .layout import ATTR, LAYOUT_VERSION, StoreError, compressors
 
 __all__ = ["jsonable", "model_class", "open_model_store", "write_model_store"]
@@ -65,8 +66,7 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
     str
         ``url``.
     """
-    if _fs.exists(url) and not overwrite:
-        raise FileExistsError(f"{url} already exists; pass overwrite=True (--overwrite) to replace it")
+    _fs.check_target(url, kind="model", overwrite=overwrite)
     fitted = json.loads(json.dumps(fitted, default=float))
     tmp = _fs.temporary_sibling(url)
     try:
@@ -81,7 +81,7 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
             array[...] = value
         info = {**(meta or {}), "kind": "model", "class": class_name, "model_version": model_version,
                 "layout_version": LAYOUT_VERSION, "complete": True}
-        group.attrs.update({ATTR: info, "params": params, "fitted": fitted})
+        group.attrs.update({ATTR: info, "params": params, "fitted": fitted, INVENTORY_ATTR: record_inventory(tmp)})
         _fs.publish(tmp, url, overwrite=overwrite)
     except BaseException:
         _fs.remove(tmp)
@@ -90,15 +90,9 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
 
 
 def _model_group(url: str):
-    """The group and ``xmldask`` attribute of the model store at ``url``, after checking its kind."""
-    try:
-        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-    except FileNotFoundError as exc:
-        raise StoreError(f"no model store at {url}") from exc
-    meta = dict(group.attrs).get(ATTR) or {}
-    if meta.get("kind") != "model":
-        raise StoreError(f"{url} is not a saved xmldask model (kind {meta.get('kind')!r})")
-    return group, meta
+    """The group and ``xmldask`` attribute of the model store at ``url``, after checking its kind, layout
+    version, completeness and chunk inventory."""
+    return open_root(url, "model")
 
 
 def model_class(url: str) -> str:
@@ -118,8 +112,6 @@ def open_model_store(url: str, *, model_version: int, class_name: str | None = N
     group, meta = _model_group(url)
     if meta.get("model_version") != model_version:
         raise StoreError(f"{url} has model version {meta.get('model_version')}; this xmldask reads {model_version}")
-    if not meta.get("complete"):
-        raise StoreError(f"{url} is incomplete (its write did not finish); write it again")
     if class_name is not None and meta.get("class") != class_name:
         raise StoreError(f"{url} holds a {meta.get('class')} model, not a {class_name}; load it with "
                          f"{meta.get('class')}.load(url){hint}")

@@ -14,18 +14,18 @@ The root attribute ``xmldask`` holds ``kind = "predictions"``, ``top_k``, ``n_sa
 from __future__ import annotations
 
 import math
-import os
 import time
 import uuid
 from dataclasses import dataclass
 
-import dask
 import dask.array as da
 import numpy as np
 import zarr
 
+from ..scheduling import parallelism
 from . import _fs
-from .layout import ATTR, LAYOUT_VERSION, StoreError, check_kind, compressors
+from .integrity import INVENTORY_ATTR, open_root, record_inventory
+from .layout import ATTR, LAYOUT_VERSION, compressors
 
 __all__ = ["Predictions", "open_predictions", "write_predictions"]
 
@@ -58,27 +58,13 @@ class Predictions:
 
 def open_predictions(url: str) -> Predictions:
     """Open a prediction store written by :func:`write_predictions` (or ``xmldask predict``)."""
-    try:
-        group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
-    except FileNotFoundError as exc:
-        raise StoreError(f"no prediction store at {url}") from exc
-    meta = check_kind(dict(group.attrs), "predictions", url)
+    group, meta = open_root(url, "predictions")
     return Predictions(url, da.from_zarr(group["labels"]), da.from_zarr(group["scores"]), dict(meta))
 
 
 def _block_batches(n_blocks: int, batch: int):
     for start in range(0, n_blocks, batch):
         yield start, min(n_blocks, start + batch)
-
-
-def _parallelism() -> int:
-    """Tasks the current scheduler runs at once (workers x threads for a distributed client)."""
-    from ..linalg.passes import _current_client
-
-    client = _current_client()
-    if client is not None:
-        return max(1, sum(client.nthreads().values()))
-    return max(1, dask.config.get("num_workers", None) or os.cpu_count() or 1)
 
 
 def write_predictions(url: str, labels: da.Array, scores: da.Array, *, n_labels: int, meta: dict | None = None,
@@ -109,8 +95,7 @@ def write_predictions(url: str, labels: da.Array, scores: da.Array, *, n_labels:
     dict
         The store's ``xmldask`` attributes, including ``seconds`` and ``rows_per_second``.
     """
-    if _fs.exists(url) and not overwrite:
-        raise FileExistsError(f"{url} already exists; pass overwrite=True (--overwrite) to replace it")
+    _fs.check_target(url, kind="predictions", overwrite=overwrite)
     if labels.shape != scores.shape or labels.ndim != 2:
         raise ValueError(f"labels and scores must be 2-D of one shape, but have shapes {labels.shape} and "
                          f"{scores.shape}")
@@ -137,7 +122,7 @@ def write_predictions(url: str, labels: da.Array, scores: da.Array, *, n_labels:
 
             bar = tqdm(total=n, unit="rows", desc="predict", unit_scale=True)
         try:
-            for a, b in _block_batches(lab.numblocks[0], 2 * _parallelism()):
+            for a, b in _block_batches(lab.numblocks[0], 2 * parallelism()):
                 r0, r1 = int(bounds[a]), int(bounds[b])
                 da.store([lab.blocks[a:b], sco.blocks[a:b]],
                          [out_labels, out_scores], regions=[(slice(r0, r1),), (slice(r0, r1),)], lock=False)
@@ -162,7 +147,7 @@ def write_predictions(url: str, labels: da.Array, scores: da.Array, *, n_labels:
             "rows_per_second": round(n / seconds, 1) if seconds > 0 else math.inf,
             **(meta or {}),
         }
-        group.attrs.update({ATTR: info})
+        group.attrs.update({ATTR: info, INVENTORY_ATTR: record_inventory(tmp)})
         _fs.publish(tmp, url, overwrite=overwrite)
     except BaseException:
         _fs.remove(tmp)

@@ -1,4 +1,8 @@
-"""What every classifier of :mod:`xmldask.models` shares: scikit-learn style parameters, ``predict``."""
+"""What every estimator of xmldask shares: scikit-learn style parameters, ``predict``, ``NotFittedError``.
+
+The lowest layer of the estimators: :mod:`xmldask.embedding`, :mod:`xmldask.tree` and :mod:`xmldask.models`
+build on it.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +12,10 @@ import numbers
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
+
+
+class NotFittedError(ValueError, AttributeError):
+    """The estimator is used before ``fit``."""
 
 
 def _as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
@@ -72,3 +80,13 @@ class ParamsMixin:
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but this model was fitted on {self.n_features_in_}")
         return X
+
+
+def kept_epoch(estimator) -> dict:
+    """The ``history_`` entry of a fitted estimator's kept decoder (the epoch its ``early_stopping`` chose)."""
+    history = getattr(estimator, "history_", None)
+    if not history or history[0].get("val_loss") is None or math.isnan(history[0]["val_loss"]):
+        raise ValueError("the estimator has no held-out figures; fit it with validation_fraction > 0")
+    if getattr(estimator, "early_stopping", "loss") == "p@1":
+        return max(history, key=lambda h: h["val_p@1"])
+    return min(history, key=lambda h: h["val_loss"])

@@ -1,0 +1,123 @@
+"""The import structure of ``xmldask/`` and ``flows/``: no cycles, and no layer imports one above it.
+
+Every import counts, function-level ones included (a lazy import is still a dependency). Layers, from
+the bottom: scheduling/params/cluster/base (the estimator base) -> store -> io, linalg -> datasets,
+metrics, embedding, tree -> models -> model_selection -> jobs, demo -> cli, flows. A module may import
+its own package and any layer below its own.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+LAYERS = [
+    {"xmldask.scheduling", "xmldask.params", "xmldask.cluster", "xmldask.base"},
+    {"xmldask", "xmldask.store"},
+    {"xmldask.io", "xmldask.linalg"},
+    {"xmldask.datasets", "xmldask.metrics", "xmldask.embedding", "xmldask.tree"},
+    {"xmldask.models"},
+    {"xmldask.model_selection"},
+    {"xmldask.jobs", "xmldask.demo"},
+    {"xmldask.cli", "flows"},
+]
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for package in ("xmldask", "flows"):
+        for path in (REPO / package).rglob("*.py"):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def _imports(module: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The modules of ``xmldask``/``flows`` that ``module`` imports anywhere in its code."""
+    found = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+                base = ".".join(parts + ([node.module] if node.module else []))
+            # ``from pkg import sub`` imports the submodule; ``from pkg import name`` the package
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base for alias in node.names]
+        else:
+            continue
+        for target in targets:
+            while target and target not in modules:
+                target = target.rpartition(".")[0]
+            if target and target != module:
+                found.add(target)
+    return found
+
+
+def _layer(module: str) -> int:
+    parts = module.split(".")
+    for depth in range(len(parts), 0, -1):
+        for rank, layer in enumerate(LAYERS):
+            if ".".join(parts[:depth]) in layer:
+                return rank
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS in {Path(__file__).name}")
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return ".".join(parts[:2]) if parts[0] == "xmldask" and len(parts) > 1 else parts[0]
+
+
+@pytest.fixture(scope="module")
+def graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {module: _imports(module, path, modules) for module, path in modules.items()}
+
+
+def test_no_import_cycles(graph):
+    """Tarjan's strongly connected components of the module graph: each must be a single module."""
+    index, low, stack, on_stack, cycles, counter = {}, {}, [], set(), [], [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    assert cycles == []
+
+
+def test_no_upward_imports(graph):
+    upward = sorted(f"{module} (layer {_layer(module)}) imports {target} (layer {_layer(target)})"
+                    for module, targets in graph.items() for target in targets
+                    if _package(module) != _package(target) and _layer(target) > _layer(module))
+    assert upward == []
+
+
+def test_the_checks_see_lazy_imports(graph):
+    """A function-level import is found (cli imports the jobs inside its command functions)."""
+    assert "xmldask.jobs" in graph["xmldask.cli"]

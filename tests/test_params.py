@@ -1,0 +1,73 @@
+"""Training parameters are defined once (xmldask.params): every path has the same names and defaults."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from flows import deploy
+from flows import pipeline as pipeline_module
+from flows.refresh import refresh
+from flows.stage_flows import train_flow
+from xmldask import cli, jobs
+from xmldask.models import EmbeddingClassifier
+from xmldask.params import TrainParams, from_args, parse_grid, validated
+
+
+def test_every_path_has_the_same_defaults():
+    defaults = TrainParams()
+    for flow in (train_flow, pipeline_module.pipeline, refresh):
+        assert inspect.signature(flow.fn).parameters["model"].default == defaults, flow.name
+    # the command lines give no value unless an option is given: the defaults above apply
+    parsed = [cli.build_parser().parse_args(["train", "data.zarr", "--out", "model.zarr"]),
+              pipeline_module.build_parser().parse_args([]), deploy.build_parser().parse_args(["--test", "t.zarr"])]
+    for args in parsed:
+        assert from_args(args) == {}
+    # and the job's estimator has the same defaults as its parameters
+    est = EmbeddingClassifier().get_params()
+    assert est["n_components"] == defaults.k and est["random_state"] in (None, defaults.seed)
+    assert est["kernel"] == jobs.KERNELS[defaults.kernel]
+    for name in ("features", "alpha", "n_random_features", "max_epochs"):
+        assert est[name] == getattr(defaults, name), name
+
+
+def test_every_option_is_generated_with_its_default_and_help():
+    parser = cli.build_parser()
+    train = next(a for a in parser._subparsers._actions if a.dest == "command").choices["train"]
+    text = train.format_help()
+    for name, field in TrainParams.model_fields.items():
+        option = "--" + name.replace("_", "-")
+        assert option in text, option
+        if field.default is not None:
+            assert f"(default {field.default})" in " ".join(text.split()), name
+
+
+def test_command_line_values_are_validated_and_parsed():
+    args = cli.build_parser().parse_args(["train", "d", "--out", "m", "--k", "32", "--alpha", "0.5",
+                                          "--search", "k=8,16", "--search", "kernel=none,gaussian"])
+    assert from_args(args) == {"k": 32, "alpha": 0.5, "search": {"k": [8, 16], "kernel": ["none", "gaussian"]}}
+    with pytest.raises(ValueError, match=r"invalid training parameters: k = 0: Input should be greater than 0"):
+        from_args(cli.build_parser().parse_args(["train", "d", "--out", "m", "--k", "0"]))
+    assert cli.main(["train", "d", "--out", "m", "--n-estimators", "0"]) == 2  # the error, before any work
+    with pytest.raises(ValueError, match="extra_inputs|Extra inputs are not permitted"):
+        validated(TrainParams, {"kernal": "none"})
+
+
+def test_parse_grid():
+    assert parse_grid(["k=50,150", "alpha=0.001, 1", "kernel=none,gaussian"]) == {
+        "k": [50, 150], "alpha": [0.001, 1], "kernel": ["none", "gaussian"]}
+    for bad in (["k"], ["=1"], ["k="]):
+        with pytest.raises(ValueError, match="NAME=V1,V2"):
+            parse_grid(bad)
+
+
+def test_auto_search_chooses_what_is_not_given():
+    """The default search="auto" chooses the kernel by held-out P@1, unless the kernel is given."""
+    assert TrainParams().search == TrainParams(k=8).search == {"kernel": ["none", "gaussian"]}
+    assert TrainParams(kernel="gaussian").search is None
+    assert TrainParams(search=None).search is None
+    assert TrainParams(search={"alpha": [0.1, 1]}).search == {"alpha": [0.1, 1]}  # an explicit search as given
+    assert TrainParams(**TrainParams(k=8).model_dump()) == TrainParams(k=8)  # resolved once: dumps round-trip
+    no_search = cli.build_parser().parse_args(["train", "d", "--out", "m", "--no-search"])
+    assert from_args(no_search) == {"search": None}

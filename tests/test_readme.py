@@ -1,0 +1,82 @@
+"""Every ``bash`` and ``python`` block of the README runs as written, in order, as on a fresh clone.
+
+The blocks run in a scratch directory laid out like a checkout after the two set-up commands: ``.venv``
+(the environment running the tests), ``flows/`` and ``../shared`` beside it, and an empty
+``storage/``. A block preceded by ``<!-- not run by tests/test_readme.py: REASON -->`` is left out; the
+reason must name the file that runs it instead (``.ci/run`` for the set-up commands, a test module for
+the served refresh), and that file must exist.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+README = REPO / "README.md"
+SKIP = re.compile(r"<!-- not run by tests/test_readme.py: (?P<reason>.*?) -->\s*$")
+#: seconds a block may take (the pipeline on bibtex is the longest: about a minute on 2 cores)
+BLOCK_TIMEOUT = 900
+
+
+def readme_blocks() -> list[dict]:
+    """The fenced ``bash``/``python`` blocks of the README: language, code, line, and the skip reason if any."""
+    lines = README.read_text().splitlines()
+    blocks, i = [], 0
+    while i < len(lines):
+        fence = re.match(r"^```(\w*)\s*$", lines[i])
+        if not fence:
+            i += 1
+            continue
+        end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+        previous = next((lines[j] for j in range(i - 1, -1, -1) if lines[j].strip()), "")
+        skip = SKIP.match(previous)
+        if fence.group(1) in ("bash", "python"):
+            blocks.append({"language": fence.group(1), "code": "\n".join(lines[i + 1:end]) + "\n", "line": i + 1,
+                           "skip": skip.group("reason") if skip else None})
+        i = end + 1
+    return blocks
+
+
+def test_every_skipped_block_names_what_runs_it():
+    blocks = readme_blocks()
+    assert len(blocks) >= 6
+    for block in blocks:
+        if block["skip"]:
+            named = re.findall(r"(\.ci/run|tests/\w+\.py)", block["skip"])
+            assert named and all((REPO / name).exists() for name in named), block
+
+
+@pytest.mark.slow
+@pytest.mark.shared_data
+def test_readme_blocks_run_as_written(shared_data, tmp_path):
+    shared = shared_data.parent
+    checkout = tmp_path / "repo"
+    checkout.mkdir()
+    (tmp_path / "shared").symlink_to(shared, target_is_directory=True)
+    (checkout / ".venv").symlink_to(Path(sys.prefix), target_is_directory=True)
+    (checkout / "flows").symlink_to(REPO / "flows", target_is_directory=True)
+    env = {key: value for key, value in os.environ.items()
+           if not key.startswith(("XMLDASK_", "PREFECT_API_URL"))}  # the defaults of a fresh shell
+    ran = 0
+    for n, block in enumerate(readme_blocks()):
+        if block["skip"]:
+            continue
+        if block["language"] == "bash":
+            command = ["bash", "-e", "-o", "pipefail", "-c", block["code"]]
+        else:
+            script = checkout / f"readme_block_{n}.py"
+            script.write_text(block["code"])
+            command = [str(checkout / ".venv" / "bin" / "python"), script.name]
+        done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+        assert done.returncode == 0, (f"README.md line {block['line']} ({block['language']}) failed with "
+                                      f"{done.returncode}:\n{block['code']}\n--- stdout\n{done.stdout[-3000:]}\n"
+                                      f"--- stderr\n{done.stderr[-5000:]}")
+        ran += 1
+    assert ran >= 5
+    assert (checkout / "storage" / "bibtex" / "pred.zarr").is_dir()

@@ -1,0 +1,352 @@
+"""The candidate-restricted classifier of the spectral label tree (Algorithm 1's ``H``).
+
+:class:`TreeClassifier` scores only the candidates of a row's leaf: ``(U^T x)^T V_l + b_l`` with a
+shared low-rank ``U`` (``n_features x rank``) and a per-leaf ``V_l`` (``rank x |C_l|``) and ``b_l``
+(the paper's ALOI form), a softmax over the candidates (multiclass) or an independent logistic
+per candidate (multilabel). Training streams the row blocks one after the other, carrying the model:
+every pass samples each row's leaf afresh by randomized routing (each internal node draws left with
+its routing probability), skips rows whose labels miss the sampled leaf, and takes one full-batch
+heavy-ball step per leaf present in the block, leaves in random order. With a single row block this
+is the reference code's loop. Inference routes deterministically and ranks the leaf's candidates.
+
+References
+----------
+Mineiro and Karampatziakis, "A Hierarchical Spectral Method for Extreme Classification" (2015),
+Algorithm 1, section 3.5, section 5.2 (ALOI: rank-50 LR, shared U, per-leaf V and b); the authors'
+code pmineiro/xlst ``aloi/runaloi.m`` (preconditioner, momentum, step schedule).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+from threadpoolctl import threadpool_limits
+
+from ..base import NotFittedError, ParamsMixin, _as_rows
+from ..linalg.passes import _ROWS, _WHOLE, _per_block, dense_operand, gram
+from ..store.models import jsonable, open_model_store, write_model_store
+from ..tree import _kernels as TK
+from ..tree.model import SpectralLabelTree
+from . import _kernels as MK
+
+__all__ = ["TREE_CLASSIFIER_VERSION", "CandidateScorer", "TreeClassifier"]
+
+logger = logging.getLogger(__name__)
+
+TREE_CLASSIFIER_VERSION = 1
+#: the preconditioner of ``U``'s gradient is the dense ``(0.5 X^T X + ridge tr/d I)^-1`` up to this many
+#: features, its diagonal beyond
+DENSE_PRECONDITIONER_MAX_FEATURES = 4096
+
+_ARRAYS = ("U", "V", "b", "cand_indptr", "cand_indices", "table", "W")
+
+
+class TreeClassifier(ParamsMixin):
+    """Spectral label tree + candidate-restricted rank-``rank`` logistic regression.
+
+    Parameters
+    ----------
+    tree : SpectralLabelTree or str
+        A fitted tree or the URL of a saved one (its candidates and routers are copied into the model).
+    rank : int, default 50
+        Width of the shared ``U``.
+    per_leaf : bool, default True
+        Per-leaf ``V_l, b_l``; ``False``: one ``V, b`` over all labels shared by every leaf, still
+        scored over the leaf's candidates only (the paper's "same classifier at every leaf" ablation).
+    routing : {"randomized", "deterministic"}, default "randomized"
+        Leaf of a training row: re-sampled every pass, or the deterministic one (ablation).
+    n_epochs : int, default 200
+        Passes over the training rows (the reference code: 200 to 250).
+    learning_rate : float, default 0.25
+    decay : float, default 0.999
+        Learning rate multiplier per pass.
+    momentum : float, default 0.8
+    ridge : float, default 1e-2
+        ``lambda`` of the preconditioner ``(0.5 X^T X + lambda tr(X^T X)/d I)^-1``.
+    task : {"auto", "multiclass", "multilabel"}, default "auto"
+        ``auto`` takes the tree's.
+    random_state : int or None, default 0
+
+    Attributes
+    ----------
+    U_ : ndarray, shape (n_features, rank)
+    V_ : ndarray, shape (rank, n_slots)
+        Per leaf: column ``s`` scores candidate ``cand_indices_[s]`` (slots of leaf ``l``:
+        ``cand_indptr_[l]:cand_indptr_[l+1]``); shared: ``n_slots = n_labels``, column = label.
+    b_ : ndarray, shape (n_slots,)
+    history_ : list of dict
+        Per pass: ``epoch``, ``loss`` (mean over the trained rows), ``skipped`` (fraction of rows whose
+        labels missed their sampled leaf), ``seconds``.
+    """
+
+    _param_names = ("tree", "rank", "per_leaf", "routing", "n_epochs", "learning_rate", "decay", "momentum",
+                    "ridge", "task", "random_state")
+
+    def __init__(self, tree=None, *, rank: int = 50, per_leaf: bool = True, routing: str = "randomized",
+                 n_epochs: int = 200, learning_rate: float = 0.25, decay: float = 0.999, momentum: float = 0.8,
+                 ridge: float = 1e-2, task: str = "auto", random_state=0):
+        self.tree, self.rank, self.per_leaf, self.routing = tree, rank, per_leaf, routing
+        self.n_epochs, self.learning_rate, self.decay, self.momentum = n_epochs, learning_rate, decay, momentum
+        self.ridge, self.task, self.random_state = ridge, task, random_state
+
+    # -- fitting --------------------------------------------------------------------------------
+
+    def _check_params(self) -> SpectralLabelTree:
+        tree = SpectralLabelTree.load(self.tree) if isinstance(self.tree, str) else self.tree
+        if not isinstance(tree, SpectralLabelTree) or getattr(tree, "table_", None) is None:
+            raise ValueError("tree must be a fitted SpectralLabelTree or the URL of a saved one "
+                             f"(xmldask tree TRAIN_URL --out TREE_URL), but is {self.tree!r}")
+        for name in ("rank", "n_epochs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+                raise ValueError(f"{name} must be a positive integer, but is {value!r}")
+        if self.routing not in ("randomized", "deterministic"):
+            raise ValueError(f"routing must be 'randomized' or 'deterministic', but is {self.routing!r}")
+        return tree
+
+    def fit(self, X, Y) -> TreeClassifier:
+        """Train on row blocks ``X`` (n_samples, n_features) and labels ``Y`` (n_samples, n_labels)."""
+        tree = self._check_params()
+        X = _as_rows(X, "X")
+        Y = _as_rows(Y, "Y", X.chunks[0][0])
+        if X.shape[1] != tree.n_features_in_ or Y.shape[1] != tree.n_labels_:
+            raise ValueError(f"X, Y have {X.shape[1]} features and {Y.shape[1]} labels, but the tree was grown on "
+                             f"{tree.n_features_in_} and {tree.n_labels_}; train on the tree's training data")
+        start = time.perf_counter()
+        rng = np.random.default_rng(self.random_state)
+        d, r = X.shape[1], int(self.rank)
+        self.task_ = tree.task_ if self.task == "auto" else self.task
+        self.table_, self.W_ = tree.table_, tree.W_
+        self.cand_indptr_, self.cand_indices_ = tree.cand_indptr_, tree.cand_indices_
+        self.sigma_form_ = tree.sigma
+        precond = self._preconditioner(X)
+        self.n_passes_ = 1
+        U = rng.standard_normal((d, r)) / np.sqrt(d)
+        n_slots = len(self.cand_indices_) if self.per_leaf else tree.n_labels_
+        V, b = np.zeros((r, n_slots)), np.zeros(n_slots)
+        self.history_ = []
+        blocks = [(X.blocks[i], Y.blocks[i]) for i in range(X.numblocks[0])]
+        # the steps multiply small matrices: one BLAS thread (a pool of spinning threads was measured
+        # 50x slower for a 128 x 128 by 128 x 50 product on a busy 2-core machine)
+        with threadpool_limits(limits=1):
+            U, V, b = self._epochs(blocks, tree, U, V, b, precond, rng, start)
+        self.U_, self.V_, self.b_ = U.astype(np.float32), V.astype(np.float32), b.astype(np.float32)
+        self.n_features_in_, self.n_labels_ = d, tree.n_labels_
+        self.fit_seconds_ = time.perf_counter() - start
+        return self
+
+    def _epochs(self, blocks, tree, U, V, b, precond, rng, start):
+        """The passes of :meth:`fit` (the heavy-ball steps, leaf by leaf, block by block)."""
+        mU, mV, mb = np.zeros_like(U), np.zeros_like(V), np.zeros_like(b)
+        eta = float(self.learning_rate)
+        for epoch in range(int(self.n_epochs)):
+            loss_sum = rows_used = rows_seen = 0
+            for Xd, Yd in blocks:
+                Xb, Yb = dask.compute(Xd, Yd)
+                Xb, Yb = sp.csr_matrix(Xb), sp.csr_matrix(Yb)
+                rows, leaf, _ = TK.route_pairs(Xb, self.table_, self.W_, form=self.sigma_form_,
+                                               deterministic=self.routing == "deterministic",
+                                               rng=rng if self.routing == "randomized" else None)
+                rows_seen += Xb.shape[0]
+                groups = list(TK.rows_by_node(leaf))
+                for i in rng.permutation(len(groups)):
+                    node, idx = groups[i][0], rows[groups[i][1]]
+                    cands, cols = self._slots(node)
+                    if not len(cands):
+                        continue
+                    Yl = Yb[idx][:, cands].toarray()
+                    keep = Yl.sum(axis=1) > 0
+                    if not keep.any():
+                        continue
+                    Xl, Yl = Xb[idx[keep]], Yl[keep]
+                    loss, gU, gV, gb = _leaf_gradients(Xl, Yl, U, V[:, cols], b[cols], self.task_)
+                    loss_sum += loss * len(Yl)
+                    rows_used += len(Yl)
+                    mV[:, cols] = self.momentum * mV[:, cols] - eta * gV
+                    mb[cols] = self.momentum * mb[cols] - eta * gb
+                    mU = self.momentum * mU - eta * (precond(gU))
+                    V[:, cols] += mV[:, cols]
+                    b[cols] += mb[cols]
+                    U += mU
+            eta *= self.decay
+            self.n_passes_ += 1
+            self.history_.append({"epoch": epoch + 1, "loss": loss_sum / max(rows_used, 1),
+                                  "skipped": 1 - rows_used / max(rows_seen, 1),
+                                  "seconds": round(time.perf_counter() - start, 3)})
+        return U, V, b
+
+    def _slots(self, node) -> tuple[np.ndarray, np.ndarray]:
+        """The leaf's candidate labels and their columns of ``V`` / entries of ``b``."""
+        return _leaf_slots(self.cand_indptr_, self.cand_indices_, node, bool(self.per_leaf))
+
+    def _preconditioner(self, X: da.Array):
+        """``g -> (0.5 X^T X + ridge tr(X^T X)/d I)^-1 g`` (Cholesky; the diagonal for many features)."""
+        d = X.shape[1]
+        if d <= DENSE_PRECONDITIONER_MAX_FEATURES:
+            G = gram(X, dtype=np.float64).compute()
+            M = 0.5 * G + self.ridge * np.trace(G) / d * np.eye(d)
+            # the explicit inverse (once, by Cholesky): one small matrix product per leaf step
+            inverse = scipy.linalg.cho_solve(scipy.linalg.cho_factor(M), np.eye(d))
+            return lambda g: inverse @ g
+        from ..linalg.passes import column_moments
+
+        _, second = column_moments(X)
+        diag = 0.5 * second.compute() * X.shape[0]
+        diag = diag + self.ridge * diag.sum() / d
+        return lambda g: g / diag[:, None]
+
+    def _check_fitted(self) -> None:
+        if getattr(self, "U_", None) is None:
+
+            raise NotFittedError("this TreeClassifier is not fitted yet; call fit(X, Y) first")
+
+    # -- prediction ------------------------------------------------------------------------------
+
+    def predict_topk(self, X, *, k: int = 5) -> tuple[da.Array, da.Array]:
+        """Top-``k`` candidates of each row's deterministic leaf by score, lazily; ``-1`` / ``-inf`` padding
+        when the leaf has fewer than ``k`` candidates. Scores are the softmax over the candidates
+        (multiclass) or the logistic probabilities (multilabel).
+
+        Returns
+        -------
+        labels : dask.array.Array of int32, shape (n_samples, k)
+        scores : dask.array.Array of float32, shape (n_samples, k)
+        """
+        X = self._rows(X)
+        k = self._checked_k(k)
+        whole = {name: getattr(self, name + "_") for name in _ARRAYS}
+        operands = [("Xb", X, _ROWS)] + [(n, dense_operand(v, name=n), _WHOLE) for n, v in whole.items()]
+        packed = _per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="tree-classifier-topk",
+                            stack=False, static={"k": k, "form": self.sigma_form_, "task": self.task_,
+                                                 "per_leaf": bool(self.per_leaf)})
+        return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
+    # -- persistence ----------------------------------------------------------------------------
+
+    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
+        """Write the model (with the tree's routers and candidates) to a new model store, atomically."""
+        self._check_fitted()
+        params = {name: jsonable(value) for name, value in self.get_params().items()}
+        params["tree"] = self.tree if isinstance(self.tree, str) else None
+        fitted = {name: jsonable(getattr(self, name + "_")) for name in
+                  ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history")}
+        arrays = {name: getattr(self, name + "_") for name in _ARRAYS}
+        return write_model_store(url, class_name=type(self).__name__, model_version=TREE_CLASSIFIER_VERSION,
+                                 params=params, fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
+
+    @classmethod
+    def load(cls, url: str) -> TreeClassifier:
+        """Read a model written by :meth:`save`."""
+        group, _ = open_model_store(url, model_version=TREE_CLASSIFIER_VERSION, class_name=cls.__name__,
+                                    hint=" (or xmldask.models.load_model(url) for any model)")
+        attrs = dict(group.attrs)
+        model = cls(**{k: v for k, v in attrs["params"].items() if k in cls._param_names})
+        for name in _ARRAYS:
+            setattr(model, name + "_", group[name][...])
+        for name, value in attrs.get("fitted", {}).items():
+            setattr(model, name + "_", value)
+        return model
+
+
+def _leaf_gradients(Xl, Yl, U, V, b, task):
+    """Mean loss and gradients of one leaf's rows: ``dV``, ``db`` means, ``dU`` a sum (the reference code's)."""
+    H = np.asarray(Xl @ U)
+    loss_fn = MK.softmax_loss if task == "multiclass" else MK.logistic_loss
+    loss, delta = loss_fn(H @ V + b, Yl)
+    m = len(Yl)
+    return loss / m, np.asarray(Xl.T @ (delta @ V.T)), H.T @ delta / m, delta.mean(axis=0)
+
+
+def _leaf_slots(cand_indptr, cand_indices, node, per_leaf: bool) -> tuple[np.ndarray, np.ndarray]:
+    """A leaf's candidates and their columns of ``V``: its own slots, or the labels themselves when shared."""
+    lo, hi = int(cand_indptr[node]), int(cand_indptr[node + 1])
+    cands = cand_indices[lo:hi]
+    return cands, (np.arange(lo, hi) if per_leaf else cands)
+
+
+def _topk_block(Xb, U, V, b, cand_indptr, cand_indices, table, W, *, k, form, task, per_leaf):
+    """Packed ``[labels (k), scores (k)]`` of a row block (see :meth:`TreeClassifier.predict_topk`)."""
+    X = sp.csr_matrix(Xb)
+    leaf = TK.leaf_of(X, table, W, form=form)
+    out = np.empty((X.shape[0], 2 * k))
+    out[:, :k], out[:, k:] = -1, -np.inf
+    H = np.asarray(X @ U, dtype=np.float64)
+    for node, rows in TK.rows_by_node(leaf):
+        cands, cols = _leaf_slots(cand_indptr, cand_indices, node, per_leaf)
+        if not len(cands):
+            continue
+        S = H[rows] @ V[:, cols] + b[cols]
+        P = MK.probabilities(S, task)
+        m = min(k, len(cands))
+        top = np.argsort(-P, axis=1, kind="stable")[:, :m]
+        out[rows[:, None], np.arange(m)[None, :]] = cands[top]
+        out[rows[:, None], k + np.arange(m)[None, :]] = np.take_along_axis(P, top, axis=1)
+    return out
+
+
+class CandidateScorer(ParamsMixin):
+    """Any fitted classifier's scores restricted to the candidates of the tree's leaf (Algorithm 1 with
+    that classifier as ``H``): the top-``k`` of a row are its leaf's candidates with the highest scores.
+
+    Parameters
+    ----------
+    tree : SpectralLabelTree
+        Fitted tree (routes the raw rows).
+    classifier : EmbeddingClassifier
+        Fitted on the same features and labels; its decoder features ``transform(X)`` and decoder
+        ``Q_``, ``bias_`` score the candidates only.
+
+    References
+    ----------
+    Mineiro and Karampatziakis (2015), Algorithm 1 (``H(x, F(x))`` for a generic base classifier ``H``).
+    """
+
+    _param_names = ("tree", "classifier")
+
+    def __init__(self, tree=None, classifier=None):
+        self.tree, self.classifier = tree, classifier
+
+    def _check_fitted(self) -> None:
+        self.tree._check_fitted()
+        self.classifier._check_fitted()
+        if (self.tree.n_features_in_, self.tree.n_labels_) != (self.classifier.n_features_in_,
+                                                                self.classifier.n_labels_):
+            raise ValueError("the tree and the classifier were fitted on data of different shapes")
+        self.n_features_in_, self.n_labels_ = self.tree.n_features_in_, self.tree.n_labels_
+
+    def predict_topk(self, X, *, k: int = 5) -> tuple[da.Array, da.Array]:
+        """Top-``k`` candidates by the classifier's score (raw decoder scores), ``-1`` / ``-inf`` padded; lazy."""
+        X = self._rows(X)
+        k = self._checked_k(k)
+        F = self.classifier.transform(X)
+        whole = {"Q": self.classifier.Q_, "bias": self.classifier.bias_, "table": self.tree.table_,
+                 "W": self.tree.W_, "cand_indptr": self.tree.cand_indptr_, "cand_indices": self.tree.cand_indices_}
+        operands = [("Xb", X, _ROWS), ("Fb", F, _ROWS)]
+        operands += [(n, dense_operand(v, name=n), _WHOLE) for n, v in whole.items() if v is not None]
+        packed = _per_block(_candidate_topk_block, operands, tail=(2 * k,), dtype=np.float64,
+                            token="candidate-scorer-topk", stack=False, static={"k": k, "form": self.tree.sigma})
+        return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
+
+def _candidate_topk_block(Xb, Fb, Q, table, W, cand_indptr, cand_indices, bias=None, *, k, form):
+    """Packed ``[labels (k), scores (k)]``: each row's leaf candidates scored by ``F Q + bias``."""
+    leaf = TK.leaf_of(Xb, table, W, form=form)
+    out = np.empty((len(leaf), 2 * k))
+    out[:, :k], out[:, k:] = -1, -np.inf
+    F = np.asarray(Fb)
+    for node, rows in TK.rows_by_node(leaf):
+        cands, _ = _leaf_slots(cand_indptr, cand_indices, node, True)
+        if not len(cands):
+            continue
+        S = F[rows] @ Q[:, cands] + (bias[cands] if bias is not None else 0.0)
+        m = min(k, len(cands))
+        top = np.argsort(-S, axis=1, kind="stable")[:, :m]
+        out[rows[:, None], np.arange(m)[None, :]] = cands[top]
+        out[rows[:, None], k + np.arange(m)[None, :]] = np.take_along_axis(S, top, axis=1)
+    return out

@@ -1,0 +1,203 @@
+"""The parameters of training, defined once: ``xmldask train``, :func:`xmldask.jobs.train`, the train stage
+flow, the pipeline and the refresh flow all take :class:`TrainParams`.
+
+The command line's options are generated from the fields (:func:`add_arguments`, :func:`from_args`), the
+Prefect flows take the model itself as a typed parameter (validated, and shown as one form in the UI),
+and :func:`xmldask.jobs.train` validates its keyword arguments with it. A field's type, default and
+description are written here and nowhere else.
+
+Examples
+--------
+>>> TrainParams(k=32, kernel="none").k
+32
+>>> TrainParams(k=0)                                          # doctest: +ELLIPSIS
+Traceback (most recent call last):
+...
+pydantic_core._pydantic_core.ValidationError: 1 validation error for TrainParams
+...
+"""
+
+from __future__ import annotations
+
+import argparse
+import types
+import typing
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+__all__ = ["AUTO_SEARCH", "DEFAULTS", "TrainParams", "add_arguments", "from_args", "parse_grid", "validated"]
+
+PositiveInt = Annotated[int, Field(gt=0)]
+
+#: what ``search="auto"`` (the default) chooses by held-out P@1 on the training rows, each parameter
+#: only where it is not given: the decoder's feature map, linear or random Fourier features (the
+#: linear one wins on sparse text such as bibtex, 57.3 vs 52.5 P@1, the Gaussian on dense features
+#: such as ALOI; see the README)
+AUTO_SEARCH = {"kernel": ("none", "gaussian")}
+#: passes of the tree classifier (``tree=``) unless ``max_epochs`` is given: its
+#: :class:`~xmldask.models.tree_classifier.TreeClassifier` default (the reference code trains 200-250)
+TREE_PASSES = 200
+#: the parameters that apply with ``tree=`` and with ``model="leml"|"br"``
+_TREE_PARAMS = {"tree", "k", "max_epochs", "seed", "search", "search_strategy", "search_extensions"}
+_LOW_RANK_PARAMS = {"model", "k", "loss", "lam", "n_iter", "seed", "search", "search_strategy", "search_extensions"}
+
+
+def _resolve_for(cls, data: dict, what: str, applicable: set) -> dict:
+    """``data`` without a search, after refusing the parameters given (not at their defaults) that do not apply."""
+    fields = cls.model_fields
+    ignored = sorted(name for name, value in data.items()
+                     if name in fields and name not in applicable and value != fields[name].default)
+    if ignored or data.get("search") not in (None, "auto"):
+        raise ValueError(f"{', '.join(ignored) or 'search'} do(es) not apply with {what} (it takes "
+                         f"{', '.join(sorted(applicable - {'search', 'search_strategy', 'search_extensions'}))})")
+    return {**data, "search": None}
+
+
+class TrainParams(BaseModel):
+    """How a model is trained from a dataset store (every path takes these names and defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    embedding: Literal["rembrandt", "cs", "plst", "pca"] = Field(
+        "rembrandt", description="label embedding (rembrandt, cs, plst) or feature embedding (pca)")
+    k: PositiveInt = Field(50, description="embedding dimension; at most the number of labels (a larger k is "
+                                           "lowered to it, with a message)")
+    kernel: Literal["none", "gaussian", "cauchy"] = Field(
+        "gaussian", description="random Fourier features of the embedded predictions: none (linear), gaussian or "
+                                "cauchy (the Laplacian kernel)")
+    features: Literal["raw", "l2", "tfidf"] = Field(
+        "raw", description="input rows as they are, scaled to unit L2 norm, or tf-idf weighted then scaled (idf of "
+                           "the training rows, kept in the model)")
+    alpha: Annotated[float, Field(ge=0)] = Field(1e-3, description="ridge of the regression onto the embedding "
+                                                                   "(relative to the mean squared feature norm)")
+    n_random_features: PositiveInt = Field(2000, description="random features of the kernel")
+    max_epochs: Annotated[int, Field(ge=0)] = Field(10, description="decoder epochs at most (early-stopped on "
+                                                                     "held-out training rows)")
+    seed: int = Field(0, description="seed of every random step (same seed, same model)")
+    n_estimators: PositiveInt = Field(1, description="an ensemble of N models with different seeds, each holding "
+                                                     "out its own rows, predicting their mean probability")
+    search: dict[str, list[int | float | str]] | Literal["auto"] | None = Field(
+        "auto", description="parameters chosen by held-out P@1 on the training rows: NAME to the values to try, "
+                            "e.g. {'alpha': [0.001, 1], 'k': [50, 150]} (--search alpha=0.001,1 --search k=50,150); "
+                            "auto: the kernel (none or gaussian) unless it is given; none (--no-search): one fit")
+    search_strategy: Literal["coordinate", "grid"] = Field(
+        "coordinate", description="coordinate: one parameter at a time, in the order given; grid: every combination")
+    search_extensions: Annotated[int, Field(ge=0)] = Field(
+        2, description="coordinate search: at most N geometric steps past a numeric grid's winning end (0: the "
+                       "listed values only)")
+    model: Literal["embedding", "leml", "br"] = Field(
+        "embedding", description="embedding: the label-embedding classifier; leml: low-rank Z = W H^T of rank k "
+                                 "(Yu et al. 2014) on the observed label entries (missing labels); br: binary "
+                                 "relevance on them (LEML's baseline)")
+    loss: Literal["squared", "logistic", "sqhinge"] = Field("squared", description="leml and br: the loss")
+    lam: Annotated[float, Field(gt=0)] = Field(0.1, description="leml and br: the regulariser lam of eq. (4)")
+    n_iter: PositiveInt = Field(5, description="leml: alternations of the H- and W-steps")
+    tree: str | None = Field(
+        None, description="a spectral label tree store (xmldask tree): train its candidate-restricted classifier "
+                          f"instead (rank k, max_epochs passes, default {TREE_PASSES}; seed)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _resolve_defaults(cls, data):
+        """``search="auto"`` (the default) becomes the :data:`AUTO_SEARCH` of the parameters not given; with
+        ``tree`` no search, :data:`TREE_PASSES` passes unless given, and the parameters of the embedding
+        classifier refused (resolved here once, so a dumped and reloaded model is the same)."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("model", "embedding") != "embedding":
+            return _resolve_for(cls, data, f"model={data['model']}", _LOW_RANK_PARAMS)
+        if data.get("tree"):
+            return _resolve_for(cls, {"max_epochs": TREE_PASSES, **data}, "tree=", _TREE_PARAMS)
+        only_low_rank = sorted(name for name in ("loss", "lam", "n_iter")
+                               if name in data and data[name] != cls.model_fields[name].default)
+        if only_low_rank:
+            raise ValueError(f"{', '.join(only_low_rank)} apply only with model=leml or model=br")
+        if data.get("search", "auto") == "auto":
+            data = {**data, "search": {name: list(values) for name, values in AUTO_SEARCH.items()
+                                       if name not in data} or None}
+        return data
+
+
+def parse_grid(items: list[str], aliases: dict[str, str] | None = None) -> dict[str, list]:
+    """``["alpha=0.001,0.1", "kernel=identity,gaussian"]`` -> ``{"alpha": [0.001, 0.1], "kernel": [...]}``.
+
+    Values are read as int, else float, else kept as strings; ``aliases`` renames parameters (e.g.
+    ``{"k": "n_components"}``).
+    """
+    def value(text: str):
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+        return text
+
+    grid = {}
+    for item in items:
+        name, sep, values = item.partition("=")
+        name = name.strip()
+        if not sep or not name or not values.strip():
+            raise ValueError(f"a search item must look like NAME=V1,V2,... but is {item!r}")
+        name = (aliases or {}).get(name, name)
+        if name in grid:
+            raise ValueError(f"parameter {name!r} is given twice in the search")
+        grid[name] = [value(v.strip()) for v in values.split(",") if v.strip()]
+    return grid
+
+
+#: the defaults (frozen): the default ``model`` parameter of every flow
+DEFAULTS = TrainParams()
+
+
+# --------------------------------------------------------------------------------------------------
+# command-line options generated from the fields
+
+
+def _option(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel] = TrainParams) -> None:
+    """Add one ``--name`` option per field of ``model`` (type, choices, default and help from the field).
+
+    A ``dict`` field (``search``) is a repeatable ``NAME=V1,V2,...`` option. Every option defaults to
+    ``None`` ("not given"), so :func:`from_args` keeps the model's own defaults.
+    """
+    group = parser.add_argument_group("training parameters")
+    for name, field in model.model_fields.items():
+        annotation = field.annotation
+        if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # X | None
+            annotation = next(a for a in typing.get_args(annotation) if a is not type(None))
+        help_text = f"{field.description} (default {field.default})" if field.default is not None else \
+            field.description
+        kwargs = {"default": None, "help": help_text}
+        if typing.get_origin(annotation) is Literal:
+            kwargs["choices"] = list(typing.get_args(annotation))
+        elif name == "search":
+            kwargs.update(action="append", metavar="NAME=V1,V2,...")
+            group.add_argument("--no-search", dest=name, action="store_const", const=[],
+                               help="one fit with the given parameters (no held-out search)")
+        else:
+            kwargs.update(type=annotation, metavar="X" if annotation is float else "N")
+        group.add_argument(_option(name), dest=name, **kwargs)
+
+
+def from_args(args: argparse.Namespace, model: type[BaseModel] = TrainParams) -> dict:
+    """The fields given on the command line (``search`` parsed into a dict), validated by ``model``."""
+    given = {name: getattr(args, name) for name in model.model_fields if getattr(args, name, None) is not None}
+    if "search" in given:
+        given["search"] = parse_grid(given["search"], aliases={"n-random-features": "n_random_features",
+                                                                "max-epochs": "max_epochs"}) or None
+    validated(model, given)
+    return given
+
+
+def validated(model: type[BaseModel], given: dict) -> BaseModel:
+    """``model(**given)``, with a :class:`ValueError` that names each bad parameter, its value and the rule."""
+    try:
+        return model(**given)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])} = {err.get('input')!r}: {err['msg']}"
+                             for err in exc.errors())
+        raise ValueError(f"invalid training parameters: {problems}") from None

@@ -1,0 +1,415 @@
+"""Block kernels of the spectral label tree: pure NumPy/SciPy functions of one row block.
+
+A row block ``Xb`` (CSR or dense, ``(b, d)``) with its labels ``Yb`` (CSR, ``(b, L)``) is routed
+through the tree grown so far, which gives the block's *pairs* ``(row, node, p)``: every row with
+every terminal node (a leaf or a node of the frontier still to be learned) it reaches with path
+probability ``p > cutoff``. Every per-level partial sum is keyed by node: a kernel receives the
+group of frontier nodes it accumulates (``nodes``, global ids, whose position is the local index
+``j``) and returns one dense array with a leading axis of ``len(nodes)``.
+
+The tree so far is two dense arrays: ``table`` of shape ``(n_nodes, 5)`` holding per node
+``left, right, router, bias, sigma`` (``left = right = -1`` for a terminal node, ``router`` the
+row of ``W``) and ``W`` of shape ``(n_routers, d)``.
+
+References
+----------
+Mineiro and Karampatziakis, "A Hierarchical Spectral Method for Extreme Classification" (2015):
+eq. (2) (node objective), section 3.4 (fractional routing), Algorithm 1 (prediction).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import scipy.sparse as sp
+from scipy.special import erf
+
+#: ``table`` columns
+LEFT, RIGHT, ROUTER, BIAS, SIGMA = range(5)
+TABLE_COLUMNS = 5
+
+#: rows whose path probability is at most this are dropped from a node (the reference code's 1e-4)
+CUTOFF = 1e-4
+#: most stored entries of ``X`` gathered for one chunk of pairs (bounds a kernel's memory whatever the
+#: number of nodes a row reaches under fractional routing)
+PAIR_NNZ = 1 << 21
+
+
+def as_csr(Xb) -> sp.csr_matrix:
+    """A row block as CSR (dense blocks converted), with sorted indices not required."""
+    return sp.csr_matrix(Xb)
+
+
+def routing_probability(t: np.ndarray, bias: np.ndarray, sigma: np.ndarray, *, deterministic: bool,
+                        form: str = "code") -> np.ndarray:
+    """Probability of going left (``w^T x > b``) at a node.
+
+    Parameters
+    ----------
+    t : ndarray, shape (m,)
+        Projections ``w^T x``.
+    bias, sigma : ndarray, shape (m,)
+        The node's bias ``b`` and routing width ``sigma``.
+    deterministic : bool
+        1 where ``t > b``, else 0.
+    form : {"code", "paper"}
+        ``"code"``: ``0.5 + 0.5 erf((t - b) / sigma)`` (the reference code); ``"paper"``:
+        ``Phi((t - b) / sigma)``. The width itself is chosen when the node is learned.
+
+    Returns
+    -------
+    ndarray, shape (m,)
+    """
+    if deterministic:
+        return (t > bias).astype(np.float64)
+    z = (t - bias) / sigma
+    if form == "paper":
+        z = z / np.sqrt(2.0)
+    return 0.5 + 0.5 * erf(z)
+
+
+def pair_chunks(X: sp.csr_matrix, rows: np.ndarray):
+    """Slices of ``rows`` whose rows hold at most about :data:`PAIR_NNZ` stored entries each."""
+    if not len(rows):
+        return []
+    cum = np.cumsum(np.diff(X.indptr)[rows])
+    cuts = np.searchsorted(cum, np.arange(PAIR_NNZ, cum[-1], PAIR_NNZ), side="right")
+    bounds = np.unique(np.concatenate([[0], cuts, [len(rows)]]))
+    return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def pair_dots(X: sp.csr_matrix, rows: np.ndarray, W: np.ndarray, widx: np.ndarray) -> np.ndarray:
+    """``x_rows[i] . W[widx[i]]`` for every pair ``i`` (float64), shape ``(m,)`` or ``(m, r)`` for 3-D ``W``.
+
+    ``W`` has shape ``(n, d)`` (one vector per pair's ``widx``) or ``(n, d, r)``.
+    """
+    chunks = pair_chunks(X, rows)
+    if len(chunks) > 1:
+        return np.concatenate([pair_dots(X, rows[c], W, widx[c]) for c in chunks])
+    sub = X[rows]
+    counts = np.diff(sub.indptr)
+    vals = sub.data.astype(np.float64)
+    if W.ndim == 2:
+        contrib = vals * W[np.repeat(widx, counts), sub.indices]
+        return np.bincount(np.repeat(np.arange(len(rows)), counts), weights=contrib, minlength=len(rows))
+    contrib = vals[:, None] * W[np.repeat(widx, counts), sub.indices, :]
+    out = np.zeros((len(rows), W.shape[2]))
+    _segment_sum(out, sub.indptr, contrib)
+    return out
+
+
+def _segment_sum(out: np.ndarray, indptr: np.ndarray, contrib: np.ndarray) -> None:
+    """``out[i] = contrib[indptr[i]:indptr[i + 1]].sum(0)`` (empty segments stay 0)."""
+    nonempty = np.flatnonzero(np.diff(indptr) > 0)
+    if len(nonempty):
+        out[nonempty] = np.add.reduceat(contrib, indptr[nonempty], axis=0)
+
+
+def route_pairs(Xb, table: np.ndarray, W: np.ndarray, *, deterministic: bool = False, form: str = "code",
+                cutoff: float = CUTOFF, rng: np.random.Generator | None = None):
+    """Route a row block from the root to the terminal nodes of the tree.
+
+    Parameters
+    ----------
+    Xb : sparse or ndarray, shape (b, d)
+    table : ndarray, shape (n_nodes, 5)
+        ``left, right, router, bias, sigma`` per node (node 0 is the root).
+    W : ndarray, shape (n_routers, d)
+    deterministic : bool
+        Left iff ``w^T x > b`` (path probabilities 0 or 1).
+    form : {"code", "paper"}
+        Routing probability (:func:`routing_probability`).
+    cutoff : float
+        Pairs with path probability at most ``cutoff`` are dropped (fractional routing).
+    rng : numpy.random.Generator, optional
+        Randomized routing: one uniform draw against the routing probability at every internal
+        node (each row then reaches exactly one terminal node).
+
+    Returns
+    -------
+    rows : ndarray of int64, shape (m,)
+    nodes : ndarray of int64, shape (m,)
+        Terminal node of each pair.
+    p : ndarray of float64, shape (m,)
+        Path probability (1 under deterministic or randomized routing).
+    """
+    X = as_csr(Xb)
+    n = X.shape[0]
+    rows, nodes, p = np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.ones(n)
+    done_r, done_n, done_p = [], [], []
+    while len(rows):
+        left = table[nodes, LEFT].astype(np.int64)
+        terminal = left < 0
+        done_r.append(rows[terminal])
+        done_n.append(nodes[terminal])
+        done_p.append(p[terminal])
+        rows, nodes, p = rows[~terminal], nodes[~terminal], p[~terminal]
+        if not len(rows):
+            break
+        node_rows = table[nodes]
+        t = pair_dots(X, rows, W, node_rows[:, ROUTER].astype(np.int64))
+        q = routing_probability(t, node_rows[:, BIAS], node_rows[:, SIGMA], deterministic=deterministic, form=form)
+        if rng is not None:
+            q = (rng.random(len(q)) < q).astype(np.float64)
+        lchild, rchild = node_rows[:, LEFT].astype(np.int64), node_rows[:, RIGHT].astype(np.int64)
+        pl, pr = p * q, p * (1.0 - q)
+        keep_l, keep_r = pl > cutoff, pr > cutoff
+        rows = np.concatenate([rows[keep_l], rows[keep_r]])
+        nodes = np.concatenate([lchild[keep_l], rchild[keep_r]])
+        p = np.concatenate([pl[keep_l], pr[keep_r]])
+    rows, nodes, p = np.concatenate(done_r), np.concatenate(done_n), np.concatenate(done_p)
+    order = np.lexsort((nodes, rows))
+    return rows[order], nodes[order], p[order]
+
+
+def _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff):
+    """The block's pairs at the group's nodes: ``X`` (CSR), rows, local node index ``j``, ``p``."""
+    X = as_csr(Xb)
+    rows, at, p = route_pairs(X, table, W, deterministic=deterministic, form=form, cutoff=cutoff)
+    local = np.full(table.shape[0], -1, dtype=np.int64)
+    local[np.asarray(nodes, dtype=np.int64)] = np.arange(len(nodes))
+    j = local[at]
+    keep = j >= 0
+    return X, rows[keep], j[keep], p[keep]
+
+
+def _label_pairs(Yb, rows: np.ndarray, j: np.ndarray, p: np.ndarray):
+    """Expand pairs by the labels of their row: pair index, ``j``, label and ``p`` per (pair, label)."""
+    Y = sp.csr_matrix(Yb)
+    sub = Y[rows]
+    counts = np.diff(sub.indptr)
+    pair = np.repeat(np.arange(len(rows)), counts)
+    return pair, j[pair], sub.indices.astype(np.int64), p[pair]
+
+
+def level_stats(Xb, Yb, table, W, nodes, *, form="code", deterministic=False, cutoff=CUTOFF):
+    """Per node of the group: ``m = sum p``, ``mu = sum p x`` and the label masses ``n_c = sum p y_c``.
+
+    Returns
+    -------
+    ndarray of float64, shape (g, 1 + d + L)
+        ``[m, mu (d), n (L)]`` per node (one block's partial sum).
+    """
+    g, d, L = len(nodes), Xb.shape[1], Yb.shape[1]
+    X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
+    out = np.zeros((g, 1 + d + L))
+    out[:, 0] = np.bincount(j, weights=p, minlength=g)
+    for c in pair_chunks(X, rows):
+        sub = X[rows[c]]
+        counts = np.diff(sub.indptr)
+        jn = np.repeat(j[c], counts)
+        flat = np.bincount(jn * d + sub.indices, weights=sub.data * np.repeat(p[c], counts), minlength=g * d)
+        out[:, 1:1 + d] += flat.reshape(g, d)
+    _, jl, labels, pl = _label_pairs(Yb, rows, j, p)
+    out[:, 1 + d:] = np.bincount(jl * L + labels, weights=pl, minlength=g * L).reshape(g, L)
+    return out
+
+
+def level_yt_x(Xb, Yb, table, W, Omega, nodes, *, form="code", deterministic=False, cutoff=CUTOFF):
+    """``T_j = Y^T D_j X Omega_j`` for every node ``j`` of the group.
+
+    Parameters
+    ----------
+    Omega : ndarray, shape (g, d, r)
+
+    Returns
+    -------
+    ndarray of float64, shape (g, L, r)
+    """
+    g, L, r = len(nodes), Yb.shape[1], Omega.shape[2]
+    X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
+    xo = pair_dots(X, rows, Omega, j)  # (m, r)
+    pair, jl, labels, pl = _label_pairs(Yb, rows, j, p)
+    scatter = sp.csr_matrix((pl, (jl * L + labels, pair)), shape=(g * L, len(rows)))
+    return np.asarray(scatter @ xo).reshape(g, L, r)
+
+
+def _pairs_times_v(Yb, rows, j, p, V):
+    """``p_i (Y_i V_j)`` per pair, shape (m, r)."""
+    g, L, r = V.shape
+    pair, jl, labels, _ = _label_pairs(Yb, rows, j, p)
+    gather = sp.csr_matrix((np.ones(len(pair)), (pair, jl * L + labels)), shape=(len(rows), g * L))
+    return np.asarray(gather @ V.reshape(g * L, r)) * p[:, None]
+
+
+def level_xt_y(Xb, Yb, table, W, V, nodes, *, form="code", deterministic=False, cutoff=CUTOFF):
+    """``Z_j = X^T D_j Y V_j`` for every node ``j`` of the group.
+
+    Parameters
+    ----------
+    V : ndarray, shape (g, L, r)
+
+    Returns
+    -------
+    ndarray of float64, shape (g, d, r)
+    """
+    g, d, r = len(nodes), Xb.shape[1], V.shape[2]
+    X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
+    out = np.zeros((g * d, r))
+    for c in pair_chunks(X, rows):
+        yv = _pairs_times_v(Yb, rows[c], j[c], p[c], V)
+        sub = X[rows[c]]
+        counts = np.diff(sub.indptr)
+        owner = np.repeat(np.arange(len(yv)), counts)
+        scatter = sp.csr_matrix((sub.data.astype(np.float64), (np.repeat(j[c], counts) * d + sub.indices, owner)),
+                                shape=(g * d, len(yv)))
+        out += scatter @ yv
+    return out.reshape(g, d, r)
+
+
+def level_yt_y(Xb, Yb, table, W, V, nodes, *, form="code", deterministic=False, cutoff=CUTOFF):
+    """``Y^T D_j Y V_j`` for every node ``j`` of the group (one CG matrix product).
+
+    Returns
+    -------
+    ndarray of float64, shape (g, L, r)
+    """
+    g, L, r = V.shape
+    _, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
+    yv = _pairs_times_v(Yb, rows, j, p, V)
+    pair, jl, labels, _ = _label_pairs(Yb, rows, j, p)
+    scatter = sp.csr_matrix((np.ones(len(pair)), (jl * L + labels, pair)), shape=(g * L, len(rows)))
+    return np.asarray(scatter @ yv).reshape(g, L, r)
+
+
+def level_histogram(Xb, table, W, w, lo, hi, nodes, *, bins, form="code", deterministic=False, cutoff=CUTOFF):
+    """Weighted histogram of ``w_j^T x`` per node over ``bins`` equal bins of ``[lo_j, hi_j)``.
+
+    Returns
+    -------
+    ndarray of float64, shape (g, bins + 2)
+        Column 0: weight below ``lo_j``; columns ``1..bins``: the bins; last: weight at or above ``hi_j``.
+    """
+    g = len(nodes)
+    X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
+    t = pair_dots(X, rows, w, j)
+    width = (hi[j] - lo[j]) / bins
+    k = np.floor((t - lo[j]) / np.where(width > 0, width, 1.0)).astype(np.int64) + 1
+    k = np.clip(k, 0, bins + 1)
+    k[t < lo[j]] = 0
+    k[t >= hi[j]] = bins + 1
+    return np.bincount(j * (bins + 2) + k, weights=p, minlength=g * (bins + 2)).reshape(g, bins + 2)
+
+
+def row_norm_max(Xb) -> np.ndarray:
+    """Largest Euclidean row norm of the block, shape (1,)."""
+    X = as_csr(Xb)
+    sq = np.asarray(X.multiply(X).sum(axis=1)).ravel() if X.shape[0] else np.zeros(1)
+    return np.array([np.sqrt(sq.max(initial=0.0))])
+
+
+def leaf_label_counts(Xb, Yb, table, W, leaves, labels, *, form="code"):
+    """Rows carrying each of ``labels`` that deterministic routing sends to each of ``leaves``.
+
+    Returns
+    -------
+    ndarray of float64, shape (len(leaves), len(labels))
+    """
+    X = as_csr(Xb)
+    rows, at, _ = route_pairs(X, table, W, deterministic=True, form=form)
+    leaf_pos = np.full(table.shape[0], -1, dtype=np.int64)
+    leaf_pos[np.asarray(leaves, dtype=np.int64)] = np.arange(len(leaves))
+    label_pos = np.full(Yb.shape[1], -1, dtype=np.int64)
+    label_pos[np.asarray(labels, dtype=np.int64)] = np.arange(len(labels))
+    pair, jl, lab, _ = _label_pairs(Yb, rows, leaf_pos[at], np.ones(len(rows)))
+    lp = label_pos[lab]
+    keep = (lp >= 0) & (jl >= 0)
+    n_leaves, n_labels = len(leaves), len(labels)
+    counts = np.bincount(jl[keep] * n_labels + lp[keep], minlength=n_leaves * n_labels)
+    return counts.reshape(n_leaves, n_labels).astype(np.float64)
+
+
+def coverage(Xb, Yb, table, W, cand_indptr, cand_indices, *, form="code"):
+    """Per label: rows carrying it (column 0) and those whose deterministic leaf has it (column 1);
+    also, for the recall figures, per row the number of true labels covered.
+
+    Returns
+    -------
+    ndarray of float64, shape (L, 2)
+    """
+    X = as_csr(Xb)
+    L = Yb.shape[1]
+    rows, at, _ = route_pairs(X, table, W, deterministic=True, form=form)
+    covered = candidate_membership(Yb, rows, at, cand_indptr, cand_indices)
+    pair, _, labels, _ = _label_pairs(Yb, rows, at, np.ones(len(rows)))
+    out = np.zeros((L, 2))
+    out[:, 0] = np.bincount(labels, minlength=L)
+    out[:, 1] = np.bincount(labels[covered], minlength=L)
+    return out
+
+
+def candidate_membership(Yb, rows, at, cand_indptr, cand_indices) -> np.ndarray:
+    """For every (pair, true label) of ``_label_pairs``: whether the label is a candidate of the pair's node."""
+    pair, node, labels, _ = _label_pairs(Yb, rows, at, np.ones(len(rows)))
+    L = Yb.shape[1]
+    counts = np.diff(cand_indptr)
+    keys = np.repeat(np.arange(len(counts), dtype=np.int64), counts) * L + cand_indices
+    keys.sort()
+    want = node * L + labels
+    pos = np.searchsorted(keys, want)
+    pos = np.minimum(pos, max(len(keys) - 1, 0))
+    return (keys[pos] == want) if len(keys) else np.zeros(len(want), dtype=bool)
+
+
+def rows_by_node(node_of_row: np.ndarray):
+    """``(node, rows)`` for every node present, rows ascending (one sort, not one scan per node)."""
+    order = np.argsort(node_of_row, kind="stable")
+    nodes, first = np.unique(node_of_row[order], return_index=True)
+    return zip(nodes, np.split(order, first[1:]))
+
+
+def leaf_of(Xb, table, W, *, form="code") -> np.ndarray:
+    """The deterministic leaf of every row of the block, shape (b,)."""
+    rows, at, _ = route_pairs(Xb, table, W, deterministic=True, form=form)
+    out = np.empty(Xb.shape[0], dtype=np.int64)
+    out[rows] = at
+    return out
+
+
+def tree_figures(Xb, Yb, table, W, cand_indptr, cand_indices, depth, top_labels, *, form="code"):
+    """Sums behind the tree's figures over one block (deterministic routing).
+
+    Returns
+    -------
+    ndarray of float64, shape (N_FIGURES + 2 L,)
+        ``rows, label assignments, covered assignments, depth sum, candidate-count sum, assignments
+        covered by the top training labels, rows routed left at the root`` then the label counts
+        routed left (L) and right (L) at the root.
+    """
+    X = as_csr(Xb)
+    L = Yb.shape[1]
+    leaf = leaf_of(X, table, W, form=form)
+    rows = np.arange(X.shape[0])
+    covered = candidate_membership(Yb, rows, leaf, cand_indptr, cand_indices)
+    _, _, labels, _ = _label_pairs(Yb, rows, leaf, np.ones(len(rows)))
+    top = np.zeros(L, dtype=bool)
+    top[np.asarray(top_labels, dtype=np.int64)] = True
+    out = np.zeros(N_FIGURES + 2 * L)
+    out[:N_FIGURES] = [X.shape[0], len(labels), covered.sum(), depth[leaf].sum(), np.diff(cand_indptr)[leaf].sum(),
+                       top[labels].sum(), 0.0]
+    if table[0, LEFT] >= 0:
+        left = pair_dots(X, rows, W, np.zeros(len(rows), dtype=np.int64)) > table[0, BIAS]
+        out[N_FIGURES - 1] = left.sum()
+        pair, _, labels, _ = _label_pairs(Yb, rows, leaf, np.ones(len(rows)))
+        out[N_FIGURES:N_FIGURES + L] = np.bincount(labels[left[pair]], minlength=L)
+        out[N_FIGURES + L:] = np.bincount(labels[~left[pair]], minlength=L)
+    return out
+
+
+#: leading entries of :func:`tree_figures`
+N_FIGURES = 7
+
+
+def leaf_topk(Xb, table, W, cand_indptr, cand_indices, cand_scores, *, k, form="code"):
+    """Top-``k`` candidates of each row's deterministic leaf by their leaf score (the static leaf
+    predictor), packed ``[labels (k), scores (k)]`` with ``-1`` / ``-inf`` padding, shape (b, 2k)."""
+    leaf = leaf_of(Xb, table, W, form=form)
+    b = len(leaf)
+    out = np.empty((b, 2 * k))
+    out[:, :k], out[:, k:] = -1, -np.inf
+    for node, rows in rows_by_node(leaf):
+        lo, hi = cand_indptr[node], cand_indptr[node + 1]
+        order = np.argsort(-cand_scores[lo:hi], kind="stable")[:k]
+        m = len(order)
+        out[rows[:, None], np.arange(m)[None, :]] = cand_indices[lo:hi][order]
+        out[rows[:, None], k + np.arange(m)[None, :]] = cand_scores[lo:hi][order]
+    return out

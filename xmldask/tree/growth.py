@@ -1,0 +1,417 @@
+"""Growing the spectral label tree level by level over row blocks.
+
+All frontier nodes of one depth share the same passes over the data: every block task routes its
+rows through the tree grown so far (:func:`xmldask.tree._kernels.route_pairs`, row-local, nothing
+kept between passes) and returns partial sums keyed by node, which a tree reduction adds up
+(:func:`xmldask.linalg.passes._per_block` and ``_tree_sum``, the pattern of every pass of the
+project). A level costs ``1`` (statistics) ``+ 2 (1 + n_power_iter)`` (operator applications; each
+also ``cg_max_iter`` label passes for multilabel data) ``+ MEDIAN_PASSES`` (weighted median)
+passes, whatever its number of nodes, as long as the level's per-node partial sums fit in
+``memory_budget`` bytes; otherwise its nodes are split into groups, each with its own passes.
+
+References
+----------
+Mineiro and Karampatziakis, "A Hierarchical Spectral Method for Extreme Classification" (2015):
+eq. (2) with the balance constraint projected out during power iteration (section 3.3), fractional
+routing and the recall stopping rule (section 3.4); Halko, Martinsson and Tropp (2011), Algorithm
+4.4 (randomized subspace iteration); the authors' code pmineiro/xlst (routing width, Jacobi-PCG,
+weighted median, orphan repair).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import dask.array as da
+import numpy as np
+import scipy.sparse as sp
+
+from ..linalg.passes import _ROWS, _WHOLE, _check_rows_operand, _check_x, _per_block, _tree_sum, dense_operand
+from . import _kernels as K
+
+logger = logging.getLogger(__name__)
+
+#: passes of the weighted-median refinement and histogram bins in each (resolution ``2R / 256**3``)
+MEDIAN_PASSES, MEDIAN_BINS = 3, 256
+#: default bytes of one block's per-node partial sums for a level (nodes beyond it form another group)
+MEMORY_BUDGET = 1 << 28
+#: Jacobi-PCG stops when ``||r||^2 < tol ||r_0||^2`` (the reference code's float32 / float64 tolerances)
+CG_TOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-6}
+SIGMA_FORMS = ("code", "paper")
+TASKS = ("auto", "multiclass", "multilabel")
+
+
+@dataclass
+class GrownTree:
+    """The arrays of a grown tree (see :class:`xmldask.tree.SpectralLabelTree` for their meaning)."""
+
+    table: np.ndarray
+    W: np.ndarray
+    depth: np.ndarray
+    eigenvalue: np.ndarray
+    mass: np.ndarray
+    cand_indptr: np.ndarray
+    cand_indices: np.ndarray
+    cand_scores: np.ndarray
+    root_label_mass: np.ndarray
+    task: str
+    n_passes: int
+    n_orphans: int
+    seconds: float
+    levels: list = field(default_factory=list)
+
+
+class _Tree:
+    """The tree under construction: node rows, routers, candidate lists."""
+
+    def __init__(self, d: int):
+        self.d = d
+        self.table = [[-1, -1, -1, 0.0, 1.0]]
+        self.W: list[np.ndarray] = []
+        self.depth, self.budget, self.eig, self.mass = [0], [None], [0.0], [0.0]
+        self.cands: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
+        W = np.stack(self.W).astype(np.float32) if self.W else np.zeros((1, self.d), np.float32)
+        return np.asarray(self.table, dtype=np.float64), W
+
+    def split(self, node: int, w: np.ndarray, bias: float, sigma: float) -> None:
+        self.W.append(np.asarray(w, dtype=np.float32))
+        left, right = len(self.table), len(self.table) + 1
+        self.table[node] = [left, right, len(self.W) - 1, bias, sigma]
+        for _ in range(2):
+            self.table.append([-1, -1, -1, 0.0, 1.0])
+            self.depth.append(self.depth[node] + 1)
+            self.budget.append(self.budget[node])
+            self.eig.append(0.0)
+            self.mass.append(0.0)
+
+
+class _Passes:
+    """Level passes over ``(X, Y)`` with the tree so far (shipped once per pass); counts the passes."""
+
+    def __init__(self, X, Y, *, form, deterministic, cutoff, split_every):
+        self.X, self.Y = X, Y
+        self.static = {"form": form, "deterministic": deterministic, "cutoff": cutoff}
+        self.split_every = split_every
+        self.n_passes = 0
+        self.table = self.W = None
+
+    def set_tree(self, tree: _Tree) -> None:
+        table, W = tree.arrays()
+        self.table, self.W = dense_operand(table, name="table"), dense_operand(W, name="W")
+
+    def run(self, kernel, whole: dict, nodes, tail, *, labels: bool = True, static: dict | None = None):
+        """One pass: ``kernel`` on every block (with the level's routing options and ``nodes`` unless
+        ``nodes`` is None), tree-summed and computed."""
+        operands = [("Xb", self.X, _ROWS)] + ([("Yb", self.Y, _ROWS)] if labels else [])
+        operands += [("table", self.table, _WHOLE), ("W", self.W, _WHOLE)]
+        operands += [(name, dense_operand(value, name=name), _WHOLE) for name, value in whole.items()]
+        kw = {"form": self.static["form"], **(static or {})}
+        if nodes is not None:
+            kw.update(self.static, nodes=np.asarray(nodes, dtype=np.int64))
+        parts = _per_block(kernel, operands, tail=tail, dtype=np.float64, token=f"tree-{kernel.__name__}", static=kw)
+        self.n_passes += 1
+        return _tree_sum(parts, self.split_every).compute()
+
+
+def _groups(nodes: list[int], per_node_bytes: int, budget: int) -> list[list[int]]:
+    size = max(1, budget // max(per_node_bytes, 1))
+    return [nodes[i:i + size] for i in range(0, len(nodes), size)]
+
+
+def _project(Z: np.ndarray, P: np.ndarray) -> np.ndarray:
+    """``(I - P P^T) Z`` per node: ``Z`` (g, d, r), ``P`` (g, d) unit rows."""
+    return Z - P[:, :, None] * np.einsum("gd,gdr->gr", P, Z)[:, None, :]
+
+
+def _jacobi_pcg(apply, B: np.ndarray, diag: np.ndarray, *, max_iter: int, tol: float) -> np.ndarray:
+    """Solve ``M_j V_j = B_j`` per node ``j`` and column, Jacobi-preconditioned CG from ``V = 0``.
+
+    ``apply(V)`` computes ``M V`` for all nodes at once (one pass); ``diag`` (g, L) is the
+    preconditioner's diagonal. Each column has its own step and Polak-Ribiere ``beta``; the iterate
+    with the smallest residual is returned (the reference code's rule).
+    """
+    V = np.zeros_like(B)
+    R = B.copy()
+    Zp = R / diag[:, :, None]
+    Pd = Zp.copy()
+    r0 = np.einsum("glr,glr->gr", R, R)
+    best, best_res = V.copy(), r0.copy()
+    rz = np.einsum("glr,glr->gr", R, Zp)
+    for _ in range(max_iter):
+        if np.all(best_res <= tol * r0):
+            break
+        AP = apply(Pd)
+        den = np.einsum("glr,glr->gr", Pd, AP)
+        alpha = np.divide(rz, den, out=np.zeros_like(rz), where=den > 0)
+        V = V + alpha[:, None, :] * Pd
+        R_new = R - alpha[:, None, :] * AP
+        Z_new = R_new / diag[:, :, None]
+        res = np.einsum("glr,glr->gr", R_new, R_new)
+        better = res < best_res
+        best = np.where(better[:, None, :], V, best)
+        best_res = np.where(better, res, best_res)
+        beta = np.divide(np.einsum("glr,glr->gr", Z_new, R_new - R), rz, out=np.zeros_like(rz), where=rz > 0)
+        beta = np.maximum(beta, 0.0)
+        Pd = Z_new + beta[:, None, :] * Pd
+        rz = np.einsum("glr,glr->gr", R_new, Z_new)
+        R = R_new
+    return best
+
+
+def _top_eigenpairs(Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``lambda = sqrt(top eigenvalue of Z^T Z)`` and ``w = Z v / lambda`` per node (sign: largest entry > 0)."""
+    g, d, _ = Z.shape
+    lam, W = np.zeros(g), np.zeros((g, d))
+    for j in range(g):
+        vals, vecs = np.linalg.eigh(Z[j].T @ Z[j])
+        mu = vals[-1]
+        if not mu > 0:
+            continue
+        lam[j] = math.sqrt(mu)
+        w = Z[j] @ vecs[:, -1]
+        w /= np.linalg.norm(w)
+        lam[j] = lam[j] if np.isfinite(w).all() else 0.0
+        W[j] = w * np.sign(w[np.argmax(np.abs(w))])
+    return lam, W
+
+
+def _candidates(mass: np.ndarray, budget: int, recall: float) -> np.ndarray:
+    """The node's labels by mass, descending (ties by label id): the smallest top-k over ``recall`` of
+    the mass, at most ``budget`` of them, labels with mass only."""
+    order = np.argsort(-mass, kind="stable")
+    positive = order[mass[order] > 0]
+    if not len(positive):
+        return positive
+    cum = np.cumsum(mass[positive])
+    k = int(np.searchsorted(cum, recall * cum[-1], side="right")) + 1
+    return positive[:min(budget, k, len(positive))]
+
+
+def _task(Y: da.Array) -> str:
+    many = _per_block(_rows_with_many_labels, [("Yb", Y, _ROWS)], tail=(1,), dtype=np.float64,
+                      token="tree-task-block")
+    return "multilabel" if float(many.sum().compute()) > 0 else "multiclass"
+
+
+def _rows_with_many_labels(Yb):
+    return np.array([float(np.count_nonzero(np.diff(sp.csr_matrix(Yb).indptr) > 1))])
+
+
+def _max_row_norm(X: da.Array) -> float:
+    parts = _per_block(K.row_norm_max, [("Xb", X, _ROWS)], tail=(1,), dtype=np.float64, token="tree-norm-block")
+    return float(parts.max().compute())
+
+
+def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float = 0.999,
+              routing: str = "fractional", sigma: str = "code", task: str = "auto", block_size: int = 10,
+              n_power_iter: int = 1, cg_max_iter: int = 20, orphan_repair: bool = True, cutoff: float = K.CUTOFF,
+              memory_budget: int = MEMORY_BUDGET, split_every: int = 8, random_state=None) -> GrownTree:
+    """Grow a hierarchical spectral label tree over row blocks, level by level.
+
+    Parameters
+    ----------
+    X : dask.array.Array, shape (n_samples, n_features)
+        Row blocks (CSR or dense), one column chunk.
+    Y : dask.array.Array, shape (n_samples, n_labels)
+        Binary labels with ``X``'s row blocks.
+    max_depth : int
+        Largest depth of a leaf (the root has depth 0).
+    leaf_labels : int
+        Leaf label budget ``s``: a node splits only while ``s`` labels are needed for ``recall`` of
+        its label mass (``smin = s - 1``); a leaf keeps its top labels, at most ``s`` (orphan
+        repair may add more).
+    recall : float
+        Acceptable training recall ``phi`` of the stopping rule (0.999 in the paper).
+    routing : {"fractional", "deterministic"}
+        Routing of the training rows while the tree grows (the paper's ablation: deterministic).
+    sigma : {"code", "paper"}
+        Routing width: ``sqrt(lambda / m)`` with ``erf`` (the reference code) or ``lambda / m``
+        with ``Phi`` (the paper's text).
+    task : {"auto", "multiclass", "multilabel"}
+        Diagonal ``Y^T D Y`` (multiclass) or Jacobi-PCG solves (multilabel); ``auto``: multilabel
+        when some row has more than one label (one extra pass).
+    block_size, n_power_iter : int
+        Randomized subspace iteration: ``block_size`` columns, ``n_power_iter`` power steps after
+        the first application (the reference code: 10 and 1).
+    cg_max_iter : int
+        Jacobi-PCG iterations at most (multilabel).
+    orphan_repair : bool
+        Append every label no training row's deterministic leaf covers to the leaf where most of
+        its rows land (two passes).
+    cutoff : float
+        Path probabilities at most this are dropped.
+    memory_budget : int
+        Bytes of one block's per-node partial sums for a level; larger levels are split into groups.
+    split_every : int
+        Fan-in of the tree sums.
+    random_state : int, numpy.random.Generator or None
+        Seeds the random test matrices (each node its own stream, from the node id).
+
+    Returns
+    -------
+    GrownTree
+    """
+    X = _check_x(X)
+    Y = _check_rows_operand(Y, X, "Y")
+    for name, value in (("max_depth", max_depth), ("leaf_labels", leaf_labels), ("block_size", block_size)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+            raise ValueError(f"{name} must be a positive integer, but is {value!r}")
+    if routing not in ("fractional", "deterministic"):
+        raise ValueError(f"routing must be 'fractional' or 'deterministic', but is {routing!r}")
+    if sigma not in SIGMA_FORMS:
+        raise ValueError(f"sigma must be one of {SIGMA_FORMS}, but is {sigma!r}")
+    if task not in TASKS:
+        raise ValueError(f"task must be one of {TASKS}, but is {task!r}")
+    if not 0 < recall <= 1:
+        raise ValueError(f"recall must be in (0, 1], but is {recall!r}")
+    seed = (int(random_state) if isinstance(random_state, (int, np.integer))
+            else int(np.random.default_rng(random_state).integers(2**63)))
+    start = time.perf_counter()
+    n, d = X.shape
+    L = Y.shape[1]
+    extra_passes = 1 + (task == "auto")
+    task = _task(Y) if task == "auto" else task
+    R = _max_row_norm(X)
+    passes = _Passes(X, Y, form=sigma, deterministic=routing == "deterministic", cutoff=cutoff,
+                     split_every=split_every)
+    passes.n_passes = extra_passes
+    tree = _Tree(d)
+    tree.budget[0] = int(leaf_labels)
+    root_mass = None
+    levels = []
+    frontier = [0]
+    for depth in range(max_depth + 1):
+        if not frontier:
+            break
+        passes.set_tree(tree)
+        splittable, stats = [], {}
+        for group in _groups(frontier, (1 + d + L) * 8, memory_budget):
+            s = passes.run(K.level_stats, {}, group, (len(group), 1 + d + L))
+            for j, node in enumerate(group):
+                stats[node] = (s[j, 0], s[j, 1:1 + d], s[j, 1 + d:])
+        if depth == 0:
+            root_mass = stats[0][2].copy()
+        for node in frontier:
+            m, _, mass = stats[node]
+            tree.mass[node] = m
+            cands = _candidates(mass, tree.budget[node], recall)
+            tree.budget[node] = len(cands)  # s_node = min(s_parent, k): the children's inherited budget
+            tree.cands[node] = (cands, mass[cands])
+            if depth < max_depth and len(cands) >= leaf_labels and m > 0 and np.linalg.norm(stats[node][1]) > 0:
+                splittable.append(node)
+        per_node = (d + L) * block_size * 8 + (MEDIAN_BINS + 2) * 8
+        next_frontier = []
+        for group in _groups(splittable, per_node, memory_budget):
+            next_frontier += _learn_group(passes, tree, group, stats, task=task, block_size=block_size,
+                                          n_power_iter=n_power_iter, cg_max_iter=cg_max_iter, R=R, sigma=sigma,
+                                          seed=seed, L=L)
+        levels.append({"depth": depth, "nodes": len(frontier), "split": len(next_frontier) // 2,
+                       "passes": passes.n_passes, "seconds": round(time.perf_counter() - start, 3)})
+        logger.info("tree level %d: %d nodes, %d split (%d passes so far)", depth, len(frontier),
+                    len(next_frontier) // 2, passes.n_passes)
+        frontier = next_frontier
+    n_orphans = 0
+    passes.set_tree(tree)
+    if orphan_repair:
+        n_orphans = _repair_orphans(passes, tree, L, memory_budget)
+    table, W = tree.arrays()
+    indptr = np.zeros(len(table) + 1, dtype=np.int64)
+    lists = [tree.cands[i] if i in tree.cands and table[i, K.LEFT] < 0 else (np.zeros(0, np.int64), np.zeros(0))
+             for i in range(len(table))]
+    indptr[1:] = np.cumsum([len(c) for c, _ in lists])
+    return GrownTree(table=table, W=W, depth=np.asarray(tree.depth, dtype=np.int32),
+                     eigenvalue=np.asarray(tree.eig), mass=np.asarray(tree.mass),
+                     cand_indptr=indptr, cand_indices=np.concatenate([c for c, _ in lists]).astype(np.int64),
+                     cand_scores=np.concatenate([s for _, s in lists]).astype(np.float64),
+                     root_label_mass=root_mass, task=task, n_passes=passes.n_passes, n_orphans=n_orphans,
+                     seconds=time.perf_counter() - start, levels=levels)
+
+
+def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *, task, block_size, n_power_iter,
+                 cg_max_iter, R, sigma, seed, L) -> list[int]:
+    """Learn the routers of a group of nodes of one level (shared passes); split them; new node ids."""
+    g = len(group)
+    mu = np.stack([stats[node][1] for node in group])
+    P = mu / np.linalg.norm(mu, axis=1, keepdims=True)
+    S = np.stack([stats[node][2] for node in group])
+    d = mu.shape[1]
+
+    def apply(Q):
+        # (I - PP^T) A (I - PP^T) Q: projecting the input too keeps the operator symmetric, so a
+        # rank-deficient A (a node with fewer labels than block_size) cannot leak A P into the Ritz values
+        Q = _project(Q, P)
+        T = passes.run(K.level_yt_x, {"Omega": Q}, group, (g, L, Q.shape[2]))
+        if task == "multiclass":
+            V = T / np.maximum(S, 1.0)[:, :, None]
+        else:
+            V = _jacobi_pcg(lambda M: passes.run(K.level_yt_y, {"V": M}, group, (g, L, M.shape[2])), T,
+                            np.maximum(S, passes.static["cutoff"]), max_iter=cg_max_iter,
+                            tol=CG_TOL[np.dtype(passes.X.dtype)] if np.dtype(passes.X.dtype) in CG_TOL else 1e-6)
+        return _project(passes.run(K.level_xt_y, {"V": V}, group, (g, d, Q.shape[2])), P)
+
+    r = min(block_size, d)
+    Omega = np.stack([np.random.default_rng([seed, node]).standard_normal((d, r)) for node in group])
+    Z = apply(Omega)
+    for _ in range(n_power_iter):
+        Z = apply(np.stack([np.linalg.qr(Z[j])[0] for j in range(g)]))
+    lam, Wg = _top_eigenpairs(Z)
+    bias = _weighted_median(passes, group, Wg, R)
+    new = []
+    for j, node in enumerate(group):
+        m = tree.mass[node]
+        tree.eig[node] = lam[j]
+        if not lam[j] > 0:
+            continue
+        width = math.sqrt(lam[j] / m) if sigma == "code" else lam[j] / m
+        tree.split(node, Wg[j], bias[j], width)
+        new += [int(tree.table[node][K.LEFT]), int(tree.table[node][K.RIGHT])]
+    return new
+
+
+def _weighted_median(passes: _Passes, group: list[int], Wg: np.ndarray, R: float) -> np.ndarray:
+    """Weighted median of ``w_j^T x`` per node by histogram refinement (``MEDIAN_PASSES`` passes):
+    the upper edge of the final bin where the cumulative weight first exceeds half."""
+    g = len(group)
+    lo, hi = np.full(g, -R * (1 + 1e-9) - 1e-300), np.full(g, R * (1 + 1e-9) + 1e-300)
+    for _ in range(MEDIAN_PASSES):
+        h = passes.run(K.level_histogram, {"w": Wg, "lo": lo, "hi": hi}, group, (g, MEDIAN_BINS + 2),
+                       labels=False, static={"bins": MEDIAN_BINS})
+        half = h.sum(axis=1) / 2
+        cum = np.cumsum(h, axis=1)
+        k = np.argmax(cum > half[:, None], axis=1)  # column; 1..bins within range
+        k = np.clip(k, 1, MEDIAN_BINS)
+        width = (hi - lo) / MEDIAN_BINS
+        lo, hi = lo + (k - 1) * width, lo + k * width
+    return hi
+
+
+def _repair_orphans(passes: _Passes, tree: _Tree, L: int, memory_budget: int) -> int:
+    """Append labels no row's deterministic leaf covers to the leaf where most of their rows land."""
+    table, _ = tree.arrays()
+    leaves = np.flatnonzero(table[:, K.LEFT] < 0)
+    indptr, indices = _cand_csr(tree, len(table))
+    cov = passes.run(K.coverage, {"cand_indptr": indptr, "cand_indices": indices}, None, (L, 2))
+    orphans = np.flatnonzero((cov[:, 0] > 0) & (cov[:, 1] == 0))
+    for chunk in _groups(list(orphans), len(leaves) * 8, memory_budget):
+        counts = passes.run(K.leaf_label_counts, {"leaves": leaves, "labels": np.asarray(chunk)}, None,
+                            (len(leaves), len(chunk)))
+        for i, label in enumerate(chunk):
+            leaf = int(leaves[np.argmax(counts[:, i])])
+            cands, scores = tree.cands.get(leaf, (np.zeros(0, np.int64), np.zeros(0)))
+            tree.cands[leaf] = (np.append(cands, label), np.append(scores, 0.0))
+    return len(orphans)
+
+
+def _cand_csr(tree: _Tree, n_nodes: int) -> tuple[np.ndarray, np.ndarray]:
+    lists = [tree.cands.get(i, (np.zeros(0, np.int64), None))[0] for i in range(n_nodes)]
+    indptr = np.zeros(n_nodes + 1, dtype=np.int64)
+    indptr[1:] = np.cumsum([len(c) for c in lists])
+    return indptr, (np.concatenate(lists) if lists else np.zeros(0)).astype(np.int64)
+
+
+__all__ = ["GrownTree", "grow_tree"]
