@@ -166,7 +166,7 @@ def _train_low_rank(train_url: str, out: str, p: TrainParams, *, overwrite: bool
     _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
     if p.model == "leml":
-        est = LEML(k=min(p.k, data.n_labels), loss=p.loss, lam=p.lam, n_iter=p.n_iter, random_state=p.seed, **extra)
+        est = LEML(k=p.k, loss=p.loss, lam=p.lam, n_iter=p.n_iter, random_state=p.seed, **extra)
     else:
         est = BinaryRelevance(loss=p.loss, lam=p.lam, **extra)
     start = time.perf_counter()
