@@ -31,6 +31,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _tables import markdown_table
+
 SHARED = Path(os.environ.get("XMLDASK_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
 
@@ -48,19 +50,6 @@ def _csr_mb(ds) -> float:
     """In-memory size of X and Y as CSR (float32 data, int32 indices, int64 indptr)."""
     nnz = ds.meta["nnz"] + ds.meta.get("nnz_labels", 0)
     return (nnz * 8 + 2 * (ds.n_samples + 1) * 8) / 2**20
-
-
-def _table(rows: list[dict], keys: list[str]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        if isinstance(v, int):
-            return f"{v:,}"
-        return str(v)
-
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r.get(k, "")) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _timed_fit(client, model, X, Y, *, label: str, dataset: str, ds) -> dict:
@@ -201,17 +190,17 @@ def main() -> None:
         if "aloi" in sections:
             rows = bench_aloi(client, tmp)
             print(f"## ALOI ({args.workers} workers x 1 thread, memory limit {args.memory_limit} each)\n")
-            print(_table(rows, perf_keys) + "\n")
+            print(markdown_table(rows, perf_keys) + "\n")
             all_rows += rows
         if "synthetic" in sections:
             rows = bench_synthetic(client, tmp, args.synthetic_rows, args.memory_limit, args.workers)
             print(f"## Synthetic, larger than the workers' memory ({args.workers} x {args.memory_limit})\n")
-            print(_table(rows, perf_keys + ["workers_total_memory_limit_mb", "generate_seconds"]) + "\n")
+            print(markdown_table(rows, perf_keys + ["workers_total_memory_limit_mb", "generate_seconds"]) + "\n")
             all_rows += rows
         if "hierarchy" in sections:
             rows = bench_hierarchy(client, tmp)
             print("## Table 4: sibling fraction (%) on the lshtc1-dryrun-task2 hierarchy, k = 100\n")
-            print(_table(rows, ["method", "alpha", "passes", "seconds", "sibling_fraction_euclidean",
+            print(markdown_table(rows, ["method", "alpha", "passes", "seconds", "sibling_fraction_euclidean",
                                 "sibling_fraction_cosine"]) + "\n")
             all_rows += rows
     if args.json:

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _tables import markdown_table
 
 SHARED = Path(os.environ.get("XMLDASK_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -65,19 +66,6 @@ GRID_STEP = 10.0
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def _table(rows: list[dict], keys: list[str]) -> str:
-    def fmt(v):
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        if isinstance(v, int):
-            return f"{v:,}"
-        return str(v)
-
-    lines = ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-    lines += ["| " + " | ".join(fmt(r.get(k, "")) for k in keys) + " |" for r in rows]
-    return "\n".join(lines)
 
 
 def _ingest(name: str, workdir: Path, bias: float | None):
@@ -172,7 +160,7 @@ def bench_table2(workdir: Path, datasets, losses, ratios, lams, n_iter: int, bia
                 row = {"dataset": name, "k/L": ratio, "k": k, "loss": loss, "top3": round(100 * row["P@3"], 2),
                        "paper_top3": p3, "AUC": round(row["avg_AUC"], 4), "paper_AUC": auc, **row,
                        "held_out_P@3_by_lam": tried}
-                print(_table([row], T2_KEYS), flush=True)
+                print(markdown_table([row], T2_KEYS), flush=True)
                 rows.append(row)
     return rows
 
@@ -201,7 +189,7 @@ def bench_table4(workdir: Path, lams, n_iter: int, mask_seed: int, bias: float |
                "top3": round(100 * row["P@3"], 2), "paper_top3": p3, "hamming": round(row["hamming_loss"], 4),
                "paper_hamming": ham, "AUC": round(row["avg_AUC"], 4), "paper_AUC": auc, **row,
                "held_out_P@3_by_lam": tried}
-        print(_table([row], T4_KEYS), flush=True)
+        print(markdown_table([row], T4_KEYS), flush=True)
         rows.append(row)
     return rows
 
@@ -271,17 +259,17 @@ def main() -> None:
             print("## Table 2: full labels (top-3 = P@3 in %, average AUC)\n", flush=True)
             got = bench_table2(tmp, args.datasets.split(","), args.losses.split(","),
                                [float(r) for r in args.ratios.split(",")], lams, args.n_iter, args.bias or None)
-            print("\n" + _table(got, T2_KEYS) + "\n")
+            print("\n" + markdown_table(got, T2_KEYS) + "\n")
             rows += got
         if "table4" in sections:
             print("## Table 4: bibtex, 20% of the entries observed, squared loss, k = 0.4 L\n", flush=True)
             got = bench_table4(tmp, lams, args.n_iter, args.mask_seed, args.bias or None)
-            print("\n" + _table(got, T4_KEYS) + "\n")
+            print("\n" + markdown_table(got, T4_KEYS) + "\n")
             rows += got
         if "synthetic" in sections:
             got = bench_synthetic(tmp, args.synthetic_rows, args.workers, args.memory_limit, args.synthetic_k)
             print(f"## Synthetic, larger than the workers' memory ({args.workers} x {args.memory_limit})\n")
-            print(_table(got, list(got[0])) + "\n")
+            print(markdown_table(got, list(got[0])) + "\n")
             rows += got
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2, default=float))
