@@ -18,7 +18,8 @@ from xmldask.models import load_model
 
 DIMS = {"n_features": 1000, "n_labels": 100}
 #: a small model: seconds per stage on 2 cores
-TRAIN = {"k": 8, "n_random_features": 100, "max_epochs": 2}
+#: a small model, searching the kernel only (the default search's screening is tested in test_model_selection)
+TRAIN = {"k": 8, "n_random_features": 100, "max_epochs": 2, "search": {"kernel": ["none", "gaussian"]}}
 #: the pipeline's options of that model
 MODEL = {"model": TRAIN, "spectrum_components": 10}
 STAGES = ["ingest-train", "ingest-test", "spectrum", "train", "predict", "evaluate"]

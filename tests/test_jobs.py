@@ -85,4 +85,4 @@ def test_k_beyond_the_labels_is_lowered_before_any_pass(data, caplog):
                           search={"k": [8, 200, 400]}, search_extensions=0)
     assert "k=500 is more than the 80 labels" in caplog.text
     assert "the search's k=[8, 200, 400] exceed the 80 labels" in caplog.text and "trying k=[8, 80]" in caplog.text
-    assert [r["params"]["k"] for r in info["search"]] == [8, 80]
+    assert [r["params"]["k"] for r in info["search"] if r["screened"]] == [8, 80]

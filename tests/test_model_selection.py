@@ -101,12 +101,24 @@ def test_parse_grid():
 def test_train_job_and_command_line_search(data, capsys):
     root, train = data
     url = str(root / "searched.zarr")
-    info = jobs.train(train, url, k=8, kernel="none", seed=3, max_epochs=1,
-                      search={"kernel": ["none", "gaussian"], "alpha": [1e-3, 10.0]}, search_extensions=0)
+    grid = {"kernel": ["none", "gaussian"], "alpha": [1e-3, 10.0]}
+    # without screening: kernel, then alpha at the best kernel (3 full fits)
+    info = jobs.train(train, url, k=8, kernel="none", seed=3, max_epochs=1, search=grid, search_extensions=0,
+                      search_screen=False)
     assert len(info["search"]) == 3 and {"kernel", "alpha"} <= set(info["search"][0]["params"])
-    best = max(info["search"], key=lambda r: r["val_p@1"])
+    assert not any(r["screened"] for r in info["search"])
+    # screened (the default): alpha by the ridge decoder on the linear map, then each kernel in full
+    info = jobs.train(train, url, k=8, kernel="none", seed=3, max_epochs=1, search=grid, search_extensions=0,
+                      overwrite=True)
+    assert [r["screened"] for r in info["search"]] == [True, True, False, False]
+    screened = {"alpha", "kernel", "max_epochs"}
+    assert [set(r["params"]) for r in info["search"]] == [screened] * 2 + [{"alpha", "kernel"}] * 2
+    assert all(r["params"]["max_epochs"] == 0 and r["params"]["kernel"] == "none" for r in info["search"][:2])
+    screened_best = max(info["search"][:2], key=lambda r: r["val_p@1"])["params"]["alpha"]
+    assert {r["params"]["alpha"] for r in info["search"][2:]} == {screened_best}
+    best = max(info["search"], key=lambda r: r["val_p@1"])  # a screened fit may win
     assert info["params"]["kernel"] == best["params"]["kernel"]
-    assert {r["params"]["kernel"] for r in info["search"]} == {"none", "gaussian"}  # the job's names
+    assert {r["params"]["kernel"] for r in info["search"][2:]} == {"none", "gaussian"}  # the job's names
     assert info["params"]["alpha"] == best["params"]["alpha"]
     _, attrs = open_model_store(url, model_version=MODEL_VERSION, class_name="EmbeddingClassifier")
     assert attrs["search"]["best_params"]["alpha"] == best["params"]["alpha"]
@@ -117,10 +129,11 @@ def test_train_job_and_command_line_search(data, capsys):
     assert cli_main(["train", train, "--out", out, "--k", "6", "--kernel", "none", "--max-epochs", "1",
                      "--search", "k=4,6", "--search-extensions", "1", "--json", "--workers", "1"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    tried = [r["params"]["k"] for r in printed["search"]]
+    tried = [r["params"]["k"] for r in printed["search"] if r["screened"]]
     # past the winning end of the grid by one step at most: 2 below 4 (ratio 2/3, floored), 9 above 6
     assert tried[:2] == [4, 6] and tried[2:] in ([], [2], [9])
     assert printed["params"]["k"] == max(printed["search"], key=lambda r: r["val_p@1"])["params"]["k"]
+    assert [r["params"]["k"] for r in printed["search"] if not r["screened"]] == [printed["params"]["k"]]
 
 
 def test_conditional_parameters_are_searched_with_the_parameter_they_depend_on(data):

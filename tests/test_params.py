@@ -63,9 +63,14 @@ def test_parse_grid():
 
 
 def test_auto_search_chooses_what_is_not_given():
-    """The default search="auto" chooses the kernel by held-out P@1, unless the kernel is given."""
-    assert TrainParams().search == TrainParams(k=8).search == {"kernel": ["none", "gaussian"]}
-    assert TrainParams(kernel="gaussian").search is None
+    """The default search="auto" chooses features, k, alpha and the kernel by held-out P@1, each unless given."""
+    everything = {"features": ["raw", "tfidf"], "k": [50, 400], "alpha": [1e-3, 0.1, 3.0],
+                  "kernel": ["none", "gaussian"]}
+    assert TrainParams().search == everything and list(TrainParams().search) == list(everything)  # in this order
+    assert TrainParams(k=8).search == {name: v for name, v in everything.items() if name != "k"}
+    assert TrainParams(kernel="gaussian", features="raw", k=8, alpha=0.1).search is None
+    assert TrainParams(kernel="gaussian").search == {name: v for name, v in everything.items() if name != "kernel"}
+    assert TrainParams().search_screen and not TrainParams(search_screen=False).search_screen
     assert TrainParams(search=None).search is None
     assert TrainParams(search={"alpha": [0.1, 1]}).search == {"alpha": [0.1, 1]}  # an explicit search as given
     assert TrainParams(**TrainParams(k=8).model_dump()) == TrainParams(k=8)  # resolved once: dumps round-trip

@@ -13,6 +13,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -73,7 +74,9 @@ def test_readme_blocks_run_as_written(shared_data, tmp_path):
             script = checkout / f"readme_block_{n}.py"
             script.write_text(block["code"])
             command = [str(checkout / ".venv" / "bin" / "python"), script.name]
+        start = time.perf_counter()
         done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
+        print(f"README.md line {block['line']}: {time.perf_counter() - start:.1f} s")  # shown with pytest -s
         assert done.returncode == 0, (f"README.md line {block['line']} ({block['language']}) failed with "
                                       f"{done.returncode}:\n{block['code']}\n--- stdout\n{done.stdout[-3000:]}\n"
                                       f"--- stderr\n{done.stderr[-5000:]}")

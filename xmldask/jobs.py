@@ -20,7 +20,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .params import TrainParams, validated
+from .params import SCREEN, TrainParams, validated
 from .store import _fs, open_dataset, open_predictions, write_predictions
 
 logger = logging.getLogger(__name__)
@@ -47,7 +47,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     **params
         :class:`~xmldask.params.TrainParams` (``embedding``, ``k``, ``kernel``, ``features``, ``alpha``,
         ``n_random_features``, ``max_epochs``, ``seed``, ``n_estimators``, ``search``,
-        ``search_strategy``, ``search_extensions``; their defaults are the command line's and the
+        ``search_strategy``, ``search_extensions``, ``search_screen``; their defaults are the command line's and the
         flows'), and further :class:`~xmldask.models.EmbeddingClassifier` parameters (e.g.
         ``bandwidth_scale``). ``search`` lists values to choose among on the held-out slice of the
         training rows (:class:`~xmldask.model_selection.HeldOutSearch`), e.g. ``{"k": [50, 150],
@@ -91,8 +91,10 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     if grid:
         from .model_selection import HeldOutSearch
 
-        fitted = HeldOutSearch(model, grid, strategy=p.search_strategy,
-                               max_extensions=p.search_extensions).fit(data.X, data.Y)
+        screen = _search_grid({name: [value] for name, value in SCREEN.items()}) if p.search_screen else None
+        fitted = HeldOutSearch(model, grid, strategy=p.search_strategy, max_extensions=p.search_extensions,
+                               screen={name: values[0] for name, values in screen.items()} if screen else None
+                               ).fit(data.X, data.Y)
         model = fitted.best_estimator_
         chosen = _public(fitted.best_params_)
     else:

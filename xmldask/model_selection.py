@@ -84,7 +84,15 @@ class HeldOutSearch:
         kept decoder. Ties keep the earlier candidate.
     max_extensions : int, default 2
         Most geometric steps past either end of a numeric grid under ``"coordinate"`` (0: none).
-
+    screen : dict, optional
+        Cheap settings to screen the candidates with, e.g. ``{"max_epochs": 0, "kernel": "identity"}``
+        (the ridge decoder alone, on the linear feature map). The parameters of the grid that are not
+        keys of ``screen`` are searched first, every candidate fitted with these overrides; then the
+        best setting is fitted in full (the template's values of the overridden parameters), once per
+        value of the grid's parameters that are keys of ``screen`` (e.g. each ``kernel``). The best of
+        all the fits by the held-out score is kept, a screened one included (its parameters then show
+        the overrides): the decoder's epochs are early-stopped on the held-out loss, which can lower
+        the held-out P@1.
     Attributes
     ----------
     best_estimator_ : the fitted candidate with the best score
@@ -93,16 +101,17 @@ class HeldOutSearch:
         Its held-out score (P@1, or minus the loss).
     results_ : list of dict
         One per fitted candidate, in fitting order: ``params``, ``score``, ``val_p@1``,
-        ``val_loss``, ``seconds``.
+        ``val_loss``, ``seconds``, and ``screened`` (fitted with ``screen``'s overrides).
     """
 
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
-                 max_extensions: int = 2):
+                 max_extensions: int = 2, screen: dict | None = None):
         self.estimator = estimator
         self.param_grid = param_grid
         self.strategy = strategy
         self.scoring = scoring
         self.max_extensions = max_extensions
+        self.screen = screen
 
     def _validated(self) -> dict[str, list]:
         if self.strategy not in _STRATEGIES:
@@ -124,6 +133,10 @@ class HeldOutSearch:
             raise ValueError(f"max_extensions must be an integer >= 0, but is {self.max_extensions!r}")
         if not self.estimator.get_params().get("validation_fraction"):
             raise ValueError("the estimator holds out no rows (validation_fraction=0): nothing to choose by")
+        if self.screen is not None:
+            if not isinstance(self.screen, dict) or set(self.screen) - known:
+                raise ValueError(f"screen must be a dict of the estimator's parameters to cheap values, but is "
+                                 f"{self.screen!r}")
         return grid
 
     def _effective(self, setting: dict) -> dict:
@@ -181,9 +194,11 @@ class HeldOutSearch:
                 return
             edge = value
 
-    def _fit_one(self, setting: dict, X, Y) -> tuple[float, object]:
-        setting = self._effective(setting)
-        key = tuple(sorted((name, repr(value)) for name, value in setting.items()))
+    def _fit_one(self, setting: dict, X, Y, overrides: dict | None = None) -> tuple[float, object]:
+        """Fit ``setting`` (with ``overrides`` on top, when screening); the held-out score and the model."""
+        overrides = overrides or {}
+        setting = self._effective({**setting, **overrides})
+        key = tuple(sorted((name, repr(value)) for name, value in setting.items())) + (bool(overrides),)
         if key in self._done:
             return self._done[key]
         params = {**self.estimator.get_params(), **setting}
@@ -192,9 +207,10 @@ class HeldOutSearch:
         score = held_out_score(model, self.scoring)
         kept = kept_epoch(model)
         self.results_.append({"params": dict(setting), "score": score, "val_p@1": float(kept["val_p@1"]),
-                              "val_loss": float(kept["val_loss"]), "seconds": round(time.perf_counter() - start, 3)})
-        logger.info("held-out search: %s -> %s %.4f (%.1f s)", setting, self.scoring, abs(score),
-                    self.results_[-1]["seconds"])
+                              "val_loss": float(kept["val_loss"]), "seconds": round(time.perf_counter() - start, 3),
+                              "screened": bool(overrides)})
+        logger.info("held-out search%s: %s -> %s %.4f (%.1f s)", " (screening)" if overrides else "", setting,
+                    self.scoring, abs(score), self.results_[-1]["seconds"])
         # keep only the best fitted model in memory
         if self._best is None or score > self._best[0]:
             self._best = (score, model, dict(setting))
@@ -211,23 +227,45 @@ class HeldOutSearch:
         """
         grid = self._validated()
         self.results_, self._done, self._best = [], {}, None
-        if self.strategy == "grid":
-            for values in itertools.product(*grid.values()):
-                self._fit_one(dict(zip(grid, values)), X, Y)
+        screen = dict(self.screen or {})
+        # the parameters searched under the screen's overrides, then those searched by full fits
+        cheap = {name: values for name, values in grid.items() if name not in screen}
+        full = {name: values for name, values in grid.items() if name in screen}
+        if not screen:
+            self._search(cheap, X, Y)
         else:
-            current = {name: values[0] for name, values in grid.items()}
-            bounds = self.estimator.search_bounds(X, Y) if hasattr(self.estimator, "search_bounds") else {}
-            for name, options in self._coordinates(grid):
-                scores = [self._fit_one({**current, **option}, X, Y)[0] for option in options]
-                if all(len(option) == 1 for option in options):  # no conditional parameters: may be extended
-                    for value in self._extensions(grid[name], scores, bounds.get(name, (0, math.inf))):
-                        options.append({name: value})
-                        scores.append(self._fit_one({**current, name: value}, X, Y)[0])
-                current.update(options[int(np.argmax(scores))])  # the first of the ties
+            conditions = getattr(self.estimator, "conditional_params", {})
+            # a conditional parameter follows the parameter it depends on into the full fits
+            full.update({name: values for name, values in list(cheap.items())
+                         if conditions.get(name, (None,))[0] in full})
+            cheap = {name: values for name, values in cheap.items() if name not in full}
+            best = self._search(cheap, X, Y, overrides=screen) if cheap else {}
+            self._search(full or {}, X, Y, start=best)
         score, model, setting = self._best
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
         del self._done, self._best
         return self
+
+    def _search(self, grid: dict, X, Y, *, overrides: dict | None = None, start: dict | None = None) -> dict:
+        """Search ``grid`` from the setting ``start`` (fitted with ``overrides``); the best setting found."""
+        start = dict(start or {})
+        if not grid:
+            self._fit_one(start, X, Y, overrides)
+            return start
+        if self.strategy == "grid":
+            settings = [{**start, **dict(zip(grid, values))} for values in itertools.product(*grid.values())]
+            scores = [self._fit_one(setting, X, Y, overrides)[0] for setting in settings]
+            return settings[int(np.argmax(scores))]
+        current = {**start, **{name: values[0] for name, values in grid.items()}}
+        bounds = self.estimator.search_bounds(X, Y) if hasattr(self.estimator, "search_bounds") else {}
+        for name, options in self._coordinates(grid):
+            scores = [self._fit_one({**current, **option}, X, Y, overrides)[0] for option in options]
+            if all(len(option) == 1 for option in options):  # no conditional parameters: may be extended
+                for value in self._extensions(grid[name], scores, bounds.get(name, (0, math.inf))):
+                    options.append({name: value})
+                    scores.append(self._fit_one({**current, name: value}, X, Y, overrides)[0])
+            current.update(options[int(np.argmax(scores))])  # the first of the ties
+        return current
 
     def _check_fitted(self):
         if getattr(self, "best_estimator_", None) is None:
@@ -253,7 +291,7 @@ class HeldOutSearch:
         return self._check_fitted().save(url, overwrite=overwrite, meta={**(meta or {}), "search": self.record()})
 
     def record(self) -> dict:
-        """The search as JSON: ``strategy``, ``scoring``, ``best_params``, ``best_score``, ``results``."""
+        """The search as JSON: ``strategy``, ``scoring``, ``screen``, ``best_params``, ``best_score``, ``results``."""
         self._check_fitted()
-        return {"strategy": self.strategy, "scoring": self.scoring, "best_params": self.best_params_,
-                "best_score": self.best_score_, "results": self.results_}
+        return {"strategy": self.strategy, "scoring": self.scoring, "screen": self.screen,
+                "best_params": self.best_params_, "best_score": self.best_score_, "results": self.results_}
