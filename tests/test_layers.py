@@ -121,3 +121,45 @@ def test_no_upward_imports(graph):
 def test_the_checks_see_lazy_imports(graph):
     """A function-level import is found (cli imports the jobs inside its command functions)."""
     assert "xmldask.jobs" in graph["xmldask.cli"]
+
+
+def test_one_estimator_base_with_the_scikit_learn_contract(tmp_path):
+    """Every estimator takes its parameters from ``__init__``; ``get_params(deep=True)`` and ``set_params``
+    reach nested estimators (what ``sklearn.base.clone`` relies on); one ``load_model`` reads any store."""
+    import numpy as np
+
+    from xmldask.base import MODEL_CLASSES, ParamsMixin
+    from xmldask.embedding import Rembrandt
+    from xmldask.models import EmbeddingClassifier, EnsembleClassifier, load_model
+
+    names = set(MODEL_CLASSES)
+    assert {"EmbeddingClassifier", "EnsembleClassifier", "LEML", "BinaryRelevance", "Rembrandt"} <= names
+    assert all(issubclass(cls, ParamsMixin) for cls in MODEL_CLASSES.values())
+    member = EmbeddingClassifier(n_components=7, kernel="identity")
+    ensemble = EnsembleClassifier(member, n_estimators=2)
+    deep = ensemble.get_params()
+    assert deep["estimator"] is member and deep["estimator__n_components"] == 7
+    assert set(ensemble.get_params(deep=False)) == {"estimator", "n_estimators", "random_state"}
+    ensemble.set_params(estimator__n_components=9, n_estimators=3)
+    assert member.n_components == 9 and ensemble.n_estimators == 3
+    # clone as scikit-learn does it: the class and its shallow parameters, nested estimators cloned
+    params = {k: (type(v)(**v.get_params(deep=False)) if isinstance(v, ParamsMixin) else v)
+              for k, v in ensemble.get_params(deep=False).items()}
+    clone = type(ensemble)(**params)
+    assert clone.get_params()["estimator__n_components"] == 9 and clone.estimator is not member
+    with pytest.raises(ValueError, match="unknown parameter 'bogus'"):
+        member.set_params(bogus=1)
+    # an embedding estimator shares the base, and load_model reads its store too
+    rng = np.random.default_rng(0)
+    import scipy.sparse as sp
+
+    X = sp.random(60, 12, density=0.3, format="csr", random_state=0, dtype=np.float32)
+    Y = sp.csr_matrix((rng.random((60, 5)) < 0.3).astype(np.float32))
+    emb = Rembrandt(n_components=3, random_state=0)
+    assert emb.get_params(deep=False)["n_components"] == 3
+    url = str(tmp_path / "emb.zarr")
+    import dask.array as da
+
+    emb.fit(da.from_array(X, chunks=(25, -1), asarray=False), da.from_array(Y, chunks=(25, -1), asarray=False))
+    emb.save(url)
+    assert type(load_model(url)) is Rembrandt

@@ -174,7 +174,7 @@ class _Scripted:
         self.score, self.validation_fraction = score, validation_fraction
         self.alpha, self.n_components = alpha, n_components
 
-    def get_params(self):
+    def get_params(self, deep=True):
         return {"score": self.score, "validation_fraction": self.validation_fraction, "alpha": self.alpha,
                 "n_components": self.n_components}
 

@@ -6,6 +6,7 @@ build on it.
 
 from __future__ import annotations
 
+import inspect
 import math
 import numbers
 
@@ -40,22 +41,61 @@ def _as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
     return da.from_array(A, chunks=(rows, -1), asarray=False, fancy=False)
 
 
+#: every estimator class by name, as its saved stores record it (filled as the classes are defined):
+#: what :func:`xmldask.models.load_model` reads
+MODEL_CLASSES: dict[str, type] = {}
+
+
 class ParamsMixin:
-    """``get_params`` / ``set_params`` over the constructor parameters named in ``_param_names``, and
-    ``predict`` from ``predict_topk`` for a classifier with ``n_labels_``."""
+    """scikit-learn's estimator contract: the constructor only stores its parameters; ``get_params`` /
+    ``set_params`` over them (``deep`` and ``name__param`` for nested estimators, so
+    ``sklearn.base.clone`` works); and ``predict`` from ``predict_topk`` for a classifier with
+    ``n_labels_``. Every subclass is registered in :data:`MODEL_CLASSES` by its name.
 
-    _param_names: tuple[str, ...] = ()
+    The parameters are the keyword arguments of ``__init__``; a class may name them in ``_param_names``
+    instead.
+    """
 
-    def get_params(self) -> dict:
-        """The constructor parameters, as a dict."""
-        return {name: getattr(self, name) for name in self._param_names}
+    _param_names: tuple[str, ...] | None = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        MODEL_CLASSES[cls.__name__] = cls
+
+    @classmethod
+    def _get_param_names(cls) -> tuple[str, ...]:
+        """The constructor's parameters (``_param_names`` if the class names them)."""
+        if cls._param_names is not None:
+            return tuple(cls._param_names)
+        signature = inspect.signature(cls.__init__)
+        return tuple(p.name for p in signature.parameters.values()
+                     if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL))
+
+    def get_params(self, deep: bool = True) -> dict:
+        """The constructor parameters; with ``deep``, also ``name__param`` of each nested estimator."""
+        out = {}
+        for name in self._get_param_names():
+            value = getattr(self, name)
+            out[name] = value
+            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                out.update((f"{name}__{key}", inner) for key, inner in value.get_params(deep=True).items())
+        return out
 
     def set_params(self, **params):
-        """Set constructor parameters (unknown names are an error); returns ``self``."""
-        for name, value in params.items():
-            if name not in self._param_names:
-                raise ValueError(f"unknown parameter {name!r}; parameters are {', '.join(self._param_names)}")
-            setattr(self, name, value)
+        """Set constructor parameters, ``name__param`` of nested estimators too (unknown names are an
+        error); returns ``self``."""
+        names = self._get_param_names()
+        nested: dict[str, dict] = {}
+        for key, value in params.items():
+            name, _, inner = key.partition("__")
+            if name not in names:
+                raise ValueError(f"unknown parameter {name!r}; parameters are {', '.join(names)}")
+            if inner:
+                nested.setdefault(name, {})[inner] = value
+            else:
+                setattr(self, name, value)
+        for name, inner in nested.items():
+            getattr(self, name).set_params(**inner)
         return self
 
     def _checked_k(self, k) -> int:

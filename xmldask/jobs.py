@@ -66,7 +66,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     from .models import EmbeddingClassifier
 
     extra = {name: params.pop(name) for name in list(params) if name not in TrainParams.model_fields}
-    unknown = sorted(set(extra) - set(EmbeddingClassifier._param_names) | set(extra) & _SET_BY_THE_JOB)
+    unknown = sorted(set(extra) - set(EmbeddingClassifier._get_param_names()) | set(extra) & _SET_BY_THE_JOB)
     if unknown:
         raise ValueError(f"unknown training parameter(s) {', '.join(unknown)}; known: "
                          f"{', '.join([*TrainParams.model_fields, *_estimator_only()])}")
@@ -103,7 +103,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     if p.n_estimators != 1:
         from .models import EnsembleClassifier
 
-        model = EnsembleClassifier(type(single)(**single.get_params()), n_estimators=p.n_estimators,
+        model = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=p.n_estimators,
                                    random_state=p.seed).fit(data.X, data.Y, fitted=[single])
     seconds = time.perf_counter() - start
     meta = {"train_url": train_url, **({"search": fitted.record()} if grid else {})}
@@ -113,7 +113,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
                                                 "max_epochs", "seed")}
     # reported without the parameters the model ignores (a bandwidth of the identity feature map)
     ignored = {name for name, (parent, values) in single.conditional_params.items()
-               if single.get_params()[parent] not in values}
+               if single.get_params(deep=False)[parent] not in values}
     return {
         "model": out,
         "train": train_url,
@@ -134,7 +134,7 @@ _SET_BY_THE_JOB = frozenset({"n_components", "random_state"})
 def _estimator_only() -> list[str]:
     from .models import EmbeddingClassifier
 
-    return [name for name in EmbeddingClassifier._param_names
+    return [name for name in EmbeddingClassifier._get_param_names()
             if name not in TrainParams.model_fields and name not in _SET_BY_THE_JOB]
 
 
@@ -162,7 +162,8 @@ def _train_low_rank(train_url: str, out: str, p: TrainParams, *, overwrite: bool
     from .models import LEML, BinaryRelevance
 
     cls = LEML if p.model == "leml" else BinaryRelevance
-    unknown = sorted(set(extra) - set(cls._param_names) | set(extra) & {"k", "loss", "lam", "n_iter", "random_state"})
+    set_by_the_job = {"k", "loss", "lam", "n_iter", "random_state"}
+    unknown = sorted(set(extra) - set(cls._get_param_names()) | set(extra) & set_by_the_job)
     if unknown:
         raise ValueError(f"{', '.join(unknown)} do not apply to --model {p.model}")
     _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
@@ -177,7 +178,7 @@ def _train_low_rank(train_url: str, out: str, p: TrainParams, *, overwrite: bool
     est.save(out, overwrite=overwrite, meta={"train_url": train_url})
     last = est.history_[-1] if est.history_ else {}
     return {"model": out, "train": train_url, "seconds": round(seconds, 3), "n_passes": int(est.n_passes_),
-            "task": "multilabel", "params": {"model": p.model, "seed": p.seed, **est.get_params()},
+            "task": "multilabel", "params": {"model": p.model, "seed": p.seed, **est.get_params(deep=False)},
             "observed_fraction": est.observed_fraction_, "threshold": est.threshold_, "held_out": {},
             "objective": last.get("J_after_H")}
 
@@ -383,10 +384,10 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
     passes)."""
     from .models.tree_classifier import TreeClassifier
 
-    unknown = sorted(set(extra) - set(TreeClassifier._param_names) | set(extra) & {"tree", "rank", "n_epochs"})
+    unknown = sorted(set(extra) - set(TreeClassifier._get_param_names()) | set(extra) & {"tree", "rank", "n_epochs"})
     if unknown:
         raise ValueError(f"{', '.join(unknown)} do not apply to the tree classifier (tree=); its options are "
-                         f"k (rank), max_epochs (passes), seed and {', '.join(TreeClassifier._param_names)}")
+                         f"k (rank), max_epochs (passes), seed and {', '.join(TreeClassifier._get_param_names())}")
     _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url, p.tree])
     data = open_dataset(train_url)
     model = TreeClassifier(p.tree, rank=p.k, n_epochs=p.max_epochs, random_state=p.seed, **extra)

@@ -120,7 +120,7 @@ class HeldOutSearch:
             raise ValueError(f"scoring must be one of {', '.join(map(repr, _SCORINGS))}, but is {self.scoring!r}")
         if not isinstance(self.param_grid, dict) or not self.param_grid:
             raise ValueError("param_grid must be a non-empty dict of parameter name to a list of values")
-        known = set(self.estimator.get_params())
+        known = set(self.estimator.get_params(deep=False))
         grid = {}
         for name, values in self.param_grid.items():
             if name not in known:
@@ -131,7 +131,7 @@ class HeldOutSearch:
             grid[name] = values
         if isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int) or self.max_extensions < 0:
             raise ValueError(f"max_extensions must be an integer >= 0, but is {self.max_extensions!r}")
-        if not self.estimator.get_params().get("validation_fraction"):
+        if not self.estimator.get_params(deep=False).get("validation_fraction"):
             raise ValueError("the estimator holds out no rows (validation_fraction=0): nothing to choose by")
         if self.screen is not None:
             if not isinstance(self.screen, dict) or set(self.screen) - known:
@@ -142,7 +142,7 @@ class HeldOutSearch:
     def _effective(self, setting: dict) -> dict:
         """``setting`` without the parameters that the rest of the estimator's parameters make irrelevant."""
         conditions = getattr(self.estimator, "conditional_params", {})
-        params = {**self.estimator.get_params(), **setting}
+        params = {**self.estimator.get_params(deep=False), **setting}
         return {name: value for name, value in setting.items()
                 if name not in conditions or params[conditions[name][0]] in conditions[name][1]}
 
@@ -201,7 +201,7 @@ class HeldOutSearch:
         key = tuple(sorted((name, repr(value)) for name, value in setting.items())) + (bool(overrides),)
         if key in self._done:
             return self._done[key]
-        params = {**self.estimator.get_params(), **setting}
+        params = {**self.estimator.get_params(deep=False), **setting}
         start = time.perf_counter()
         model = type(self.estimator)(**params).fit(X, Y)
         score = held_out_score(model, self.scoring)

@@ -20,7 +20,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from ..base import NotFittedError
+from ..base import NotFittedError, ParamsMixin
 from ..store.layout import StoreError
 from ..store.models import jsonable, open_model_store, write_model_store
 
@@ -32,7 +32,7 @@ MODEL_VERSION = 1
 _REGISTRY: dict[str, type] = {}
 
 
-class EmbeddingModel:
+class EmbeddingModel(ParamsMixin):
     """Base class: ``__init__`` stores parameters only; ``fit`` sets the attributes ending in ``_``.
 
     Subclasses list their fitted array attributes in ``_arrays`` and fitted scalars in ``_scalars``
@@ -44,24 +44,15 @@ class EmbeddingModel:
     _required: str = "embedding"
 
     def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
+        super().__init_subclass__(**kwargs)  # registered in xmldask.base.MODEL_CLASSES too
         _REGISTRY[cls.__name__] = cls
 
-    # -- parameters ------------------------------------------------------------------------
-
-    @classmethod
-    def _param_names(cls) -> list[str]:
-        sig = inspect.signature(cls.__init__)
-        return [p.name for p in sig.parameters.values() if p.name != "self" and p.kind != p.VAR_KEYWORD]
-
-    def get_params(self) -> dict:
-        """The constructor parameters, as a dict."""
-        return {name: getattr(self, name) for name in self._param_names()}
+    # -- parameters (ParamsMixin: get_params / set_params from the constructor) -------------
 
     def __repr__(self) -> str:
         sig = inspect.signature(type(self).__init__)
         shown = []
-        for name, value in self.get_params().items():
+        for name, value in self.get_params(deep=False).items():
             default = sig.parameters[name].default
             if value is not default and not (isinstance(value, str | numbers.Number) and value == default):
                 shown.append(f"{name}={value!r}")
@@ -93,7 +84,7 @@ class EmbeddingModel:
         self._check_fitted()
         return write_model_store(
             url, class_name=type(self).__name__, model_version=MODEL_VERSION,
-            params={name: jsonable(value) for name, value in self.get_params().items()},
+            params={name: jsonable(value) for name, value in self.get_params(deep=False).items()},
             fitted={name: jsonable(getattr(self, name + "_", None)) for name in self._scalars},
             arrays={name: getattr(self, name + "_", None) for name in self._arrays}, overwrite=overwrite)
 
@@ -117,7 +108,7 @@ class EmbeddingModel:
     @classmethod
     def _from_group(cls, group):
         attrs = dict(group.attrs)
-        names = set(cls._param_names())
+        names = set(cls._get_param_names())
         model = cls(**{k: v for k, v in attrs["params"].items() if k in names})
         for name in cls._arrays:
             setattr(model, name + "_", group[name][...] if name in group else None)

@@ -9,7 +9,7 @@ minimisation with missing labels (Yu et al. 2014), :class:`BinaryRelevance` its 
 :func:`load_model` reads any of them.
 """
 
-from ..base import NotFittedError, kept_epoch
+from ..base import MODEL_CLASSES, NotFittedError, kept_epoch
 from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier
 from .ensemble import ENSEMBLE_VERSION, EnsembleClassifier
 from .leml import LEML, LEML_VERSION, BinaryRelevance
@@ -17,12 +17,11 @@ from .leml import LEML, LEML_VERSION, BinaryRelevance
 __all__ = ["ENSEMBLE_VERSION", "LEML", "LEML_VERSION", "MODEL_VERSION", "BinaryRelevance", "EmbeddingClassifier",
            "EnsembleClassifier", "NotFittedError", "kept_epoch", "load_model"]
 
-#: the classes :func:`load_model` reads, by the name their stores record
-MODEL_CLASSES = {cls.__name__: cls for cls in (EmbeddingClassifier, EnsembleClassifier, LEML, BinaryRelevance)}
 
 
 def load_model(url: str):
-    """The fitted classifier saved at ``url``, of whichever class its store records.
+    """The fitted model saved at ``url`` (a classifier, ensemble, tree or embedding), of whichever class its
+    store records.
 
     Raises
     ------
@@ -33,19 +32,19 @@ def load_model(url: str):
     from ..store.models import model_class
 
     name = model_class(url)
-    classes = {**MODEL_CLASSES, **_tree_classes()}
+    _tree_classes()  # registered as they are defined (xmldask.base.MODEL_CLASSES)
+    classes = {name: cls for name, cls in MODEL_CLASSES.items() if hasattr(cls, "load") and hasattr(cls, "fit")}
     if name not in classes:
         raise StoreError(f"{url} holds a {name} model, which this xmldask cannot read (it reads "
                          f"{', '.join(classes)})")
     return classes[name].load(url)
 
 
-def _tree_classes() -> dict:
-    """The spectral label tree and its classifier (imported here: :mod:`xmldask.tree` imports this package)."""
-    from ..tree import SpectralLabelTree
-    from .tree_classifier import TreeClassifier
-
-    return {cls.__name__: cls for cls in (SpectralLabelTree, TreeClassifier)}
+def _tree_classes() -> None:
+    """Define the spectral label tree, its classifier and the embeddings (imported here, not at the top:
+    :mod:`xmldask.tree` imports this package)."""
+    from .. import embedding, tree  # noqa: F401
+    from . import tree_classifier  # noqa: F401
 
 
 def __getattr__(name: str):

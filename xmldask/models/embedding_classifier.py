@@ -243,10 +243,6 @@ class EmbeddingClassifier(ParamsMixin):
     conditional_params = {name: ("kernel", ("gaussian", "laplacian"))
                           for name in ("n_random_features", "bandwidth_scale", "bandwidth_sample")}
 
-    _param_names = ("embedding", "n_components", "features", "kernel", "n_random_features", "bandwidth_scale", "alpha",
-                    "decoder_alpha", "task", "max_epochs", "batch_size", "learning_rate", "momentum", "l2",
-                    "validation_fraction", "max_validation_rows", "n_iter_no_change", "early_stopping",
-                    "bandwidth_sample", "dtype", "random_state")
 
     def search_bounds(self, X, Y) -> dict[str, tuple]:
         """Ranges of the numeric parameters for a search on ``X``, ``Y`` (how far a grid may be extended).
@@ -258,7 +254,7 @@ class EmbeddingClassifier(ParamsMixin):
         return {"n_components": (1, int(most)), "n_random_features": (1, math.inf)}
 
     def __repr__(self) -> str:
-        shown = [f"{k}={v!r}" for k, v in self.get_params().items()
+        shown = [f"{k}={v!r}" for k, v in self.get_params(deep=False).items()
                  if not isinstance(v, np.ndarray) and k in ("embedding", "kernel", "n_random_features", "task")]
         return f"{type(self).__name__}({', '.join(shown)})"
 
@@ -743,7 +739,7 @@ class EmbeddingClassifier(ParamsMixin):
     def _parts(self) -> tuple[dict, dict, dict]:
         """What :meth:`save` writes: the parameters and fitted scalars as JSON, the fitted arrays."""
         self._check_fitted()
-        params = {name: jsonable(value) for name, value in self.get_params().items()}
+        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
         params["dtype"] = np.dtype(self.dtype).name
         fitted = {name: jsonable(getattr(self, name + "_", None)) for name in _SCALARS}
         return params, fitted, {name: getattr(self, name + "_", None) for name in _ARRAYS}
@@ -751,7 +747,7 @@ class EmbeddingClassifier(ParamsMixin):
     @classmethod
     def _from_parts(cls, params: dict, fitted: dict, arrays) -> EmbeddingClassifier:
         """The fitted model from :meth:`_parts` (``arrays``: a mapping that may lack the ``None`` ones)."""
-        params = {k: v for k, v in params.items() if k in cls._param_names}
+        params = {k: v for k, v in params.items() if k in cls._get_param_names()}
         arrays = {name: arrays[name][...] if name in arrays else None for name in _ARRAYS}
         params["embedding"] = arrays["R"]
         params["dtype"] = np.dtype(params.get("dtype", "float32"))

@@ -42,7 +42,7 @@ class EnsembleClassifier(ParamsMixin):
     Parameters
     ----------
     estimator : EmbeddingClassifier
-        The template: every member is ``EmbeddingClassifier(**estimator.get_params())`` with its own
+        The template: every member is ``EmbeddingClassifier(**estimator.get_params(deep=False))`` with its own
         ``random_state`` (member 0 gets ``random_state`` itself, so it is the model a single fit with
         that seed gives). Needs ``validation_fraction > 0`` for the members to differ in their rows.
     n_estimators : int, default 3
@@ -74,7 +74,6 @@ class EnsembleClassifier(ParamsMixin):
     True
     """
 
-    _param_names = ("estimator", "n_estimators", "random_state")
 
     def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None):
         self.estimator = estimator
@@ -91,7 +90,7 @@ class EnsembleClassifier(ParamsMixin):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"n_estimators must be an integer of at least 1, but is {n!r}")
         seed = _seed_of(self.random_state)
-        params = self.estimator.get_params()
+        params = self.estimator.get_params(deep=False)
         return [EmbeddingClassifier(**{**params, "random_state": member_seed(seed, i)}) for i in range(int(n))]
 
     def fit(self, X, Y, *, fitted: list | None = None) -> EnsembleClassifier:
@@ -115,8 +114,8 @@ class EnsembleClassifier(ParamsMixin):
         if len(fitted) > len(members):
             raise ValueError(f"{len(fitted)} fitted members given for an ensemble of {len(members)}")
         for i, model in enumerate(fitted):
-            want = members[i].get_params()
-            have = model.get_params()
+            want = members[i].get_params(deep=False)
+            have = model.get_params(deep=False)
             differ = [name for name in want if not _same(want[name], have[name])]
             if differ or getattr(model, "Q_", None) is None:
                 raise ValueError(f"fitted member {i} is not the template fitted with seed {want['random_state']} "

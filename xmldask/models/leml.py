@@ -268,7 +268,7 @@ class _LowRankLinear(ParamsMixin):
     def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
         """Write the parameters, ``W``, ``H`` and fitted scalars to a new model store (atomically)."""
         self._check_fitted()
-        params = {name: jsonable(value) for name, value in self.get_params().items()}
+        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
         fitted = {name: jsonable(getattr(self, name + "_", None)) for name in _SCALARS}
         arrays = {name: getattr(self, name + "_") for name in _ARRAYS}
         return write_model_store(url, class_name=type(self).__name__, model_version=LEML_VERSION, params=params,
@@ -280,7 +280,7 @@ class _LowRankLinear(ParamsMixin):
         group, _ = open_model_store(url, model_version=LEML_VERSION, class_name=cls.__name__,
                                     hint=" (or xmldask.models.load_model(url) for any model)")
         attrs = dict(group.attrs)
-        model = cls(**{k: v for k, v in attrs["params"].items() if k in cls._param_names})
+        model = cls(**{k: v for k, v in attrs["params"].items() if k in cls._get_param_names()})
         for name in _ARRAYS:
             setattr(model, name + "_", np.asarray(group[name][...]))
         for name, value in attrs.get("fitted", {}).items():
@@ -344,8 +344,6 @@ class LEML(_LowRankLinear):
         Passes over the row blocks during ``fit``.
     """
 
-    _param_names = ("k", "loss", "lam", "n_iter", "tol", "max_cg_iter", "max_newton_iter", "init_scale",
-                    "random_state")
 
     def __init__(self, *, k: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5, tol: float = 1e-3,
                  max_cg_iter: int = 20, max_newton_iter: int = 10, init_scale: float = 1.0, random_state=None):
@@ -533,7 +531,6 @@ class BinaryRelevance(_LowRankLinear):
         Most CG iterations of the (single, cold-started) squared-loss solve.
     """
 
-    _param_names = ("loss", "lam", "tol", "max_cg_iter", "max_newton_iter")
 
     def __init__(self, *, loss: str = "squared", lam: float = 0.1, tol: float = 1e-3, max_cg_iter: int = 100,
                  max_newton_iter: int = 10):

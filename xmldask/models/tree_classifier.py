@@ -85,8 +85,6 @@ class TreeClassifier(ParamsMixin):
         labels missed their sampled leaf), ``seconds``.
     """
 
-    _param_names = ("tree", "rank", "per_leaf", "routing", "n_epochs", "learning_rate", "decay", "momentum",
-                    "ridge", "task", "random_state")
 
     def __init__(self, tree=None, *, rank: int = 50, per_leaf: bool = True, routing: str = "randomized",
                  n_epochs: int = 200, learning_rate: float = 0.25, decay: float = 0.999, momentum: float = 0.8,
@@ -232,7 +230,7 @@ class TreeClassifier(ParamsMixin):
     def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
         """Write the model (with the tree's routers and candidates) to a new model store, atomically."""
         self._check_fitted()
-        params = {name: jsonable(value) for name, value in self.get_params().items()}
+        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
         params["tree"] = self.tree if isinstance(self.tree, str) else None
         fitted = {name: jsonable(getattr(self, name + "_")) for name in
                   ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history")}
@@ -246,7 +244,7 @@ class TreeClassifier(ParamsMixin):
         group, _ = open_model_store(url, model_version=TREE_CLASSIFIER_VERSION, class_name=cls.__name__,
                                     hint=" (or xmldask.models.load_model(url) for any model)")
         attrs = dict(group.attrs)
-        model = cls(**{k: v for k, v in attrs["params"].items() if k in cls._param_names})
+        model = cls(**{k: v for k, v in attrs["params"].items() if k in cls._get_param_names()})
         for name in _ARRAYS:
             setattr(model, name + "_", group[name][...])
         for name, value in attrs.get("fitted", {}).items():
@@ -307,7 +305,6 @@ class CandidateScorer(ParamsMixin):
     Mineiro and Karampatziakis (2015), Algorithm 1 (``H(x, F(x))`` for a generic base classifier ``H``).
     """
 
-    _param_names = ("tree", "classifier")
 
     def __init__(self, tree=None, classifier=None):
         self.tree, self.classifier = tree, classifier

@@ -71,8 +71,6 @@ class SpectralLabelTree(ParamsMixin):
     eq. (2), sections 3.3-3.4, Algorithm 1.
     """
 
-    _param_names = ("max_depth", "leaf_labels", "recall", "routing", "sigma", "task", "block_size", "n_power_iter",
-                    "cg_max_iter", "orphan_repair", "memory_budget", "random_state")
 
     def __init__(self, *, max_depth: int = 14, leaf_labels: int = 25, recall: float = 0.999,
                  routing: str = "fractional", sigma: str = "code", task: str = "auto", block_size: int = 10,
@@ -89,7 +87,7 @@ class SpectralLabelTree(ParamsMixin):
         """Grow the tree on row blocks ``X`` (n_samples, n_features) and labels ``Y`` (n_samples, n_labels)."""
         X = _as_rows(X, "X")
         Y = _check_rows_operand(_as_rows(Y, "Y", X.chunks[0][0]) if not isinstance(Y, da.Array) else Y, X, "Y")
-        grown = grow_tree(X, Y, **{name: getattr(self, name) for name in self._param_names})
+        grown = grow_tree(X, Y, **{name: getattr(self, name) for name in self._get_param_names()})
         for name in ("table", "W", "depth", "eigenvalue", "mass", "cand_indptr", "cand_indices", "cand_scores",
                      "root_label_mass", "task", "n_passes", "n_orphans", "levels"):
             setattr(self, name + "_", getattr(grown, name))
@@ -188,7 +186,7 @@ class SpectralLabelTree(ParamsMixin):
         data's URL and fingerprint) goes into the ``xmldask`` attribute.
         """
         self._check_fitted()
-        params = {name: jsonable(value) for name, value in self.get_params().items()}
+        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
         fitted = {name: jsonable(getattr(self, name + "_")) for name in _SCALARS}
         arrays = {name: getattr(self, name + "_") for name in _ARRAYS}
         return write_model_store(url, class_name=type(self).__name__, model_version=TREE_VERSION, params=params,
@@ -199,7 +197,7 @@ class SpectralLabelTree(ParamsMixin):
         """Read a tree written by :meth:`save` (``StoreError`` for another class or an incomplete store)."""
         group, meta = open_model_store(url, model_version=TREE_VERSION, class_name=cls.__name__)
         attrs = dict(group.attrs)
-        tree = cls(**{k: v for k, v in attrs["params"].items() if k in cls._param_names})
+        tree = cls(**{k: v for k, v in attrs["params"].items() if k in cls._get_param_names()})
         for name in _ARRAYS:
             setattr(tree, name + "_", group[name][...])
         for name, value in attrs.get("fitted", {}).items():
