@@ -89,10 +89,9 @@ class HeldOutSearch:
         (the ridge decoder alone, on the linear feature map). The parameters of the grid that are not
         keys of ``screen`` are searched first, every candidate fitted with these overrides; then the
         best setting is fitted in full (the template's values of the overridden parameters), once per
-        value of the grid's parameters that are keys of ``screen`` (e.g. each ``kernel``). The best of
-        all the fits by the held-out score is kept, a screened one included (its parameters then show
-        the overrides): the decoder's epochs are early-stopped on the held-out loss, which can lower
-        the held-out P@1.
+        value of the grid's parameters that are keys of ``screen`` (e.g. each ``kernel``), and the
+        best of these full fits is kept: the screened fits only rank the settings (the model kept is
+        always trained as asked, its decoder epochs included).
     Attributes
     ----------
     best_estimator_ : the fitted candidate with the best score
@@ -211,8 +210,8 @@ class HeldOutSearch:
                               "screened": bool(overrides)})
         logger.info("held-out search%s: %s -> %s %.4f (%.1f s)", " (screening)" if overrides else "", setting,
                     self.scoring, abs(score), self.results_[-1]["seconds"])
-        # keep only the best fitted model in memory
-        if self._best is None or score > self._best[0]:
+        # keep only the best fitted model in memory (a screened fit is never the one kept)
+        if not overrides and (self._best is None or score > self._best[0]):
             self._best = (score, model, dict(setting))
         self._done[key] = (score, None)
         return score, model
