@@ -376,3 +376,22 @@ def test_errors(multiclass):
         clf.predict_topk(X, k=21)
     with pytest.raises(ValueError, match="features"):
         clf.decision_function(X[:, :-1])
+
+
+def test_rembrandt_k_beyond_the_features_adds_nothing():
+    """X W has rank at most d, spanned by Rembrandt's top d directions: k = d predicts as k = L (what lets a
+    search cap k at the number of features)."""
+    rng = np.random.default_rng(0)
+    n, d, L = 1200, 12, 40
+    A = rng.normal(size=(n, d)).astype(np.float32)
+    scores = A @ rng.normal(size=(d, L)) + 0.5 * rng.normal(size=(n, L))
+    y = scores.argmax(axis=1)
+    Ym = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), y)), shape=(n, L))
+    X = da.from_array(sp.csr_matrix(A), chunks=(500, -1), asarray=False)
+    Y = da.from_array(Ym, chunks=(500, -1), asarray=False)
+    kw = dict(embedding="rembrandt", kernel="identity", max_epochs=0, alpha=1e-3, random_state=0)
+    small = EmbeddingClassifier(n_components=d, **kw).fit(X, Y)
+    full = EmbeddingClassifier(n_components=L, **kw).fit(X, Y)
+    a, b = dask.compute(small.predict(X), full.predict(X))
+    assert np.mean(a == b) > 0.98
+    assert small.search_bounds(X, Y)["n_components"] == (1, d)

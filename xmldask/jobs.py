@@ -147,6 +147,10 @@ def _fit_to_data(p: TrainParams, data) -> tuple[int, dict | None]:
         k = most
     search = dict(p.search) if p.search else None
     if search and "k" in search:
+        if p.embedding == "rembrandt" and data.n_features < most:
+            # X W has rank at most d, and Rembrandt's top-d directions already span it: a larger k gives
+            # the same predictions (the same distances between rows of X W, for the kernels too) at more cost
+            most, what = data.n_features, "features (X W has rank at most that many)"
         values = [int(v) for v in search["k"]]
         lowered = list(dict.fromkeys(min(v, most) for v in values))
         if lowered != values:

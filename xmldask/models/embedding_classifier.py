@@ -248,9 +248,12 @@ class EmbeddingClassifier(ParamsMixin):
         """Ranges of the numeric parameters for a search on ``X``, ``Y`` (how far a grid may be extended).
 
         ``n_components`` of a label embedding given by name is at most the number of labels (of a
-        feature embedding, the number of features).
+        feature embedding, the number of features); of Rembrandt's, also at most the number of
+        features: ``X W`` has rank at most ``d`` and Rembrandt's top ``d`` directions span it.
         """
         most = Y.shape[1] if self.embedding in ("rembrandt", "cs", "plst") else X.shape[1]
+        if self.embedding == "rembrandt":
+            most = min(most, X.shape[1])
         return {"n_components": (1, int(most)), "n_random_features": (1, math.inf)}
 
     def __repr__(self) -> str:
