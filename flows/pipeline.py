@@ -39,6 +39,7 @@ from .stage_flows import (
     LocalClusterOptions,
     Normalize,
     PositiveInt,
+    TreeOptions,
     dask_client,
     evaluate_flow,
     ingest_flow,
@@ -49,6 +50,7 @@ from .stage_flows import (
     set_verbosity,
     spectrum_flow,
     train_flow,
+    tree_flow,
 )
 from .stages import join, root_url
 
@@ -82,13 +84,19 @@ def synthesize(*, storage: str | None, n_samples: int, n_features: int, n_labels
 
 
 def run_downstream(train: dict, test: dict, *, storage: str | None, run_dir: str, model: TrainParams, top_k: int,
-                   spectrum_components: int | None = 50) -> dict:
-    """spectrum -> train -> predict -> evaluate (stage flows) on ingested data; returns the records by stage."""
+                   spectrum_components: int | None = 50, tree: TreeOptions | None = None) -> dict:
+    """spectrum -> [tree] -> train -> predict -> evaluate (stage flows) on ingested data; returns the records by
+    stage. With ``tree``, the tree stage grows a spectral label tree and the train stage fits its
+    candidate-restricted classifier (``model``'s ``k``, ``max_epochs`` and ``seed`` where given)."""
     where = {"storage": storage, "run_dir": run_dir}
     data, test_data = output(train, "data"), output(test, "data")
     stages = {}
     if spectrum_components:
         stages["spectrum"] = spectrum_flow(data, n_components=spectrum_components, seed=model.seed, **where)
+    if tree is not None:
+        stages["tree"] = tree_flow(data, test_data, tree=tree, seed=model.seed, **where)
+        given = {name: getattr(model, name) for name in ("k", "max_epochs", "seed") if name in model.model_fields_set}
+        model = TrainParams(**given, tree=output(stages["tree"], "tree")["url"])
     stages["train"] = train_flow(data, model=model, **where)
     stages["predict"] = predict_flow(output(stages["train"], "model"), test_data, top_k=top_k, **where)
     stages["evaluate"] = evaluate_flow(output(stages["predict"], "predictions"), test_data, data, **where)
@@ -108,9 +116,10 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
              memory_limit: str = "auto", dashboard_address: str | None = ":8787",
              format: Format = "auto", one_based: bool = False, normalize: Normalize = "none",
              model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
-             spectrum_components: PositiveInt = 50, synthetic_samples: PositiveInt = 20_000,
-             synthetic_features: PositiveInt = 20_000, synthetic_labels: PositiveInt = 2_000) -> dict:
-    """The whole pipeline: ingest -> spectrum -> train -> predict -> evaluate -> report.
+             spectrum_components: PositiveInt = 50, tree: TreeOptions | None = None,
+             synthetic_samples: PositiveInt = 20_000, synthetic_features: PositiveInt = 20_000,
+             synthetic_labels: PositiveInt = 2_000) -> dict:
+    """The whole pipeline: ingest -> spectrum -> [tree] -> train -> predict -> evaluate -> report.
 
     Parameters
     ----------
@@ -133,6 +142,10 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         Labels predicted per row (at least 10, for P@1..10).
     spectrum_components : int
         Eigenvalues of ``Y^T Y`` estimated for the report.
+    tree : TreeOptions or dict, optional
+        Grow a spectral label tree (``{"depth": 14, "leaf_labels": 25, "routing": "fractional"}``) in
+        its own stage, and train its candidate-restricted classifier instead of the embedding classifier;
+        the report gains the tree's figures and plots.
 
     Returns
     -------
@@ -158,7 +171,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         stages["ingest-test"] = ingest_flow(list(test), split="test", like=stages["ingest-train"]["outputs"]["data"],
                                             **opts)
         stages.update(run_downstream(stages["ingest-train"], stages["ingest-test"], storage=storage, run_dir=run_dir,
-                                     model=model, top_k=top_k, spectrum_components=spectrum_components))
+                                     model=model, top_k=top_k, spectrum_components=spectrum_components, tree=tree))
         title = f"xmldask pipeline: {', '.join(train)} -> {', '.join(test)}"
         out = report_flow(stages, title=title, dashboard=dask.dashboard, run_dir=run_dir)
     computed = [name for name, rec in stages.items() if not rec["reused"]]
@@ -187,6 +200,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--one-based", action="store_true", help="ids in the text files start at 1")
     parser.add_argument("--normalize", default="none", choices=["none", "l2", "l1", "sqrt"])
     parser.add_argument("--top-k", type=int, default=10)
+    tree = parser.add_argument_group("label tree (a tree stage, then its candidate-restricted classifier)")
+    tree.add_argument("--grow-tree", action="store_true", help="grow a spectral label tree and train its classifier")
+    tree.add_argument("--tree-depth", type=int, default=14, metavar="N", help="largest leaf depth (default 14)")
+    tree.add_argument("--tree-leaf-labels", type=int, default=25, metavar="N", help="candidates per leaf (default 25)")
+    tree.add_argument("--tree-routing", default="fractional", choices=["fractional", "deterministic"])
     parser.add_argument("--synthetic-samples", type=int, default=20_000)
     parser.add_argument("--synthetic-features", type=int, default=20_000)
     parser.add_argument("--synthetic-labels", type=int, default=2_000)
@@ -199,8 +217,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     model = from_args(args)
     set_verbosity(args.verbose)
+    tree_args = ("grow_tree", "tree_depth", "tree_leaf_labels", "tree_routing")
     given = {name: value for name, value in vars(args).items()
-             if name not in TrainParams.model_fields and name != "verbose"}
+             if name not in TrainParams.model_fields and name not in ("verbose", *tree_args)}
+    if args.grow_tree:
+        given["tree"] = TreeOptions(depth=args.tree_depth, leaf_labels=args.tree_leaf_labels, routing=args.tree_routing)
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     # no heartbeat thread: on the command line the flow runs in this process against a temporary local

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-__all__ = ["TABLE_KS", "plot_label_frequency", "plot_precision_at_k", "write_report"]
+__all__ = ["TABLE_KS", "plot_label_frequency", "plot_precision_at_k", "plot_tree", "tree_lines", "write_report"]
 
 #: the k shown in the report's metric table (metrics.json holds every k computed)
 TABLE_KS = (1, 3, 5)
@@ -68,6 +68,43 @@ def plot_precision_at_k(metrics: dict, path: Path, *, title: str = "Precision at
     return path
 
 
+def plot_tree(figures: dict, path: Path, *, title: str = "Label tree (test rows)") -> Path:
+    """Rows by leaf depth, rows by the candidate count of their leaf, and the recall by leaf depth
+    (``SpectralLabelTree.leaf_figures``, lists or arrays)."""
+    plt = _pyplot()
+    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.8), dpi=100)
+    try:
+        a.bar(figures["depth"], figures["rows_by_depth"])
+        a.set_xlabel("leaf depth")
+        a.set_ylabel("rows")
+        b.bar(figures["candidates"], figures["rows_by_candidates"])
+        b.set_xlabel("candidates of the row's leaf")
+        b.set_ylabel("rows")
+        c.plot(figures["depth"], figures["recall_by_depth"], marker="o")
+        c.set_xlabel("leaf depth")
+        c.set_ylabel("recall of the true labels")
+        c.set_ylim(0, 1.02)
+        for ax in (a, b, c):
+            ax.grid(True, alpha=0.3)
+        fig.suptitle(title)
+        fig.tight_layout()
+        fig.savefig(path)
+    finally:
+        plt.close(fig)
+    return path
+
+
+def tree_lines(result: dict) -> list[str]:
+    """The tree stage's figures as Markdown lines (the report's "Label tree" section)."""
+    test, train = result.get("test_figures", {}), result.get("train_figures", {})
+    names = ("tree_recall", "top_labels_recall", "root_purity", "root_balance", "mean_depth", "mean_candidates")
+    rows = [f"| {name} | {train.get(name, float('nan')):.4f} | {test.get(name, float('nan')):.4f} |" for name in names]
+    return ["## Label tree", "", f"{result.get('n_leaves')} leaves, {result.get('n_nodes')} nodes, "
+            f"{result.get('n_passes')} passes, {result.get('seconds')} s; `tree_recall` caps the classifier's "
+            f"recall, `top_labels_recall` is the same budget of the most frequent labels for every row.", "",
+            "| figure | train | test |", "|---|---:|---:|", *rows, ""]
+
+
 def table_metrics(metrics: dict) -> dict:
     """The metrics shown in the report's table: the ranking metrics at ``TABLE_KS`` and every single figure."""
     shown = {}
@@ -91,7 +128,8 @@ def _stage_rows(stages: dict[str, dict]) -> list[str]:
 
 
 def write_report(out_dir: Path, *, run_dir: str, metrics: dict, stages: dict[str, dict], title: str,
-                 dashboard: str | None, notes: list[str] | None = None, plots: dict[str, Path] | None = None) -> str:
+                 dashboard: str | None, notes: list[str] | None = None, plots: dict[str, Path] | None = None,
+                 sections: list[str] | None = None) -> str:
     """Write ``report.md``, ``metrics.json``, ``stages.json`` and the plots into ``out_dir``; returns the Markdown.
 
     Parameters
@@ -111,6 +149,8 @@ def write_report(out_dir: Path, *, run_dir: str, metrics: dict, stages: dict[str
         Lines added under the title (for instance the promotion decision of a refresh).
     plots : dict, optional
         Caption to a local PNG: copied into ``out_dir`` and linked from the report.
+    sections : list of str, optional
+        Markdown lines of further sections, after the stages (for instance the label tree's figures).
     """
     from xmldask import metrics as xm
 
@@ -139,6 +179,7 @@ def write_report(out_dir: Path, *, run_dir: str, metrics: dict, stages: dict[str
                if rec.get("performance_report")]
     if reports:
         lines += ["Performance reports:", "", *reports, ""]
+    lines += sections or []
     if images:
         lines += ["## Plots", "", *[f"{img}\n" for img in images]]
     text = "\n".join(lines).rstrip() + "\n"

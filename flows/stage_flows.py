@@ -38,7 +38,7 @@ from typing import Annotated, Literal
 from fsspec.core import url_to_fs
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 from typing_extensions import TypedDict
 
 from xmldask import jobs
@@ -60,7 +60,7 @@ from .stages import (
 
 __all__ = ["EVAL_KS", "LazyClient", "LocalClusterOptions", "StoreRef", "compute_on_dask", "dask_client",
            "evaluate_flow", "ingest_flow", "new_run_dir", "output", "predict_flow", "report_flow", "run_cached",
-           "set_verbosity", "spectrum_flow", "train_flow"]
+           "set_verbosity", "spectrum_flow", "train_flow", "tree_flow", "TreeOptions"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Format = Literal["auto", "xc", "libsvm", "vw"]
@@ -366,6 +366,72 @@ def spectrum_flow(train: Store, *, n_components: PositiveInt = 50, seed: int = 0
                           params={"n_components": n_components, "seed": seed}, storage=storage, run_dir=run_dir)
 
 
+@task(name="tree", **CACHED)
+def tree_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
+    """Grow the spectral label tree on ``inputs["train"]`` into ``tree.zarr``; its figures on ``inputs["test"]``
+    and their plot ``tree.png``."""
+    from xmldask.store import open_dataset
+    from xmldask.tree import SpectralLabelTree
+
+    from .report import plot_tree
+
+    def compute(work: str, scratch: Path) -> dict:
+        compute_on_dask()
+        url = join(work, "tree.zarr")
+        grown = jobs.tree(inputs["train"]["url"], url, **params)
+        test = open_dataset(inputs["test"]["url"])
+        figures = {name: (value.tolist() if hasattr(value, "tolist") else value)
+                   for name, value in SpectralLabelTree.load(url).leaf_figures(test.X, test.Y).items()
+                   if name not in ("rows", "assignments", "covered")}
+        plot_tree(figures, scratch / "tree.png")
+        result = {**grown, "test_figures": jobs.tree_info(url, inputs["test"]["url"]), "by_depth": figures}
+        return {"outputs": {"tree": "tree.zarr", "tree_png": "tree.png"}, "result": result}
+
+    return run_stage("tree", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+
+
+class TreeOptions(BaseModel):
+    """How the pipeline's tree stage grows the spectral label tree (the options of ``xmldask tree``)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    depth: PositiveInt = 14
+    leaf_labels: PositiveInt = 25
+    routing: Literal["fractional", "deterministic"] = "fractional"
+
+
+#: the tree stage's defaults (``xmldask tree``'s)
+TREE_DEFAULTS = TreeOptions()
+
+
+@flow(name="xmldask-tree", log_prints=True)
+def tree_flow(train: Store, test: Store, *, tree: TreeOptions = TREE_DEFAULTS, seed: int = 0,
+              storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
+              local_cluster: LocalClusterOptions | None = None) -> dict:
+    """The spectral label tree of the training data (:func:`xmldask.jobs.tree`) and its figures on the test
+    data: tree recall, root purity, mean depth and candidates, and by leaf depth (plotted).
+
+    Parameters
+    ----------
+    train, test : str or StoreRef
+        The training and test dataset stores.
+    tree : TreeOptions
+        ``depth``, ``leaf_labels``, ``routing``.
+    seed : int
+    storage, run_dir, scheduler, local_cluster
+        As :func:`spectrum_flow`.
+
+    Returns
+    -------
+    dict
+        The stage record; ``outputs``: ``tree`` (the tree store, for ``train_flow(model={"tree": ...})``)
+        and ``tree_png``; ``result``: the growth facts, ``train_figures``, ``test_figures``, ``by_depth``.
+    """
+    with dask_client(scheduler, local_cluster):
+        return run_cached(tree_task, inputs={"train": store_ref(train), "test": store_ref(test)},
+                          params={**tree.model_dump(), "seed": seed}, storage=storage, run_dir=run_dir)
+
+
 @task(name="train", **CACHED)
 def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     """Fit the embedding classifier on ``inputs["train"]`` into ``model.zarr``."""
@@ -500,7 +566,7 @@ def report_task(run_dir: str, *, stages: dict[str, dict], title: str, dashboard:
     """
     from prefect.artifacts import create_markdown_artifact
 
-    from .report import plot_precision_at_k, write_report
+    from .report import plot_precision_at_k, tree_lines, write_report
 
     metrics = stages["evaluate"]["result"]
     with tempfile.TemporaryDirectory(prefix="xmldask-report-") as tmp:
@@ -512,9 +578,14 @@ def report_task(run_dir: str, *, stages: dict[str, dict], title: str, dashboard:
                 fs, path = url_to_fs(spectrum["outputs"][key])
                 fs.get_file(path, str(local / Path(path).name))
                 plots[caption] = local / Path(path).name
+        tree = stages.get("tree")
+        if tree:
+            fs, path = url_to_fs(tree["outputs"]["tree_png"])
+            fs.get_file(path, str(local / "tree.png"))
+            plots["Label tree: rows by leaf depth and by candidate count, recall by depth"] = local / "tree.png"
         plots["Precision at k"] = plot_precision_at_k(metrics, local / "precision_at_k.png")
         text = write_report(local, run_dir=run_dir, metrics=metrics, stages=stages, title=title, dashboard=dashboard,
-                            notes=notes, plots=plots)
+                            notes=notes, plots=plots, sections=tree_lines(tree["result"]) if tree else None)
         upload(local, run_dir)
     create_markdown_artifact(markdown=text, key=artifact_key, description=f"xmldask report, {run_dir}")
     get_run_logger().info("report: %s", join(run_dir, "report.md"))

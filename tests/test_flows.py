@@ -17,7 +17,6 @@ from xmldask.datasets import write_synthetic_text
 from xmldask.models import load_model
 
 DIMS = {"n_features": 1000, "n_labels": 100}
-#: a small model: seconds per stage on 2 cores
 #: a small model, searching the kernel only (the default search's screening is tested in test_model_selection)
 TRAIN = {"k": 8, "n_random_features": 100, "max_epochs": 2, "search": {"kernel": ["none", "gaussian"]}}
 #: the pipeline's options of that model
@@ -114,6 +113,38 @@ def test_pipeline_end_to_end(first_run):
     assert record["inputs"]["train"]["fingerprint"] and record["peak_rss_mb"] > 0
     assert record["inputs"]["train"]["url"] == str(run / "ingest-train" / "data.zarr")
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no partial directory left
+
+
+def test_pipeline_with_the_tree_stage(data, storage, scheduler):
+    """--grow-tree: a cached tree stage between the spectrum and the train stage, whose classifier is the tree's;
+    the report shows the tree's figures and its plots."""
+    from flows.pipeline import build_parser
+
+    args = build_parser().parse_args(["--grow-tree", "--tree-depth", "3", "--tree-leaf-labels", "10"])
+    assert (args.grow_tree, args.tree_depth, args.tree_leaf_labels) == (True, 3, 10)
+    tree = {"depth": 3, "leaf_labels": 10, "routing": "deterministic"}
+    model = {"k": 8, "max_epochs": 3}
+    result = pipeline([data["train"]], [data["test"]], storage=storage, scheduler=scheduler, model=model,
+                      spectrum_components=4, tree=tree)
+    assert list(result["stages"]) == ["ingest-train", "ingest-test", "spectrum", "tree", "train", "predict",
+                                      "evaluate"]
+    run = Path(result["run_dir"])
+    record = json.loads((run / "tree" / "stage.json").read_text())
+    assert record["params"] == {**tree, "seed": 0}
+    figures = record["result"]["test_figures"]
+    assert 0 < figures["tree_recall"] <= 1 and figures["mean_depth"] <= 3
+    by_depth = record["result"]["by_depth"]
+    assert sum(by_depth["rows_by_depth"]) == sum(by_depth["rows_by_candidates"]) == 300
+    trained = json.loads((run / "train" / "stage.json").read_text())
+    assert trained["params"]["tree"] == str(run / "tree" / "tree.zarr") and trained["params"]["k"] == 8
+    assert trained["result"]["params"]["max_epochs"] == 3
+    report = (run / "report.md").read_text()
+    assert "## Label tree" in report and "| tree_recall |" in report and "![Label tree" in report
+    assert (run / "tree.png").stat().st_size > 0
+    assert result["metrics"]["P@1"] > 0.05
+    again = pipeline([data["train"]], [data["test"]], storage=storage, scheduler=scheduler, model=model,
+                     spectrum_components=4, tree=tree)
+    assert computed(again) == []  # the tree stage is cached like the others
 
 
 def test_rerun_reuses_every_stage(first_run, data, storage, scheduler):

@@ -182,6 +182,34 @@ def test_stopping_rule_budget_and_orphan_repair():
     assert sizes.max() > 2  # repaired leaves exceed the budget
 
 
+def test_leaf_figures_match_a_loop():
+    Xd, Yd = _clustered(multilabel=True, seed=11)
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=3, leaf_labels=4, random_state=0).fit(X, Y)
+    got = tree.leaf_figures(X, Y)
+    leaf = tree.route(X).compute()
+    n_nodes = len(tree.table_)
+    rows, assigned, covered = np.zeros(n_nodes), np.zeros(n_nodes), np.zeros(n_nodes)
+    for i in range(len(leaf)):
+        labels = np.flatnonzero(Yd[i])
+        rows[leaf[i]] += 1
+        assigned[leaf[i]] += len(labels)
+        covered[leaf[i]] += len(set(labels) & set(tree.candidates(leaf[i])))
+    np.testing.assert_array_equal(got["rows"], rows)
+    np.testing.assert_array_equal(got["assignments"], assigned)
+    np.testing.assert_array_equal(got["covered"], covered)
+    for d, n, r in zip(got["depth"], got["rows_by_depth"], got["recall_by_depth"]):
+        at = tree.depth_[leaf] == d
+        assert n == at.sum()
+        if n:
+            assert r == pytest.approx(covered[tree.depth_ == d].sum() / assigned[tree.depth_ == d].sum())
+    sizes = np.diff(tree.cand_indptr_)[leaf]
+    assert dict(zip(got["candidates"], got["rows_by_candidates"])) == pytest.approx(
+        {c: float((sizes == c).sum()) for c in got["candidates"]})
+    assert got["rows_by_depth"].sum() == len(leaf)
+    assert got["covered"].sum() / got["assignments"].sum() == pytest.approx(tree.figures(X, Y)["tree_recall"])
+
+
 def test_figures_match_a_loop():
     Xd, Yd = _clustered(multilabel=True, seed=11)
     X, Y = _dask(Xd, Yd)

@@ -399,6 +399,27 @@ def tree_figures(Xb, Yb, table, W, cand_indptr, cand_indices, depth, top_labels,
 N_FIGURES = 7
 
 
+def leaf_figures(Xb, Yb, table, W, cand_indptr, cand_indices, *, form="code"):
+    """Per node, over one block (deterministic routing): rows reaching it, their label assignments and
+    the assignments its candidates cover (non-zero at leaves only).
+
+    Returns
+    -------
+    ndarray of float64, shape (n_nodes, 3)
+    """
+    X = as_csr(Xb)
+    n_nodes = table.shape[0]
+    leaf = leaf_of(X, table, W, form=form)
+    rows = np.arange(X.shape[0])
+    covered = candidate_membership(Yb, rows, leaf, cand_indptr, cand_indices)
+    _, node, _, _ = _label_pairs(Yb, rows, leaf, np.ones(len(rows)))
+    out = np.zeros((n_nodes, 3))
+    out[:, 0] = np.bincount(leaf, minlength=n_nodes)
+    out[:, 1] = np.bincount(node, minlength=n_nodes)
+    out[:, 2] = np.bincount(node[covered], minlength=n_nodes)
+    return out
+
+
 def leaf_topk(Xb, table, W, cand_indptr, cand_indices, cand_scores, *, k, form="code"):
     """Top-``k`` candidates of each row's deterministic leaf by their leaf score (the static leaf
     predictor), packed ``[labels (k), scores (k)]`` with ``-1`` / ``-inf`` padding, shape (b, 2k)."""

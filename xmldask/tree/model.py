@@ -177,6 +177,37 @@ class SpectralLabelTree(ParamsMixin):
                 "root_balance": s[6] / rows, "mean_depth": s[3] / rows, "mean_candidates": s[4] / rows,
                 "top_labels_recall": s[5] / assigned, "n_samples": int(s[0])}
 
+    def leaf_figures(self, X, Y, *, split_every: int = 8) -> dict:
+        """Where the rows of ``(X, Y)`` end, in one pass (deterministic routing): per node the rows, label
+        assignments and covered assignments, and from them the row histograms of leaf depth and of
+        candidate count and the recall by leaf depth (what the pipeline's report plots).
+
+        Returns
+        -------
+        dict
+            ``rows``, ``assignments``, ``covered`` (per node, ndarray of shape (n_nodes,)); ``depth``
+            (the depths present), ``rows_by_depth``, ``recall_by_depth``; ``candidates`` (the candidate
+            counts present) and ``rows_by_candidates``.
+        """
+        X = self._rows(X)
+        Y = _check_rows_operand(Y, X, "Y")
+        if Y.shape[1] != self.n_labels_:
+            raise ValueError(f"Y has {Y.shape[1]} labels, but this tree was fitted on {self.n_labels_}")
+        operands = [("Xb", X, _ROWS), ("Yb", Y, _ROWS)] + self._tree_operands() + self._cand_operands()
+        parts = _per_block(K.leaf_figures, operands, tail=(len(self.table_), 3), dtype=np.float64,
+                           token="tree-leaf-figures", static={"form": self.sigma})
+        (s,) = dask.compute(_tree_sum(parts, split_every))
+        rows, assignments, covered = s[:, 0], s[:, 1], s[:, 2]
+        depth, n_cand = np.asarray(self.depth_, dtype=np.int64), np.diff(self.cand_indptr_)
+        depths, at_depth = np.unique(depth, return_inverse=True)
+        by = lambda values, groups, n: np.bincount(groups, weights=values, minlength=n)  # noqa: E731
+        rows_d, assigned_d, covered_d = (by(v, at_depth, len(depths)) for v in (rows, assignments, covered))
+        counts, at_count = np.unique(n_cand, return_inverse=True)
+        return {"rows": rows, "assignments": assignments, "covered": covered, "depth": depths,
+                "rows_by_depth": rows_d, "recall_by_depth": np.divide(covered_d, assigned_d, out=np.full(
+                    len(depths), np.nan), where=assigned_d > 0),
+                "candidates": counts, "rows_by_candidates": by(rows, at_count, len(counts))}
+
     # -- persistence ----------------------------------------------------------------------------
 
     def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
