@@ -365,6 +365,17 @@ def leaf_of(Xb, table, W, *, form="code") -> np.ndarray:
     return out
 
 
+def _routed_labels(Xb, Yb, table, W, cand_indptr, cand_indices, form):
+    """The block as CSR, every row's deterministic leaf, the row ids, and per (row, true label): the leaf,
+    the label and whether the leaf's candidates hold it."""
+    X = as_csr(Xb)
+    leaf = leaf_of(X, table, W, form=form)
+    rows = np.arange(X.shape[0])
+    covered = candidate_membership(Yb, rows, leaf, cand_indptr, cand_indices)
+    _, node, labels, _ = _label_pairs(Yb, rows, leaf, np.ones(len(rows)))
+    return X, leaf, rows, node, labels, covered
+
+
 def tree_figures(Xb, Yb, table, W, cand_indptr, cand_indices, depth, top_labels, *, form="code"):
     """Sums behind the tree's figures over one block (deterministic routing).
 
@@ -375,12 +386,8 @@ def tree_figures(Xb, Yb, table, W, cand_indptr, cand_indices, depth, top_labels,
         covered by the top training labels, rows routed left at the root`` then the label counts
         routed left (L) and right (L) at the root.
     """
-    X = as_csr(Xb)
+    X, leaf, rows, _, labels, covered = _routed_labels(Xb, Yb, table, W, cand_indptr, cand_indices, form)
     L = Yb.shape[1]
-    leaf = leaf_of(X, table, W, form=form)
-    rows = np.arange(X.shape[0])
-    covered = candidate_membership(Yb, rows, leaf, cand_indptr, cand_indices)
-    _, _, labels, _ = _label_pairs(Yb, rows, leaf, np.ones(len(rows)))
     top = np.zeros(L, dtype=bool)
     top[np.asarray(top_labels, dtype=np.int64)] = True
     out = np.zeros(N_FIGURES + 2 * L)
@@ -407,12 +414,8 @@ def leaf_figures(Xb, Yb, table, W, cand_indptr, cand_indices, *, form="code"):
     -------
     ndarray of float64, shape (n_nodes, 3)
     """
-    X = as_csr(Xb)
+    _, leaf, _, node, _, covered = _routed_labels(Xb, Yb, table, W, cand_indptr, cand_indices, form)
     n_nodes = table.shape[0]
-    leaf = leaf_of(X, table, W, form=form)
-    rows = np.arange(X.shape[0])
-    covered = candidate_membership(Yb, rows, leaf, cand_indptr, cand_indices)
-    _, node, _, _ = _label_pairs(Yb, rows, leaf, np.ones(len(rows)))
     out = np.zeros((n_nodes, 3))
     out[:, 0] = np.bincount(leaf, minlength=n_nodes)
     out[:, 1] = np.bincount(node, minlength=n_nodes)
