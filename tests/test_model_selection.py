@@ -253,3 +253,25 @@ def test_train_job_ensemble_after_a_search(data, capsys):
                      "--n-estimators", "2", "--json", "--workers", "1"]) == 0
     assert json.loads(capsys.readouterr().out)["params"]["n_estimators"] == 2
     assert len(load_model(cli_url).estimators_) == 2
+
+
+def test_screen_repeats_score_a_setting_by_the_mean_over_splits(data):
+    """screen_repeats=3: a screened setting's figures are the mean of three fits on other held-out splits
+    (seeds drawn from the template's), computed here one by one; full fits are made once."""
+    from xmldask.base import kept_epoch
+
+    ds = open_dataset(data[1])
+    screen = {"max_epochs": 0, "kernel": "identity"}
+    search = HeldOutSearch(_template(), {"alpha": [1e-3, 1.0]}, screen=screen, screen_repeats=3,
+                           max_extensions=0).fit(ds.X, ds.Y)
+    screened = [r for r in search.results_ if r["screened"]]
+    assert [r["params"]["alpha"] for r in screened] == [1e-3, 1.0]
+    for record in screened:
+        params = {**_template().get_params(deep=False), **screen, "alpha": record["params"]["alpha"]}
+        seeds = [3] + [int(np.random.SeedSequence([3, i]).generate_state(1)[0]) for i in (1, 2)]
+        kept = [kept_epoch(EmbeddingClassifier(**{**params, "random_state": s}).fit(ds.X, ds.Y)) for s in seeds]
+        assert record["val_p@1"] == pytest.approx(np.mean([k["val_p@1"] for k in kept]))
+        assert record["val_loss"] == pytest.approx(np.mean([k["val_loss"] for k in kept]))
+        assert len({k["val_p@1"] for k in kept}) > 1  # the splits differ
+    full = [r for r in search.results_ if not r["screened"]]
+    assert len(full) == 1 and search.best_estimator_.random_state == 3

@@ -71,6 +71,11 @@ def test_auto_search_chooses_what_is_not_given():
     assert TrainParams(kernel="gaussian", features="raw", k=8, alpha=0.1).search is None
     assert TrainParams(kernel="gaussian").search == {name: v for name, v in everything.items() if name != "kernel"}
     assert TrainParams().search_screen and not TrainParams(search_screen=False).search_screen
+    assert TrainParams().search_repeats == "auto" and TrainParams(search_repeats=3).search_repeats == 3
+    parser = cli.build_parser()
+    assert from_args(parser.parse_args(["train", "d", "--out", "m", "--search-repeats", "2"])) == {"search_repeats": 2}
+    with pytest.raises(ValueError, match="search_repeats"):
+        TrainParams(search_repeats=0)
     assert TrainParams(search=None).search is None
     assert TrainParams(search={"alpha": [0.1, 1]}).search == {"alpha": [0.1, 1]}  # an explicit search as given
     assert TrainParams(**TrainParams(k=8).model_dump()) == TrainParams(k=8)  # resolved once: dumps round-trip

@@ -14,13 +14,14 @@ Examples
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import dask
 import dask.array as da
 import numpy as np
 
-from .params import SCREEN, TrainParams, validated
+from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, validated
 from .store import _fs, open_dataset, open_predictions, write_predictions
 
 logger = logging.getLogger(__name__)
@@ -93,8 +94,8 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
 
         screen = _search_grid({name: [value] for name, value in SCREEN.items()}) if p.search_screen else None
         fitted = HeldOutSearch(model, grid, strategy=p.search_strategy, max_extensions=p.search_extensions,
-                               screen={name: values[0] for name, values in screen.items()} if screen else None
-                               ).fit(data.X, data.Y)
+                               screen={name: values[0] for name, values in screen.items()} if screen else None,
+                               screen_repeats=_screen_repeats(p, model, data)).fit(data.X, data.Y)
         model = fitted.best_estimator_
         chosen = _public(fitted.best_params_)
     else:
@@ -136,6 +137,15 @@ def _estimator_only() -> list[str]:
 
     return [name for name in EmbeddingClassifier._get_param_names()
             if name not in TrainParams.model_fields and name not in _SET_BY_THE_JOB]
+
+
+def _screen_repeats(p: TrainParams, model, data) -> int:
+    """``search_repeats``, or for ``"auto"`` the splits that give the screen about :data:`SCREEN_ROWS`
+    held-out rows in all (at most :data:`MAX_SCREEN_REPEATS`)."""
+    if p.search_repeats != "auto":
+        return int(p.search_repeats)
+    held = max(1, min(model.validation_fraction * data.n_samples, model.max_validation_rows))
+    return int(min(MAX_SCREEN_REPEATS, math.ceil(SCREEN_ROWS / held)))
 
 
 def _fit_to_data(p: TrainParams, data) -> tuple[int, dict | None]:

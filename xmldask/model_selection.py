@@ -57,6 +57,10 @@ _SCORINGS = ("p@1", "loss")
 _STRATEGIES = ("coordinate", "grid")
 
 
+def _seed(random_state) -> int:
+    return int(random_state) if isinstance(random_state, numbers.Integral) else 0
+
+
 def held_out_score(estimator, scoring: str = "p@1") -> float:
     """The held-out figure of a fitted estimator's kept decoder (larger is better).
 
@@ -92,6 +96,10 @@ class HeldOutSearch:
         value of the grid's parameters that are keys of ``screen`` (e.g. each ``kernel``), and the
         best of these full fits is kept: the screened fits only rank the settings (the model kept is
         always trained as asked, its decoder epochs included).
+    screen_repeats : int, default 1
+        Fits of every screened setting, each holding out other random rows (seeds drawn from the
+        template's ``random_state``); its score is their mean. A held-out slice of a few hundred rows
+        is noise: repeats are what make a screen of small data a choice.
     Attributes
     ----------
     best_estimator_ : the fitted candidate with the best score
@@ -104,13 +112,14 @@ class HeldOutSearch:
     """
 
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
-                 max_extensions: int = 2, screen: dict | None = None):
+                 max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1):
         self.estimator = estimator
         self.param_grid = param_grid
         self.strategy = strategy
         self.scoring = scoring
         self.max_extensions = max_extensions
         self.screen = screen
+        self.screen_repeats = screen_repeats
 
     def _validated(self) -> dict[str, list]:
         if self.strategy not in _STRATEGIES:
@@ -203,11 +212,15 @@ class HeldOutSearch:
         params = {**self.estimator.get_params(deep=False), **setting}
         start = time.perf_counter()
         model = type(self.estimator)(**params).fit(X, Y)
-        score = held_out_score(model, self.scoring)
-        kept = kept_epoch(model)
-        self.results_.append({"params": dict(setting), "score": score, "val_p@1": float(kept["val_p@1"]),
-                              "val_loss": float(kept["val_loss"]), "seconds": round(time.perf_counter() - start, 3),
-                              "screened": bool(overrides)})
+        kept = [kept_epoch(model)]
+        # a screened setting is judged on more held-out rows: refitted on other random splits
+        for i in range(1, self.screen_repeats if overrides else 1):
+            seed = np.random.SeedSequence([_seed(params.get("random_state")), i]).generate_state(1)[0]
+            kept.append(kept_epoch(type(self.estimator)(**{**params, "random_state": int(seed)}).fit(X, Y)))
+        figures = {key: float(np.mean([k[key] for k in kept])) for key in ("val_p@1", "val_loss")}
+        score = figures["val_p@1"] if self.scoring == "p@1" else -figures["val_loss"]
+        self.results_.append({"params": dict(setting), "score": score, **figures,
+                              "seconds": round(time.perf_counter() - start, 3), "screened": bool(overrides)})
         logger.info("held-out search%s: %s -> %s %.4f (%.1f s)", " (screening)" if overrides else "", setting,
                     self.scoring, abs(score), self.results_[-1]["seconds"])
         # keep only the best fitted model in memory (a screened fit is never the one kept)
