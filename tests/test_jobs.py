@@ -86,3 +86,21 @@ def test_k_beyond_the_labels_is_lowered_before_any_pass(data, caplog):
     assert "k=500 is more than the 80 labels" in caplog.text
     assert "the search's k=[8, 200, 400] exceed the 80 labels" in caplog.text and "trying k=[8, 80]" in caplog.text
     assert [r["params"]["k"] for r in info["search"] if r["screened"]] == [8, 80]
+
+
+def test_model_families_are_trained_through_their_class(data):
+    """``--model NAME`` finds the class registered as that family; its own constructor parameters pass through,
+    the ones the training parameters set are refused, unknown ones named, before any pass."""
+    from xmldask.base import FAMILIES
+    from xmldask.models import LEML, BinaryRelevance, load_model
+
+    assert FAMILIES["leml"] is LEML and FAMILIES["br"] is BinaryRelevance
+    root, train, _ = data
+    info = jobs.train(train, str(root / "br.zarr"), model="br", lam=3.0, max_cg_iter=7)
+    assert info["params"]["lam"] == 3.0 and info["params"]["max_cg_iter"] == 7 and info["n_passes"] >= 1
+    assert type(load_model(info["model"])) is BinaryRelevance
+    with pytest.raises(ValueError, match="random_state.*give it as a training parameter"):
+        jobs.train(train, str(root / "leml.zarr"), model="leml", k=4, random_state=1)
+    with pytest.raises(ValueError, match="n_components do not apply to --model leml; its parameters are k, "):
+        jobs.train(train, str(root / "leml.zarr"), model="leml", k=4, n_components=3)
+    assert not (root / "leml.zarr").exists()

@@ -44,6 +44,10 @@ def _as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
 #: every estimator class by name, as its saved stores record it (filled as the classes are defined):
 #: what :func:`xmldask.models.load_model` reads
 MODEL_CLASSES: dict[str, type] = {}
+#: the model families of ``xmldask train --model NAME`` (:class:`~xmldask.params.TrainParams`'s ``model``):
+#: the classes that set ``family = NAME``, trained by :func:`xmldask.jobs.train` through their
+#: :meth:`ParamsMixin.from_params` and :meth:`ParamsMixin.fit_dataset`
+FAMILIES: dict[str, type] = {}
 
 
 class ParamsMixin:
@@ -57,10 +61,28 @@ class ParamsMixin:
     """
 
     _param_names: tuple[str, ...] | None = None
+    #: the name of ``--model`` that trains this class (see :data:`FAMILIES`), if any
+    family: str | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         MODEL_CLASSES[cls.__name__] = cls
+        if cls.__dict__.get("family"):
+            FAMILIES[cls.family] = cls
+
+    @classmethod
+    def from_params(cls, params, **extra):
+        """The estimator that :class:`~xmldask.params.TrainParams` ``params`` describe (``extra``: further
+        constructor parameters). A family overrides this to map the shared names onto its own."""
+        raise NotImplementedError(f"{cls.__name__} is not a model family of xmldask train")
+
+    def fit_dataset(self, data):
+        """Fit on a dataset store opened by :func:`xmldask.store.open_dataset` (its ``X`` and ``Y``)."""
+        return self.fit(data.X, data.Y)
+
+    def train_summary(self) -> dict:
+        """What :func:`xmldask.jobs.train` reports of the fitted model besides its parameters."""
+        return {"n_passes": int(getattr(self, "n_passes_", 0)), "task": getattr(self, "task_", None)}
 
     @classmethod
     def _get_param_names(cls) -> tuple[str, ...]:

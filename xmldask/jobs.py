@@ -21,6 +21,7 @@ import dask
 import dask.array as da
 import numpy as np
 
+from .base import FAMILIES
 from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, validated
 from .store import _fs, open_dataset, open_predictions, write_predictions
 
@@ -67,15 +68,15 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     from .models import EmbeddingClassifier
 
     extra = {name: params.pop(name) for name in list(params) if name not in TrainParams.model_fields}
-    unknown = sorted(set(extra) - set(EmbeddingClassifier._get_param_names()) | set(extra) & _SET_BY_THE_JOB)
-    if unknown:
-        raise ValueError(f"unknown training parameter(s) {', '.join(unknown)}; known: "
-                         f"{', '.join([*TrainParams.model_fields, *_estimator_only()])}")
     p = validated(TrainParams, params)
     if p.tree is not None:
         return _train_tree_classifier(train_url, out, p, overwrite=overwrite, **extra)
     if p.model != "embedding":
-        return _train_low_rank(train_url, out, p, overwrite=overwrite, **extra)
+        return _train_family(train_url, out, p, overwrite=overwrite, **extra)
+    unknown = sorted(set(extra) - set(EmbeddingClassifier._get_param_names()) | set(extra) & _SET_BY_THE_JOB)
+    if unknown:
+        raise ValueError(f"unknown training parameter(s) {', '.join(unknown)}; known: "
+                         f"{', '.join([*TrainParams.model_fields, *_estimator_only()])}")
     _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
     if data.observed is not None:
@@ -170,31 +171,28 @@ def _fit_to_data(p: TrainParams, data) -> tuple[int, dict | None]:
     return k, search
 
 
-def _train_low_rank(train_url: str, out: str, p: TrainParams, *, overwrite: bool, **extra) -> dict:
-    """``train(..., model="leml"|"br")``: fit and save a :class:`~xmldask.models.LEML` (rank ``k``) or
-    :class:`~xmldask.models.BinaryRelevance` model on the dataset's observed entries."""
-    from .models import LEML, BinaryRelevance
+def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, **extra) -> dict:
+    """``train(..., model=NAME)``: fit and save the model family registered under ``NAME``
+    (:data:`xmldask.base.FAMILIES`: LEML, binary relevance, ...) on the dataset store."""
+    from . import models  # noqa: F401  (defines the families)
 
-    cls = LEML if p.model == "leml" else BinaryRelevance
-    set_by_the_job = {"k", "loss", "lam", "n_iter", "random_state"}
-    unknown = sorted(set(extra) - set(cls._get_param_names()) | set(extra) & set_by_the_job)
+    cls = FAMILIES[p.model]
+    unknown = sorted(set(extra) - set(cls._get_param_names()))
     if unknown:
-        raise ValueError(f"{', '.join(unknown)} do not apply to --model {p.model}")
+        raise ValueError(f"{', '.join(unknown)} do not apply to --model {p.model}; its parameters are "
+                         f"{', '.join(cls._get_param_names())}")
+    try:
+        est = cls.from_params(p, **extra)
+    except TypeError as exc:  # a constructor parameter that the training parameters set
+        raise ValueError(f"--model {p.model}: {exc}; give it as a training parameter") from None
     _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
-    if p.model == "leml":
-        est = LEML(k=p.k, loss=p.loss, lam=p.lam, n_iter=p.n_iter, random_state=p.seed, **extra)
-    else:
-        est = BinaryRelevance(loss=p.loss, lam=p.lam, **extra)
     start = time.perf_counter()
-    est.fit(data.X, data.Y, data.observed)
+    est.fit_dataset(data)
     seconds = time.perf_counter() - start
     est.save(out, overwrite=overwrite, meta={"train_url": train_url})
-    last = est.history_[-1] if est.history_ else {}
-    return {"model": out, "train": train_url, "seconds": round(seconds, 3), "n_passes": int(est.n_passes_),
-            "task": "multilabel", "params": {"model": p.model, "seed": p.seed, **est.get_params(deep=False)},
-            "observed_fraction": est.observed_fraction_, "threshold": est.threshold_, "held_out": {},
-            "objective": last.get("J_after_H")}
+    return {"model": out, "train": train_url, "seconds": round(seconds, 3),
+            "params": {"model": p.model, "seed": p.seed, **est.get_params(deep=False)}, **est.train_summary()}
 
 
 

@@ -287,6 +287,15 @@ class _LowRankLinear(ParamsMixin):
             setattr(model, name + "_", value)
         return model
 
+    def fit_dataset(self, data):
+        """Fit on a dataset store's ``X``, ``Y`` and its observed-entry mask, if any."""
+        return self.fit(data.X, data.Y, data.observed)
+
+    def train_summary(self) -> dict:
+        last = self.history_[-1] if getattr(self, "history_", None) else {}
+        return {"n_passes": int(self.n_passes_), "task": "multilabel", "observed_fraction": self.observed_fraction_,
+                "threshold": self.threshold_, "held_out": {}, "objective": last.get("J_after_H")}
+
     def _common_fit_state(self, X, Y, O, loss, counter: _Counter):
         """Sizes, label encoding and threshold; with a mask, its observed fraction (one pass)."""
         self.n_features_in_, self.n_labels_ = int(X.shape[1]), int(Y.shape[1])
@@ -344,6 +353,14 @@ class LEML(_LowRankLinear):
         Passes over the row blocks during ``fit``.
     """
 
+
+    family = "leml"
+
+    @classmethod
+    def from_params(cls, params, **extra) -> LEML:
+        """``xmldask train --model leml``: rank ``k``, ``loss``, ``lam``, ``n_iter`` and ``seed``."""
+        return cls(k=params.k, loss=params.loss, lam=params.lam, n_iter=params.n_iter, random_state=params.seed,
+                   **extra)
 
     def __init__(self, *, k: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5, tol: float = 1e-3,
                  max_cg_iter: int = 20, max_newton_iter: int = 10, init_scale: float = 1.0, random_state=None):
@@ -531,6 +548,13 @@ class BinaryRelevance(_LowRankLinear):
         Most CG iterations of the (single, cold-started) squared-loss solve.
     """
 
+
+    family = "br"
+
+    @classmethod
+    def from_params(cls, params, **extra) -> BinaryRelevance:
+        """``xmldask train --model br``: ``loss`` and ``lam``."""
+        return cls(loss=params.loss, lam=params.lam, **extra)
 
     def __init__(self, *, loss: str = "squared", lam: float = 0.1, tol: float = 1e-3, max_cg_iter: int = 100,
                  max_newton_iter: int = 10):
