@@ -27,7 +27,7 @@ from prefect.cache_policies import NONE
 from pydantic import Field
 
 from xmldask.params import DEFAULTS, TrainParams
-from xmldask.store import StoreBusyError, _fs, exists, open_dataset
+from xmldask.store import StoreBusyError, exists, is_local, open_dataset, publish, temporary_sibling
 
 from .pipeline import run_downstream, summary
 from .stage_flows import (
@@ -59,7 +59,7 @@ def _files(folder: str) -> list[str]:
         return []
     names = sorted(info["name"] for info in fs.ls(path, detail=True) if info["type"] == "file")
     names = [name for name in names if not name.rstrip("/").rpartition("/")[2].startswith(".")]
-    return names if _fs.is_local(folder) else [fs.unstrip_protocol(name) for name in names]
+    return names if is_local(folder) else [fs.unstrip_protocol(name) for name in names]
 
 
 def _quarantine(url: str, folder: str, error: str) -> str:
@@ -148,9 +148,9 @@ def promote(model: dict, *, models: str) -> str:
     target = join(models, f"{model['fingerprint']}.zarr")
     if not exists(target):
         fs, src = url_to_fs(model["url"])
-        tmp = _fs.temporary_sibling(target)
+        tmp = temporary_sibling(target)
         fs.copy(src, url_to_fs(tmp)[1], recursive=True)
-        _fs.publish(tmp, target)
+        publish(tmp, target)
     return target
 
 

@@ -43,7 +43,7 @@ from typing_extensions import TypedDict
 
 from xmldask import jobs
 from xmldask.params import DEFAULTS, TrainParams
-from xmldask.store import _fs
+from xmldask.store import is_local, zarr_store
 
 from .stages import (
     cache_key,
@@ -197,7 +197,7 @@ def new_run_dir(storage: str | None) -> str:
 def result_storage(storage: str | None):
     """Where Prefect persists the stage records: ``<storage>/prefect-results`` (a path, or a saved block)."""
     url = join(root_url(storage), "prefect-results")
-    if _fs.is_local(url):
+    if is_local(url):
         return Path(url)
     from prefect.filesystems import RemoteFileSystem
 
@@ -327,7 +327,7 @@ def spectrum_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
         spectrum = compute_spectrum(data, matrix="Y", n_components=params["n_components"],
                                     random_state=params["seed"])
         write_spectrum(spectrum, scratch)
-        zarr.save_array(_fs.zarr_store(join(work, "spectrum.zarr")), spectrum.eigenvalues)
+        zarr.save_array(zarr_store(join(work, "spectrum.zarr")), spectrum.eigenvalues)
         plot_label_frequency(open_dataset(data).label_counts, scratch / "label_frequency.png")
         return {"outputs": {"eigenvalues": "spectrum.zarr", "spectrum_png": "spectrum.png",
                             "label_frequency_png": "label_frequency.png"},

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from fsspec.core import url_to_fs
 
-from xmldask.store import _fs, open_dataset, storage_root
+from xmldask.store import exists, is_local, open_dataset, publish, remove, storage_root, temporary_sibling
 
 __all__ = ["RECORD", "STAGE_VERSION", "cache_key", "dataset_fingerprint", "file_sha256", "fingerprint",
            "is_dataset_store", "join", "outputs_complete", "read_json", "root_url", "run_stage", "store_ref",
@@ -45,7 +45,7 @@ RECORD = "stage.json"
 def root_url(storage: str | None = None) -> str:
     """The storage root (:func:`xmldask.store.storage_root`); a local one as an absolute path."""
     root = storage_root(storage).rstrip("/")
-    if _fs.is_local(root):
+    if is_local(root):
         return str(Path(url_to_fs(root)[1]).resolve())
     return root
 
@@ -72,7 +72,7 @@ def write_json(url: str, obj) -> None:
     parent = path.rsplit("/", 1)[0]
     if parent:
         fs.makedirs(parent, exist_ok=True)
-    if _fs.is_local(url):
+    if is_local(url):
         tmp = Path(path).with_name(f".{Path(path).name}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
@@ -175,7 +175,7 @@ def store_ref(value: str | dict) -> dict[str, str]:
     for key, output in ((record or {}).get("outputs") or {}).items():
         if output.rstrip("/").rpartition("/")[2] == name:
             return {"url": url, "fingerprint": record["output_fingerprints"][key]}
-    if not _fs.exists(url):
+    if not exists(url):
         raise FileNotFoundError(f"no store at {url}: give the URL of an existing store (or its stage record)")
     return {"url": url, "fingerprint": dataset_fingerprint(url) if is_dataset_store(url) else _listing_fingerprint(url)}
 
@@ -243,7 +243,7 @@ def outputs_complete(record: dict | None) -> bool:
     if not record or not record.get("dir"):
         return False
     urls = [join(record["dir"], RECORD), *record.get("outputs", {}).values()]
-    return all(_fs.exists(url) for url in urls)
+    return all(exists(url) for url in urls)
 
 
 def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Callable[[str, Path], dict], out: str,
@@ -276,7 +276,7 @@ def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Cal
     log = log or logger
     out = str(out).rstrip("/")
     fp = fingerprint(stage, params, {name: item["fingerprint"] for name, item in inputs.items()})
-    work = _fs.temporary_sibling(out)
+    work = temporary_sibling(out)
     fs, work_path = url_to_fs(work)
     fs.makedirs(work_path, exist_ok=True)
     started, start = _now(), time.perf_counter()
@@ -286,9 +286,9 @@ def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Cal
             with peak_memory() as memory, _performance_report(Path(scratch) / "performance.html") as report:
                 done = compute(work, Path(scratch))
             upload(Path(scratch), work)
-        _fs.publish(work, out, overwrite=True)
+        publish(work, out, overwrite=True)
     except BaseException:
-        _fs.remove(work)
+        remove(work)
         raise
     seconds = time.perf_counter() - start
     # the jobs report the temporary paths they wrote: name the final ones instead

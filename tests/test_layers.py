@@ -118,6 +118,32 @@ def test_no_upward_imports(graph):
     assert upward == []
 
 
+def _private_imports(module: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """``from A import _b`` and imports of a private module (``A._b``) where A is another package's."""
+    found = []
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        base = node.module or ""
+        if node.level:
+            parts = module.split(".")[: len(module.split(".")) - node.level + (1 if is_package else 0)]
+            base = ".".join(parts + ([node.module] if node.module else []))
+        for alias in node.names:
+            target = f"{base}.{alias.name}"
+            private = any(part.startswith("_") and not part.startswith("__") for part in target.split("."))
+            owner = target if target in modules else base
+            if private and _package(owner) != _package(module) and owner.split(".")[0] in ("xmldask", "flows"):
+                found.append(f"{module}: from {base} import {alias.name}")
+    return found
+
+
+def test_no_private_imports_across_packages():
+    """A package uses another's public names only (its own privates are its business)."""
+    modules = _modules()
+    assert [line for module, path in sorted(modules.items()) for line in _private_imports(module, path, modules)] == []
+
+
 def test_the_checks_see_lazy_imports(graph):
     """A function-level import is found (cli imports the jobs inside its command functions)."""
     assert "xmldask.jobs" in graph["xmldask.cli"]

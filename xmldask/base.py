@@ -19,7 +19,7 @@ class NotFittedError(ValueError, AttributeError):
     """The estimator is used before ``fit``."""
 
 
-def _as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
+def as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
     """A Dask array of row blocks (an in-memory matrix is split into blocks of ``block_rows``)."""
     if isinstance(A, da.Array):
         if A.ndim != 2:
@@ -138,7 +138,7 @@ class ParamsMixin:
     def _rows(self, X) -> da.Array:
         """``X`` as row blocks, once the model is fitted (``_check_fitted``) and ``X`` has its features."""
         self._check_fitted()
-        X = _as_rows(X, "X")
+        X = as_rows(X, "X")
         if X.shape[1] != self.n_features_in_:
             raise ValueError(f"X has {X.shape[1]} features, but this model was fitted on {self.n_features_in_}")
         return X

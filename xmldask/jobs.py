@@ -23,7 +23,7 @@ import numpy as np
 
 from .base import FAMILIES
 from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, validated
-from .store import _fs, open_dataset, open_predictions, write_predictions
+from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
 
 logger = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     if unknown:
         raise ValueError(f"unknown training parameter(s) {', '.join(unknown)}; known: "
                          f"{', '.join([*TrainParams.model_fields, *_estimator_only()])}")
-    _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
+    check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
     if data.observed is not None:
         raise ValueError(f"{train_url} has missing labels (an observed-entry mask) and the embedding classifier "
@@ -185,7 +185,7 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
         est = cls.from_params(p, **extra)
     except TypeError as exc:  # a constructor parameter that the training parameters set
         raise ValueError(f"--model {p.model}: {exc}; give it as a training parameter") from None
-    _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
+    check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
     start = time.perf_counter()
     est.fit_dataset(data)
@@ -235,7 +235,7 @@ def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwri
     """
     from .models import load_model
 
-    _fs.check_target(out, kind="predictions", overwrite=overwrite, inputs=[model_url, data_url])
+    check_target(out, kind="predictions", overwrite=overwrite, inputs=[model_url, data_url])
     model = load_model(model_url)
     data = open_dataset(data_url)
     n_labels = int(model.n_labels_)
@@ -275,7 +275,7 @@ def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(
                          f"{data.Y.shape[0]}; predict on this dataset first (xmldask predict MODEL {data_url} ...)")
     ks = tuple(k for k in ks if k <= preds.top_k)
     source_url = train_url or _model_train_url(preds.meta.get("model"))
-    source = open_dataset(source_url) if source_url and _fs.exists(source_url) else data
+    source = open_dataset(source_url) if source_url and exists(source_url) else data
     if source.Y.shape[1] != data.Y.shape[1]:
         raise ValueError(f"{source.url} has {source.Y.shape[1]} labels but {data_url} has {data.Y.shape[1]}")
     propensities = metrics.propensity(source.label_counts, source.Y.shape[0], A=A, B=B)
@@ -300,7 +300,7 @@ def _full_scores(model_url: str | None, data) -> dict:
     ``avg_AUC`` and the Hamming loss (LEML's Appendix E.1 metrics); otherwise nothing."""
     from .store.models import model_class
 
-    if not model_url or not _fs.exists(model_url) or model_class(model_url) not in ("LEML", "BinaryRelevance"):
+    if not model_url or not exists(model_url) or model_class(model_url) not in ("LEML", "BinaryRelevance"):
         return {}
     from .models import load_model
 
@@ -310,11 +310,11 @@ def _full_scores(model_url: str | None, data) -> dict:
 
 def _model_train_url(model_url: str | None) -> str | None:
     """The training dataset URL recorded in a model store, if any."""
-    if not model_url or not _fs.exists(model_url):
+    if not model_url or not exists(model_url):
         return None
     import zarr
 
-    attrs = dict(zarr.open_group(_fs.zarr_store(model_url, read_only=True), mode="r").attrs)
+    attrs = dict(zarr.open_group(zarr_store(model_url, read_only=True), mode="r").attrs)
     return (attrs.get("xmldask") or {}).get("train_url")
 
 
@@ -352,7 +352,7 @@ def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, ro
     for name, value in (("depth", depth), ("leaf_labels", leaf_labels)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, but is {value!r}")
-    if _fs.exists(out) and not overwrite:
+    if exists(out) and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
     data = open_dataset(train_url)
     missing = np.flatnonzero(data.label_counts == 0)
@@ -400,7 +400,7 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
     if unknown:
         raise ValueError(f"{', '.join(unknown)} do not apply to the tree classifier (tree=); its options are "
                          f"k (rank), max_epochs (passes), seed and {', '.join(TreeClassifier._get_param_names())}")
-    _fs.check_target(out, kind="model", overwrite=overwrite, inputs=[train_url, p.tree])
+    check_target(out, kind="model", overwrite=overwrite, inputs=[train_url, p.tree])
     data = open_dataset(train_url)
     model = TreeClassifier(p.tree, rank=p.k, n_epochs=p.max_epochs, random_state=p.seed, **extra)
     start = time.perf_counter()

@@ -122,7 +122,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.stats import rankdata
 
-from .linalg.passes import _per_block, _tree_sum
+from .linalg.passes import per_block, tree_sum
 
 __all__ = [
     "PROPENSITY_PARAMETERS",
@@ -151,7 +151,7 @@ PROPENSITY_PARAMETERS = {
     "amazon": (0.6, 2.6),
 }
 
-_ROWS, _WHOLE = "rows", "whole"
+ROWS, WHOLE = "rows", "whole"
 
 
 # --------------------------------------------------------------------------------------------
@@ -682,28 +682,28 @@ def evaluate(labels, scores, Y, *, ks=(1, 3, 5), propensities=None, scores_full=
     if split_every is None or not isinstance(split_every, numbers.Integral) or split_every < 2:
         raise ValueError(f"split_every must be an integer of at least 2, but is {split_every!r}")
 
-    operands = [("Yb", Y, _ROWS), ("row_start", da.arange(n_samples, chunks=(Y.chunks[0],)), _ROWS)]
+    operands = [("Yb", Y, ROWS), ("row_start", da.arange(n_samples, chunks=(Y.chunks[0],)), ROWS)]
     top_k = None
     if labels is not None:
         L = _align(labels, Y, "labels", kind="int")
         top_k = L.shape[1]
-        operands.append(("labels", L, _ROWS))
+        operands.append(("labels", L, ROWS))
         if scores is not None:
             if tuple(_shape(scores)) != tuple(_shape(labels)):
                 raise ValueError(
                     f"scores must have the shape of labels {tuple(_shape(labels))} (one score per predicted "
                     f"label), but has shape {tuple(_shape(scores))}"
                 )
-            operands.append(("scores", _align(scores, Y, "scores", kind="float"), _ROWS))
+            operands.append(("scores", _align(scores, Y, "scores", kind="float"), ROWS))
     ks = _check_ks(ks, top_k)
     if propensities is not None and labels is None:
         raise ValueError("propensities need top-k labels: pass labels (the PS metrics are top-k metrics)")
     inv_p = None
     if propensities is not None:
         inv_p = _as_inv_propensity(propensities, n_labels)
-        operands.append(("inv_p", da.from_array(inv_p, chunks=inv_p.shape), _WHOLE))
+        operands.append(("inv_p", da.from_array(inv_p, chunks=inv_p.shape), WHOLE))
     if scores_full is not None:
-        operands.append(("scores_full", _align(scores_full, Y, "scores_full", n_cols=n_labels, kind="float"), _ROWS))
+        operands.append(("scores_full", _align(scores_full, Y, "scores_full", n_cols=n_labels, kind="float"), ROWS))
 
     decision = None
     if threshold is not None:
@@ -734,9 +734,9 @@ def evaluate(labels, scores, Y, *, ks=(1, 3, 5), propensities=None, scores_full=
         decision_k=int(decision_k or 0),
         macro=bool(macro) and decision is not None,
     )
-    parts = _per_block(block_stats, operands, tail=(cfg.size,), dtype=np.float64, token="metrics-block",
+    parts = per_block(block_stats, operands, tail=(cfg.size,), dtype=np.float64, token="metrics-block",
                        static={"cfg": cfg})
-    total = _tree_sum(parts, int(split_every))
+    total = tree_sum(parts, int(split_every))
     result = dask.delayed(finalize, pure=True)(total, cfg, ks)
     if not compute:
         return result

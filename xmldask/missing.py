@@ -23,7 +23,7 @@ import numbers
 import numpy as np
 import scipy.sparse as sp
 
-from .store import _fs, open_dataset
+from .store import exists, open_dataset
 from .store.csr import block_reader
 from .store.dataset import DatasetWriter
 
@@ -94,7 +94,7 @@ def mask_dataset(data_url: str, out: str, *, observed: float, seed: int = 0, ove
                          "reveals 20% of the label entries")
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise ValueError(f"seed must be a non-negative integer, but is {seed!r}")
-    if _fs.exists(out) and not overwrite:
+    if exists(out) and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
     src = open_dataset(data_url)
     if src.observed is not None:

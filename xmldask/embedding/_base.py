@@ -143,7 +143,7 @@ def project(A, V: np.ndarray, *, center: np.ndarray | None = None):
 
     ``V`` is cast to ``A``'s working dtype so that a float32 pass stays float32.
     """
-    from ..linalg._kernels import working_dtype
+    from ..linalg import working_dtype
     from ..linalg.passes import x_q
 
     dtype = working_dtype(A.dtype)

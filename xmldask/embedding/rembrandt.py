@@ -33,7 +33,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from ..linalg._kernels import working_dtype
+from ..linalg import working_dtype
 from ..linalg.passes import column_mean, column_sums, dense_operand, gram, x_q, xt_b, yt_x_z
 from ..linalg.randomized import check_random_state, randomized_eigh
 from ._base import EmbeddingModel, check_columns, project

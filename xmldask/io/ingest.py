@@ -14,7 +14,7 @@ from dataclasses import dataclass
 import fsspec
 from tqdm.auto import tqdm
 
-from ..store import _fs
+from ..store import check_target, exists
 from ..store.dataset import Dataset, DatasetWriter, check_dimension, open_dataset
 from ..store.layout import BLOCK_ROWS
 from .parse import FORMATS, ParseError, parse_batch, parse_header, sniff_format
@@ -214,11 +214,11 @@ def ingest(
         raise ValueError(f"normalize must be one of {', '.join(NORMALIZATIONS)}; got {normalize!r}")
     if append and overwrite:
         raise ValueError("append and overwrite exclude each other")
-    if not append and _fs.exists(out) and not overwrite:
+    if not append and exists(out) and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it, "
                               "or append=True (--append) to add rows to it")
     if not append:
-        _fs.check_target(out, kind="dataset", overwrite=overwrite, inputs=sources)
+        check_target(out, kind="dataset", overwrite=overwrite, inputs=sources)
     check_dimension("n_features", n_features)
     check_dimension("n_labels", n_labels)
     transforms = {"normalize": normalize, "bias": bias, "one_based": one_based, "duplicates": duplicates}

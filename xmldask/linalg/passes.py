@@ -62,12 +62,18 @@ from . import _kernels as K
 from ._kernels import working_dtype
 
 __all__ = [
+    "ROWS",
     "SCATTER_BYTES",
+    "WHOLE",
+    "check_rows_operand",
+    "check_x",
     "column_mean",
     "column_moments",
     "column_sums",
     "dense_operand",
     "gram",
+    "per_block",
+    "tree_sum",
     "x_q",
     "xt_b",
     "xt_x_q",
@@ -83,7 +89,8 @@ SCATTER_BYTES = 1 << 20
 #: :func:`gram` refuses results larger than this (its per-block results are dense ``d x d``).
 GRAM_MAX_BYTES = 1 << 30
 
-_ROWS, _WHOLE = "rows", "whole"
+#: how :func:`per_block` hands an operand to each task: its row block (``ROWS``) or the whole of it (``WHOLE``)
+ROWS, WHOLE = "rows", "whole"
 
 
 # --------------------------------------------------------------------------------------------
@@ -160,7 +167,7 @@ def _fmt_chunks(chunks: tuple) -> str:
     return f"({shown})"
 
 
-def _check_x(X, name: str = "X") -> da.Array:
+def check_x(X, name: str = "X") -> da.Array:
     if not isinstance(X, da.Array):
         raise TypeError(
             f"{name} must be a dask array of row blocks (for example xmldask.store.open_csr(url) or "
@@ -191,7 +198,7 @@ def _check_same_rows(X: da.Array, A: da.Array, name: str, fix: str) -> None:
         )
 
 
-def _check_rows_operand(A, X: da.Array, name: str) -> da.Array:
+def check_rows_operand(A, X: da.Array, name: str) -> da.Array:
     """A row-chunked operand (``Y``, ``B``) aligned with ``X``: 2-D, one column chunk, same row blocks."""
     if not isinstance(A, da.Array):
         if A is None or (not sp.issparse(A) and np.ndim(A) != 2):
@@ -287,7 +294,7 @@ def _apply(*args, _func, _names, _stack, _static, _readers=None):
     return out[None] if _stack else out
 
 
-def _per_block(func, operands, *, tail: tuple[int, ...], dtype, token: str, stack: bool = True,
+def per_block(func, operands, *, tail: tuple[int, ...], dtype, token: str, stack: bool = True,
                static: dict | None = None) -> da.Array:
     """One task per row block: ``func(**{name: block})``.
 
@@ -301,8 +308,8 @@ def _per_block(func, operands, *, tail: tuple[int, ...], dtype, token: str, stac
     for j, (name, value, kind) in enumerate(operands):
         if value is None:
             continue
-        reader = block_reader(value) if kind == _ROWS else None
-        if kind == _ROWS:
+        reader = block_reader(value) if kind == ROWS else None
+        if kind == ROWS:
             row_chunks = tuple(value.chunks[0])
         if reader is not None:
             # a store-backed operand: its blocks are read inside the kernel's task (no task of their
@@ -311,7 +318,7 @@ def _per_block(func, operands, *, tail: tuple[int, ...], dtype, token: str, stac
             pairs = np.stack([bounds[:-1], bounds[1:]], axis=1)
             value, readers[name] = da.from_array(pairs, chunks=(1, 2)), reader
         dims = tuple(f"{name}{j}_{m}" for m in range(value.ndim))
-        args += [value, ("i",) + dims[1:] if kind == _ROWS else dims]
+        args += [value, ("i",) + dims[1:] if kind == ROWS else dims]
         names.append(name)
     out_ind = ("i",) + tuple(f"out_{m}" for m in range(len(tail)))
     return da.blockwise(
@@ -357,7 +364,7 @@ def _sum_aggregate(parts, axis=None, keepdims=False):
     return out if keepdims else out[0]
 
 
-def _tree_sum(parts: da.Array, split_every: int) -> da.Array:
+def tree_sum(parts: da.Array, split_every: int) -> da.Array:
     """Sum over axis 0 of stacked block results, at most ``split_every`` of them per task.
 
     Like ``parts.sum(axis=0, split_every=...)`` but each task adds its inputs in place instead of
@@ -412,7 +419,7 @@ def xt_x_q(X, Q, *, weights=None, center=False, split_every: int = 8) -> da.Arra
         ``Xc^T W Xc Q`` (``Xc = X`` without centring), one chunk, in the working dtype of ``X`` and
         ``Q`` (float32 for float32 inputs).
     """
-    X = _check_x(X)
+    X = check_x(X)
     split_every = _check_split_every(split_every)
     Qd, vector = _as_matrix(Q, X.shape[1], "Q", "column of X")
     w = _as_weights(weights, X)
@@ -420,14 +427,14 @@ def xt_x_q(X, Q, *, weights=None, center=False, split_every: int = 8) -> da.Arra
     dtype = working_dtype(X.dtype, Qd.dtype)
     d, k = Qd.shape
     if mu is True:
-        parts = _per_block(K._augmented_gram_apply, [("Xb", X, _ROWS), ("Q", Qd, _WHOLE), ("weights", w, _ROWS)],
+        parts = per_block(K._augmented_gram_apply, [("Xb", X, ROWS), ("Q", Qd, WHOLE), ("weights", w, ROWS)],
                            tail=(d + 1, k + 1), dtype=dtype, token="xt_x_q-block")
-        out = _finish_centered(_tree_sum(parts, split_every), dtype)
+        out = _finish_centered(tree_sum(parts, split_every), dtype)
     else:
-        parts = _per_block(K.block_gram_apply, [("Xb", X, _ROWS), ("Q", Qd, _WHOLE), ("weights", w, _ROWS),
-                                                ("center", mu, _WHOLE)],
+        parts = per_block(K.block_gram_apply, [("Xb", X, ROWS), ("Q", Qd, WHOLE), ("weights", w, ROWS),
+                                                ("center", mu, WHOLE)],
                            tail=(d, k), dtype=dtype, token="xt_x_q-block")
-        out = _tree_sum(parts, split_every)
+        out = tree_sum(parts, split_every)
     return out[:, 0] if vector else out
 
 
@@ -449,14 +456,14 @@ def x_q(X, Q, *, center=None) -> da.Array:
     dask.array.Array, shape (n_samples, k) or (n_samples,)
         Dense, with ``X``'s row chunks and one column chunk.
     """
-    X = _check_x(X)
+    X = check_x(X)
     if isinstance(center, (bool, np.bool_)) and center:
         raise ValueError("x_q needs the column means before its first block: pass "
                          "center=column_mean(X).compute() (or center=None)")
     Qd, vector = _as_matrix(Q, X.shape[1], "Q", "column of X")
     mu = _as_center(center, X)
     dtype = working_dtype(X.dtype, Qd.dtype)
-    out = _per_block(K.block_matmul, [("Xb", X, _ROWS), ("B", Qd, _WHOLE), ("center", mu, _WHOLE)],
+    out = per_block(K.block_matmul, [("Xb", X, ROWS), ("B", Qd, WHOLE), ("center", mu, WHOLE)],
                      tail=(Qd.shape[1],), dtype=dtype, token="x_q-block", stack=False)
     return out[:, 0] if vector else out
 
@@ -484,25 +491,25 @@ def xt_b(X, B, *, weights=None, center=False, split_every: int = 8) -> da.Array:
     dask.array.Array, shape (n_features, k) or (n_features,)
         Dense, one chunk, in the working dtype of ``X`` and ``B``.
     """
-    X = _check_x(X)
+    X = check_x(X)
     split_every = _check_split_every(split_every)
     vector = (B.ndim if isinstance(B, da.Array) or sp.issparse(B) else np.ndim(B)) == 1
     if vector:
         B = B[:, None] if isinstance(B, da.Array) else np.asarray(B)[:, None]
-    B = _check_rows_operand(B, X, "B")
+    B = check_rows_operand(B, X, "B")
     w = _as_weights(weights, X)
     mu = _as_center(center, X)
     dtype = working_dtype(X.dtype, B.dtype)
     d, k = X.shape[1], B.shape[1]
     if mu is True:
-        parts = _per_block(K._augmented_tmatmul, [("Xb", X, _ROWS), ("Bb", B, _ROWS), ("weights", w, _ROWS)],
+        parts = per_block(K._augmented_tmatmul, [("Xb", X, ROWS), ("Bb", B, ROWS), ("weights", w, ROWS)],
                            tail=(d + 1, k + 1), dtype=dtype, token="xt_b-block")
-        out = _finish_centered(_tree_sum(parts, split_every), dtype)
+        out = _finish_centered(tree_sum(parts, split_every), dtype)
     else:
-        parts = _per_block(K.block_tmatmul, [("Xb", X, _ROWS), ("Bb", B, _ROWS), ("weights", w, _ROWS),
-                                             ("center", mu, _WHOLE)],
+        parts = per_block(K.block_tmatmul, [("Xb", X, ROWS), ("Bb", B, ROWS), ("weights", w, ROWS),
+                                             ("center", mu, WHOLE)],
                            tail=(d, k), dtype=dtype, token="xt_b-block")
-        out = _tree_sum(parts, split_every)
+        out = tree_sum(parts, split_every)
     return out[:, 0] if vector else out
 
 
@@ -530,22 +537,22 @@ def yt_x_z(Y, X, Z, *, weights=None, center=False, split_every: int = 8) -> da.A
     dask.array.Array, shape (n_labels, k) or (n_labels,)
         Dense, one chunk, in the working dtype of ``Y``, ``X`` and ``Z``.
     """
-    X = _check_x(X)
-    Y = _check_rows_operand(Y, X, "Y")
+    X = check_x(X)
+    Y = check_rows_operand(Y, X, "Y")
     split_every = _check_split_every(split_every)
     Zd, vector = _as_matrix(Z, X.shape[1], "Z", "column of X")
     w = _as_weights(weights, X)
     mu = _as_center(center, X)
     dtype = working_dtype(Y.dtype, X.dtype, Zd.dtype)
     n_labels, k = Y.shape[1], Zd.shape[1]
-    rows = [("Yb", Y, _ROWS), ("Xb", X, _ROWS), ("Z", Zd, _WHOLE), ("weights", w, _ROWS)]
+    rows = [("Yb", Y, ROWS), ("Xb", X, ROWS), ("Z", Zd, WHOLE), ("weights", w, ROWS)]
     if mu is True:
-        parts = _per_block(K._augmented_cross, rows, tail=(n_labels + 1, k + 1), dtype=dtype, token="yt_x_z-block")
-        out = _finish_centered(_tree_sum(parts, split_every), dtype)
+        parts = per_block(K._augmented_cross, rows, tail=(n_labels + 1, k + 1), dtype=dtype, token="yt_x_z-block")
+        out = _finish_centered(tree_sum(parts, split_every), dtype)
     else:
-        parts = _per_block(K.block_cross, rows + [("center", mu, _WHOLE)], tail=(n_labels, k), dtype=dtype,
+        parts = per_block(K.block_cross, rows + [("center", mu, WHOLE)], tail=(n_labels, k), dtype=dtype,
                            token="yt_x_z-block")
-        out = _tree_sum(parts, split_every)
+        out = tree_sum(parts, split_every)
     return out[:, 0] if vector else out
 
 
@@ -577,7 +584,7 @@ def gram(X, *, weights=None, center=False, dtype=None, split_every: int = 8) -> 
     dask.array.Array, shape (n_features, n_features)
         Dense, symmetric, one chunk, in ``dtype`` (default the working dtype of ``X``).
     """
-    X = _check_x(X)
+    X = check_x(X)
     split_every = _check_split_every(split_every)
     w = _as_weights(weights, X)
     mu = _as_center(center, X)
@@ -594,12 +601,12 @@ def gram(X, *, weights=None, center=False, dtype=None, split_every: int = 8) -> 
             f"use xt_x_q(X, Q) for products with X^T X instead"
         )
     if mu is True:
-        parts = _per_block(K._augmented_gram, [("Xb", X, _ROWS), ("weights", w, _ROWS)], tail=(d + 1, d + 1),
+        parts = per_block(K._augmented_gram, [("Xb", X, ROWS), ("weights", w, ROWS)], tail=(d + 1, d + 1),
                            dtype=acc, token="gram-block", static={"dtype": acc})
-        return _finish_centered(_tree_sum(parts, split_every), acc).astype(dtype)
-    parts = _per_block(K.block_gram, [("Xb", X, _ROWS), ("weights", w, _ROWS), ("center", mu, _WHOLE)],
+        return _finish_centered(tree_sum(parts, split_every), acc).astype(dtype)
+    parts = per_block(K.block_gram, [("Xb", X, ROWS), ("weights", w, ROWS), ("center", mu, WHOLE)],
                        tail=(d, d), dtype=acc, token="gram-block", static={"dtype": acc})
-    return _tree_sum(parts, split_every).astype(dtype)
+    return tree_sum(parts, split_every).astype(dtype)
 
 
 def column_sums(X, *, weights=None, split_every: int = 8) -> da.Array:
@@ -619,13 +626,13 @@ def column_sums(X, *, weights=None, split_every: int = 8) -> da.Array:
     dask.array.Array, shape (n_features,)
         One chunk, in the working dtype of ``X``.
     """
-    X = _check_x(X)
+    X = check_x(X)
     split_every = _check_split_every(split_every)
     w = _as_weights(weights, X)
     dtype = working_dtype(X.dtype)
-    parts = _per_block(K.block_colsum, [("Xb", X, _ROWS), ("weights", w, _ROWS)], tail=(X.shape[1],),
+    parts = per_block(K.block_colsum, [("Xb", X, ROWS), ("weights", w, ROWS)], tail=(X.shape[1],),
                        dtype=dtype, token="column_sums-block")
-    return _tree_sum(parts, split_every)
+    return tree_sum(parts, split_every)
 
 
 def column_mean(X, *, weights=None, split_every: int = 8) -> da.Array:
@@ -676,10 +683,10 @@ def column_moments(X, *, weights=None, split_every: int = 8) -> tuple[da.Array, 
 
 def _weighted_totals(X, weights, kernel, lead: tuple[int, ...], name: str, split_every: int) -> da.Array:
     """Tree sum of ``kernel(Xb, weights=wb)``, whose results have shape ``lead + (n_features + 1,)``."""
-    X = _check_x(X)
+    X = check_x(X)
     split_every = _check_split_every(split_every)
     w = _as_weights(weights, X)
     dtype = working_dtype(X.dtype)
-    parts = _per_block(kernel, [("Xb", X, _ROWS), ("weights", w, _ROWS)], tail=lead + (X.shape[1] + 1,),
+    parts = per_block(kernel, [("Xb", X, ROWS), ("weights", w, ROWS)], tail=lead + (X.shape[1] + 1,),
                        dtype=dtype, token=f"{name}-block")
-    return _tree_sum(parts, split_every)
+    return tree_sum(parts, split_every)

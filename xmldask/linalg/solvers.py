@@ -55,7 +55,7 @@ import numpy as np
 import scipy.linalg
 
 from ._kernels import working_dtype
-from .passes import _check_rows_operand, _check_x, column_moments, column_sums, gram, xt_b, xt_x_q
+from .passes import check_rows_operand, check_x, column_moments, column_sums, gram, xt_b, xt_x_q
 
 __all__ = ["MAX_GRAM_FEATURES", "LstsqResult", "ridge_lstsq"]
 
@@ -167,11 +167,11 @@ def ridge_lstsq(X, B, alpha: float = 1e-3, *, scale_alpha: bool = True, solver: 
         For bad parameters, misaligned operands, or a singular system (``lam = 0`` with
         collinear features): the message says which and how to fix it.
     """
-    X = _check_x(X)
+    X = check_x(X)
     vector = (B.ndim if hasattr(B, "ndim") else np.ndim(B)) == 1
     if vector:
         B = B[:, None] if isinstance(B, da.Array) else np.asarray(B)[:, None]
-    B = _check_rows_operand(B, X, "B")
+    B = check_rows_operand(B, X, "B")
     alpha = _check_float(alpha, "alpha")
     if solver not in _SOLVERS:
         raise ValueError(f"solver must be one of {', '.join(map(repr, _SOLVERS))}, but is {solver!r}")

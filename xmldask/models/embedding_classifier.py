@@ -40,7 +40,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from ..base import NotFittedError, ParamsMixin, _as_rows
+from ..base import NotFittedError, ParamsMixin, as_rows
 from ..linalg import ridge_lstsq, x_q
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
@@ -405,8 +405,8 @@ class EmbeddingClassifier(ParamsMixin):
         t_start = time.perf_counter()
         p = self._validated()
         self._seed = _seed_of(self.random_state)
-        X = _as_rows(X, "X")
-        Y = _as_rows(Y, "Y", block_rows=X.chunks[0][0] if not isinstance(Y, da.Array) else None)
+        X = as_rows(X, "X")
+        Y = as_rows(Y, "Y", block_rows=X.chunks[0][0] if not isinstance(Y, da.Array) else None)
         if Y.shape[0] != X.shape[0]:
             raise ValueError(f"Y has {Y.shape[0]} rows but X has {X.shape[0]}; they must hold the same samples")
         if tuple(Y.chunks[0]) != tuple(X.chunks[0]):

@@ -18,7 +18,7 @@ import numbers
 import dask.array as da
 import numpy as np
 
-from ..base import NotFittedError, ParamsMixin, _as_rows, kept_epoch
+from ..base import NotFittedError, ParamsMixin, as_rows, kept_epoch
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
 from .embedding_classifier import EmbeddingClassifier, _seed_of
@@ -109,7 +109,7 @@ class EnsembleClassifier(ParamsMixin):
             ``self``, fitted.
         """
         members = self._members()
-        X = _as_rows(X, "X")
+        X = as_rows(X, "X")
         fitted = list(fitted or [])
         if len(fitted) > len(members):
             raise ValueError(f"{len(fitted)} fitted members given for an ensemble of {len(members)}")

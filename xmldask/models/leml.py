@@ -51,9 +51,9 @@ import scipy.optimize
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from ..base import ParamsMixin, _as_rows
+from ..base import ParamsMixin, as_rows
 from ..linalg import dense_operand, x_q, xt_x_q, yt_x_z
-from ..linalg.passes import _per_block, _tree_sum
+from ..linalg.passes import per_block, tree_sum
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
 from . import _kernels as K
@@ -76,7 +76,7 @@ THRESHOLD_01, THRESHOLD_PM1 = 0.5, 0.0
 #: largest per-block result of the squared-loss H-step on ``Omega`` (``n_labels x (k^2 + k + 1)`` float64)
 LABEL_GRAM_MAX_BYTES = 1 << 30
 
-_ROWS, _WHOLE = "rows", "whole"
+ROWS, WHOLE = "rows", "whole"
 _ARRAYS = ("W", "H")
 _SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction")
 
@@ -87,10 +87,10 @@ _SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "histo
 
 def _pass(kernel, X, Y, O, whole: dict, *, tail: tuple, static: dict, token: str, split_every: int = 8):
     """Tree sum over row blocks of ``kernel(Xb, Yb, [Ob], **whole, **static)``, lazily."""
-    ops = [("Xb", X, _ROWS), ("Yb", Y, _ROWS), ("Ob", O, _ROWS)]
-    ops += [(name, dense_operand(value, name=name), _WHOLE) for name, value in whole.items()]
-    parts = _per_block(kernel, ops, tail=tail, dtype=np.float64, token=token, static=static)
-    return _tree_sum(parts, split_every)
+    ops = [("Xb", X, ROWS), ("Yb", Y, ROWS), ("Ob", O, ROWS)]
+    ops += [(name, dense_operand(value, name=name), WHOLE) for name, value in whole.items()]
+    parts = per_block(kernel, ops, tail=tail, dtype=np.float64, token=token, static=static)
+    return tree_sum(parts, split_every)
 
 
 def _label_stats_kernel(Xb, Yb, W, Ob=None, *, n_labels: int):
@@ -221,16 +221,16 @@ class _LowRankLinear(ParamsMixin):
 
     def _inputs(self, X, Y, observed):
         """Row blocks of ``X``, ``Y`` and the mask, checked for matching rows before any pass."""
-        X = _as_rows(X, "X")
+        X = as_rows(X, "X")
         blocks = X.chunks[0][0] if X.chunks[0] else None
-        Y = _as_rows(Y, "Y", block_rows=None if isinstance(Y, da.Array) else blocks)
+        Y = as_rows(Y, "Y", block_rows=None if isinstance(Y, da.Array) else blocks)
         if Y.shape[0] != X.shape[0]:
             raise ValueError(f"Y has {Y.shape[0]} rows but X has {X.shape[0]}; they must hold the same samples")
         if tuple(Y.chunks[0]) != tuple(X.chunks[0]):
             raise ValueError(f"Y's row blocks must be X's ({len(X.chunks[0])} blocks); fix: Y = Y.rechunk({{0: "
                              f"X.chunks[0]}}) (or open both from one dataset store)")
         if observed is not None:
-            observed = _as_rows(observed, "observed", block_rows=None if isinstance(observed, da.Array) else blocks)
+            observed = as_rows(observed, "observed", block_rows=None if isinstance(observed, da.Array) else blocks)
             if observed.shape != Y.shape:
                 raise ValueError(f"the observed-entry mask has shape {observed.shape} but Y has {Y.shape}; the mask "
                                  "must have one row per sample and one column per label (build it with xmldask mask)")

@@ -28,10 +28,10 @@ import scipy.linalg
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from ..base import NotFittedError, ParamsMixin, _as_rows
-from ..linalg.passes import _ROWS, _WHOLE, _per_block, dense_operand, gram
+from ..base import NotFittedError, ParamsMixin, as_rows
+from ..linalg.passes import ROWS, WHOLE, dense_operand, gram, per_block
 from ..store.models import jsonable, open_model_store, write_model_store
-from ..tree import _kernels as TK
+from ..tree import leaf_of, route_pairs, rows_by_node
 from ..tree.model import SpectralLabelTree
 from . import _kernels as MK
 
@@ -111,8 +111,8 @@ class TreeClassifier(ParamsMixin):
     def fit(self, X, Y) -> TreeClassifier:
         """Train on row blocks ``X`` (n_samples, n_features) and labels ``Y`` (n_samples, n_labels)."""
         tree = self._check_params()
-        X = _as_rows(X, "X")
-        Y = _as_rows(Y, "Y", X.chunks[0][0])
+        X = as_rows(X, "X")
+        Y = as_rows(Y, "Y", X.chunks[0][0])
         if X.shape[1] != tree.n_features_in_ or Y.shape[1] != tree.n_labels_:
             raise ValueError(f"X, Y have {X.shape[1]} features and {Y.shape[1]} labels, but the tree was grown on "
                              f"{tree.n_features_in_} and {tree.n_labels_}; train on the tree's training data")
@@ -148,11 +148,11 @@ class TreeClassifier(ParamsMixin):
             for Xd, Yd in blocks:
                 Xb, Yb = dask.compute(Xd, Yd)
                 Xb, Yb = sp.csr_matrix(Xb), sp.csr_matrix(Yb)
-                rows, leaf, _ = TK.route_pairs(Xb, self.table_, self.W_, form=self.sigma_form_,
+                rows, leaf, _ = route_pairs(Xb, self.table_, self.W_, form=self.sigma_form_,
                                                deterministic=self.routing == "deterministic",
                                                rng=rng if self.routing == "randomized" else None)
                 rows_seen += Xb.shape[0]
-                groups = list(TK.rows_by_node(leaf))
+                groups = list(rows_by_node(leaf))
                 for i in rng.permutation(len(groups)):
                     node, idx = groups[i][0], rows[groups[i][1]]
                     cands, cols = self._slots(node)
@@ -219,8 +219,8 @@ class TreeClassifier(ParamsMixin):
         X = self._rows(X)
         k = self._checked_k(k)
         whole = {name: getattr(self, name + "_") for name in _ARRAYS}
-        operands = [("Xb", X, _ROWS)] + [(n, dense_operand(v, name=n), _WHOLE) for n, v in whole.items()]
-        packed = _per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="tree-classifier-topk",
+        operands = [("Xb", X, ROWS)] + [(n, dense_operand(v, name=n), WHOLE) for n, v in whole.items()]
+        packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="tree-classifier-topk",
                             stack=False, static={"k": k, "form": self.sigma_form_, "task": self.task_,
                                                  "per_leaf": bool(self.per_leaf)})
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
@@ -271,11 +271,11 @@ def _leaf_slots(cand_indptr, cand_indices, node, per_leaf: bool) -> tuple[np.nda
 def _topk_block(Xb, U, V, b, cand_indptr, cand_indices, table, W, *, k, form, task, per_leaf):
     """Packed ``[labels (k), scores (k)]`` of a row block (see :meth:`TreeClassifier.predict_topk`)."""
     X = sp.csr_matrix(Xb)
-    leaf = TK.leaf_of(X, table, W, form=form)
+    leaf = leaf_of(X, table, W, form=form)
     out = np.empty((X.shape[0], 2 * k))
     out[:, :k], out[:, k:] = -1, -np.inf
     H = np.asarray(X @ U, dtype=np.float64)
-    for node, rows in TK.rows_by_node(leaf):
+    for node, rows in rows_by_node(leaf):
         cands, cols = _leaf_slots(cand_indptr, cand_indices, node, per_leaf)
         if not len(cands):
             continue
@@ -324,20 +324,20 @@ class CandidateScorer(ParamsMixin):
         F = self.classifier.transform(X)
         whole = {"Q": self.classifier.Q_, "bias": self.classifier.bias_, "table": self.tree.table_,
                  "W": self.tree.W_, "cand_indptr": self.tree.cand_indptr_, "cand_indices": self.tree.cand_indices_}
-        operands = [("Xb", X, _ROWS), ("Fb", F, _ROWS)]
-        operands += [(n, dense_operand(v, name=n), _WHOLE) for n, v in whole.items() if v is not None]
-        packed = _per_block(_candidate_topk_block, operands, tail=(2 * k,), dtype=np.float64,
+        operands = [("Xb", X, ROWS), ("Fb", F, ROWS)]
+        operands += [(n, dense_operand(v, name=n), WHOLE) for n, v in whole.items() if v is not None]
+        packed = per_block(_candidate_topk_block, operands, tail=(2 * k,), dtype=np.float64,
                             token="candidate-scorer-topk", stack=False, static={"k": k, "form": self.tree.sigma})
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
 
 
 def _candidate_topk_block(Xb, Fb, Q, table, W, cand_indptr, cand_indices, bias=None, *, k, form):
     """Packed ``[labels (k), scores (k)]``: each row's leaf candidates scored by ``F Q + bias``."""
-    leaf = TK.leaf_of(Xb, table, W, form=form)
+    leaf = leaf_of(Xb, table, W, form=form)
     out = np.empty((len(leaf), 2 * k))
     out[:, :k], out[:, k:] = -1, -np.inf
     F = np.asarray(Fb)
-    for node, rows in TK.rows_by_node(leaf):
+    for node, rows in rows_by_node(leaf):
         cands, _ = _leaf_slots(cand_indptr, cand_indices, node, True)
         if not len(cands):
             continue

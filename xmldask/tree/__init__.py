@@ -5,7 +5,8 @@ small set of candidate labels, grown level by level over row blocks.
 figures, save, load).
 """
 
+from ._kernels import leaf_of, route_pairs, rows_by_node
 from .growth import GrownTree, grow_tree
 from .model import TREE_VERSION, SpectralLabelTree
 
-__all__ = ["TREE_VERSION", "GrownTree", "SpectralLabelTree", "grow_tree"]
+__all__ = ["TREE_VERSION", "GrownTree", "SpectralLabelTree", "grow_tree", "leaf_of", "route_pairs", "rows_by_node"]

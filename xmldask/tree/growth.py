@@ -3,7 +3,7 @@
 All frontier nodes of one depth share the same passes over the data: every block task routes its
 rows through the tree grown so far (:func:`xmldask.tree._kernels.route_pairs`, row-local, nothing
 kept between passes) and returns partial sums keyed by node, which a tree reduction adds up
-(:func:`xmldask.linalg.passes._per_block` and ``_tree_sum``, the pattern of every pass of the
+(:func:`xmldask.linalg.passes.per_block` and ``tree_sum``, the pattern of every pass of the
 project). A level costs ``1`` (statistics) ``+ 2 (1 + n_power_iter)`` (operator applications; each
 also ``cg_max_iter`` label passes for multilabel data) ``+ MEDIAN_PASSES`` (weighted median)
 passes, whatever its number of nodes, as long as the level's per-node partial sums fit in
@@ -29,7 +29,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from ..linalg.passes import _ROWS, _WHOLE, _check_rows_operand, _check_x, _per_block, _tree_sum, dense_operand
+from ..linalg.passes import ROWS, WHOLE, check_rows_operand, check_x, dense_operand, per_block, tree_sum
 from . import _kernels as K
 
 logger = logging.getLogger(__name__)
@@ -107,15 +107,15 @@ class _Passes:
     def run(self, kernel, whole: dict, nodes, tail, *, labels: bool = True, static: dict | None = None):
         """One pass: ``kernel`` on every block (with the level's routing options and ``nodes`` unless
         ``nodes`` is None), tree-summed and computed."""
-        operands = [("Xb", self.X, _ROWS)] + ([("Yb", self.Y, _ROWS)] if labels else [])
-        operands += [("table", self.table, _WHOLE), ("W", self.W, _WHOLE)]
-        operands += [(name, dense_operand(value, name=name), _WHOLE) for name, value in whole.items()]
+        operands = [("Xb", self.X, ROWS)] + ([("Yb", self.Y, ROWS)] if labels else [])
+        operands += [("table", self.table, WHOLE), ("W", self.W, WHOLE)]
+        operands += [(name, dense_operand(value, name=name), WHOLE) for name, value in whole.items()]
         kw = {"form": self.static["form"], **(static or {})}
         if nodes is not None:
             kw.update(self.static, nodes=np.asarray(nodes, dtype=np.int64))
-        parts = _per_block(kernel, operands, tail=tail, dtype=np.float64, token=f"tree-{kernel.__name__}", static=kw)
+        parts = per_block(kernel, operands, tail=tail, dtype=np.float64, token=f"tree-{kernel.__name__}", static=kw)
         self.n_passes += 1
-        return _tree_sum(parts, self.split_every).compute()
+        return tree_sum(parts, self.split_every).compute()
 
 
 def _groups(nodes: list[int], per_node_bytes: int, budget: int) -> list[list[int]]:
@@ -193,7 +193,7 @@ def _candidates(mass: np.ndarray, budget: int, recall: float) -> np.ndarray:
 
 
 def _task(Y: da.Array) -> str:
-    many = _per_block(_rows_with_many_labels, [("Yb", Y, _ROWS)], tail=(1,), dtype=np.float64,
+    many = per_block(_rows_with_many_labels, [("Yb", Y, ROWS)], tail=(1,), dtype=np.float64,
                       token="tree-task-block")
     return "multilabel" if float(many.sum().compute()) > 0 else "multiclass"
 
@@ -203,7 +203,7 @@ def _rows_with_many_labels(Yb):
 
 
 def _max_row_norm(X: da.Array) -> float:
-    parts = _per_block(K.row_norm_max, [("Xb", X, _ROWS)], tail=(1,), dtype=np.float64, token="tree-norm-block")
+    parts = per_block(K.row_norm_max, [("Xb", X, ROWS)], tail=(1,), dtype=np.float64, token="tree-norm-block")
     return float(parts.max().compute())
 
 
@@ -256,8 +256,8 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
     -------
     GrownTree
     """
-    X = _check_x(X)
-    Y = _check_rows_operand(Y, X, "Y")
+    X = check_x(X)
+    Y = check_rows_operand(Y, X, "Y")
     for name, value in (("max_depth", max_depth), ("leaf_labels", leaf_labels), ("block_size", block_size)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, but is {value!r}")

@@ -6,8 +6,8 @@ import dask
 import dask.array as da
 import numpy as np
 
-from ..base import NotFittedError, ParamsMixin, _as_rows
-from ..linalg.passes import _ROWS, _WHOLE, _check_rows_operand, _per_block, _tree_sum, dense_operand
+from ..base import NotFittedError, ParamsMixin, as_rows
+from ..linalg.passes import ROWS, WHOLE, check_rows_operand, dense_operand, per_block, tree_sum
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _kernels as K
 from .growth import MEMORY_BUDGET, grow_tree
@@ -85,8 +85,8 @@ class SpectralLabelTree(ParamsMixin):
 
     def fit(self, X, Y) -> SpectralLabelTree:
         """Grow the tree on row blocks ``X`` (n_samples, n_features) and labels ``Y`` (n_samples, n_labels)."""
-        X = _as_rows(X, "X")
-        Y = _check_rows_operand(_as_rows(Y, "Y", X.chunks[0][0]) if not isinstance(Y, da.Array) else Y, X, "Y")
+        X = as_rows(X, "X")
+        Y = check_rows_operand(as_rows(Y, "Y", X.chunks[0][0]) if not isinstance(Y, da.Array) else Y, X, "Y")
         grown = grow_tree(X, Y, **{name: getattr(self, name) for name in self._get_param_names()})
         for name in ("table", "W", "depth", "eigenvalue", "mass", "cand_indptr", "cand_indices", "cand_scores",
                      "root_label_mass", "task", "n_passes", "n_orphans", "levels"):
@@ -113,11 +113,11 @@ class SpectralLabelTree(ParamsMixin):
         return self.cand_indices_[lo:hi]
 
     def _tree_operands(self) -> list:
-        return [("table", dense_operand(self.table_, name="table"), _WHOLE),
-                ("W", dense_operand(self.W_, name="W"), _WHOLE)]
+        return [("table", dense_operand(self.table_, name="table"), WHOLE),
+                ("W", dense_operand(self.W_, name="W"), WHOLE)]
 
     def _cand_operands(self) -> list:
-        return [(name, dense_operand(getattr(self, name + "_"), name=name), _WHOLE)
+        return [(name, dense_operand(getattr(self, name + "_"), name=name), WHOLE)
                 for name in ("cand_indptr", "cand_indices")]
 
     def route(self, X) -> da.Array:
@@ -128,7 +128,7 @@ class SpectralLabelTree(ParamsMixin):
         dask.array.Array of int64, shape (n_samples,)
         """
         X = self._rows(X)
-        return _per_block(K.leaf_of, [("Xb", X, _ROWS)] + self._tree_operands(), tail=(), dtype=np.int64,
+        return per_block(K.leaf_of, [("Xb", X, ROWS)] + self._tree_operands(), tail=(), dtype=np.int64,
                           token="tree-route", stack=False, static={"form": self.sigma})
 
     def predict_topk(self, X, *, k: int = 5) -> tuple[da.Array, da.Array]:
@@ -141,9 +141,9 @@ class SpectralLabelTree(ParamsMixin):
             lo, hi = self.cand_indptr_[node], self.cand_indptr_[node + 1]
             total = scores[lo:hi].sum()
             scores[lo:hi] = scores[lo:hi] / total if total > 0 else scores[lo:hi]
-        operands = [("Xb", X, _ROWS)] + self._tree_operands() + self._cand_operands()
-        operands.append(("cand_scores", dense_operand(scores, name="cand_scores"), _WHOLE))
-        packed = _per_block(K.leaf_topk, operands, tail=(2 * k,), dtype=np.float64, token="tree-topk", stack=False,
+        operands = [("Xb", X, ROWS)] + self._tree_operands() + self._cand_operands()
+        operands.append(("cand_scores", dense_operand(scores, name="cand_scores"), WHOLE))
+        packed = per_block(K.leaf_topk, operands, tail=(2 * k,), dtype=np.float64, token="tree-topk", stack=False,
                             static={"k": k, "form": self.sigma})
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
 
@@ -161,16 +161,16 @@ class SpectralLabelTree(ParamsMixin):
             the ``leaf_labels`` most frequent training labels), ``n_samples``.
         """
         X = self._rows(X)
-        Y = _check_rows_operand(Y, X, "Y")
+        Y = check_rows_operand(Y, X, "Y")
         if Y.shape[1] != self.n_labels_:
             raise ValueError(f"Y has {Y.shape[1]} labels, but this tree was fitted on {self.n_labels_}")
-        operands = [("Xb", X, _ROWS), ("Yb", Y, _ROWS)] + self._tree_operands() + self._cand_operands()
-        operands += [("depth", dense_operand(self.depth_, name="depth"), _WHOLE),
-                     ("top_labels", dense_operand(self.top_labels_, name="top_labels"), _WHOLE)]
+        operands = [("Xb", X, ROWS), ("Yb", Y, ROWS)] + self._tree_operands() + self._cand_operands()
+        operands += [("depth", dense_operand(self.depth_, name="depth"), WHOLE),
+                     ("top_labels", dense_operand(self.top_labels_, name="top_labels"), WHOLE)]
         L, F = self.n_labels_, K.N_FIGURES
-        parts = _per_block(K.tree_figures, operands, tail=(F + L * 2,), dtype=np.float64, token="tree-figures",
+        parts = per_block(K.tree_figures, operands, tail=(F + L * 2,), dtype=np.float64, token="tree-figures",
                            static={"form": self.sigma})
-        (s,) = dask.compute(_tree_sum(parts, split_every))
+        (s,) = dask.compute(tree_sum(parts, split_every))
         rows, assigned = max(s[0], 1), max(s[1], 1)
         left, right = s[F:F + L], s[F + L:]
         return {"tree_recall": s[2] / assigned, "root_purity": float(np.maximum(left, right).sum() / assigned),
@@ -190,13 +190,13 @@ class SpectralLabelTree(ParamsMixin):
             counts present) and ``rows_by_candidates``.
         """
         X = self._rows(X)
-        Y = _check_rows_operand(Y, X, "Y")
+        Y = check_rows_operand(Y, X, "Y")
         if Y.shape[1] != self.n_labels_:
             raise ValueError(f"Y has {Y.shape[1]} labels, but this tree was fitted on {self.n_labels_}")
-        operands = [("Xb", X, _ROWS), ("Yb", Y, _ROWS)] + self._tree_operands() + self._cand_operands()
-        parts = _per_block(K.leaf_figures, operands, tail=(len(self.table_), 3), dtype=np.float64,
+        operands = [("Xb", X, ROWS), ("Yb", Y, ROWS)] + self._tree_operands() + self._cand_operands()
+        parts = per_block(K.leaf_figures, operands, tail=(len(self.table_), 3), dtype=np.float64,
                            token="tree-leaf-figures", static={"form": self.sigma})
-        (s,) = dask.compute(_tree_sum(parts, split_every))
+        (s,) = dask.compute(tree_sum(parts, split_every))
         rows, assignments, covered = s[:, 0], s[:, 1], s[:, 2]
         depth, n_cand = np.asarray(self.depth_, dtype=np.int64), np.diff(self.cand_indptr_)
         depths, at_depth = np.unique(depth, return_inverse=True)
