@@ -395,3 +395,29 @@ def test_rembrandt_k_beyond_the_features_adds_nothing():
     a, b = dask.compute(small.predict(X), full.predict(X))
     assert np.mean(a == b) > 0.98
     assert small.search_bounds(X, Y)["n_components"] == (1, d)
+
+
+def test_an_error_in_a_decoder_step_leaves_no_producer_thread(multiclass, monkeypatch):
+    """The minibatch producer stops when the SGD loop raises, instead of waiting forever on its full queue."""
+    import threading
+
+    from xmldask.models import _kernels as MK
+
+    X, Y = multiclass
+    calls = {"n": 0}
+    real = MK.softmax_loss
+
+    def failing(S, Ym, **kw):
+        calls["n"] += 1
+        if "gradient" not in kw and calls["n"] > 3:  # a minibatch step of the SGD, not an evaluation
+            raise RuntimeError("boom in a decoder step")
+        return real(S, Ym, **kw)
+
+    monkeypatch.setattr(MK, "softmax_loss", failing)
+    before = set(threading.enumerate())
+    with pytest.raises(RuntimeError, match="boom in a decoder step"):
+        EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 8), kernel="identity", max_epochs=2, batch_size=64,
+                            random_state=0).fit(X, Y)
+    assert calls["n"] > 3
+    producers = [t for t in threading.enumerate() if t not in before and "_minibatches" in t.name and t.is_alive()]
+    assert producers == []

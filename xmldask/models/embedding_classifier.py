@@ -62,6 +62,17 @@ _ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
 _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
 
 
+def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
+    """``out.put(item)`` unless ``stop`` is set first (checked every 0.1 s); whether it was put."""
+    while not stop.is_set():
+        try:
+            out.put(item, timeout=0.1)
+            return True
+        except queue.Full:
+            continue
+    return False
+
+
 def _check_int(value, name: str, minimum: int) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} must be an integer of at least {minimum}, but is {value!r}")
@@ -571,7 +582,7 @@ class EmbeddingClassifier(ParamsMixin):
         Q[-1] += Q.dtype.type(o)
         return Q
 
-    def _minibatches(self, X, Y, masks, state, order, batch_size, rng, out):
+    def _minibatches(self, X, Y, masks, state, order, batch_size, rng, out, stop):
         """Producer: put ``(F_mb, Y_mb)`` of the training rows of the blocks in ``order`` into ``out``.
 
         Runs in a background thread: the next block is read (by Dask) and the next minibatch's
@@ -587,10 +598,11 @@ class EmbeddingClassifier(ParamsMixin):
                     idx = np.sort(rows[a:a + batch_size])
                     F = K.decoder_features(Xb[idx], state["W"], state["intercept"], state["omega"],
                                            state["phase"], state["bandwidth"] or 1.0)
-                    out.put((F, Yb[idx]))
-            out.put(None)
+                    if not _put(out, (F, Yb[idx]), stop):
+                        return  # the consumer has stopped
+            _put(out, None, stop)
         except BaseException as exc:  # hand the error to the consumer
-            out.put(exc)
+            _put(out, exc, stop)
 
     def _sgd(self, X, Y, masks, state, Q, P, Fh, Yh, loss_fn, p, rng, history, t_start):
         dtype = p["dtype"]
@@ -607,28 +619,31 @@ class EmbeddingClassifier(ParamsMixin):
         for epoch in range(1, p["max_epochs"] + 1):
             n_epochs += 1
             order = rng.permutation(X.numblocks[0])
-            batches = queue.Queue(maxsize=2)
+            batches, stop = queue.Queue(maxsize=2), threading.Event()
             producer = threading.Thread(target=self._minibatches, daemon=True,
                                         args=(X, Y, masks, state, order, bs, np.random.default_rng(rng.integers(2**62)),
-                                              batches))
+                                              batches, stop))
             producer.start()
             total_loss, total_rows = 0.0, 0
-            while (item := batches.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
-                Fm, Ym = item
-                S = Fm @ Q
-                loss, Gs = loss_fn(S, Ym)
-                total_loss += loss
-                total_rows += Fm.shape[0]
-                grad = Fm.T @ Gs
-                grad *= dtype.type(1.0 / Fm.shape[0])
-                if l2:
-                    grad[:-1] += dtype.type(l2) * Q[:-1]
-                V *= dtype.type(mu)
-                V += P @ grad
-                Q -= dtype.type(lr) * V
-            producer.join()
+            try:
+                while (item := batches.get()) is not None:
+                    if isinstance(item, BaseException):
+                        raise item
+                    Fm, Ym = item
+                    S = Fm @ Q
+                    loss, Gs = loss_fn(S, Ym)
+                    total_loss += loss
+                    total_rows += Fm.shape[0]
+                    grad = Fm.T @ Gs
+                    grad *= dtype.type(1.0 / Fm.shape[0])
+                    if l2:
+                        grad[:-1] += dtype.type(l2) * Q[:-1]
+                    V *= dtype.type(mu)
+                    V += P @ grad
+                    Q -= dtype.type(lr) * V
+            finally:  # also when this loop raises: the producer stops instead of waiting on a full queue
+                stop.set()
+                producer.join()
             if not np.all(np.isfinite(Q)):
                 logger.warning("epoch %d diverged (learning_rate %g); restarting from the best decoder with half the "
                                "step", epoch, lr)
