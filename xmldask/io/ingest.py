@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import fsspec
+import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from ..store import check_target, exists
@@ -330,3 +331,28 @@ def _sha256(path: str) -> str:
         for chunk in iter(lambda: f.read(1 << 22), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def read_text(path: str, *, fmt: str | None = None, one_based: bool = False) -> tuple[sp.csr_matrix, sp.csr_matrix]:
+    """A whole text file (XC, libsvm or VW; gzip or plain; local or fsspec URL) as in-memory CSR
+    ``(X, Y)``, for data that fits in memory (the UCI sets of the boosting benchmark); :func:`ingest`
+    writes a dataset store instead. The header's sizes (XC) are the matrices' shapes.
+
+    Raises
+    ------
+    ParseError
+        A malformed line, named by file and line number.
+    """
+    text, _, raw = _open_text(path)
+    with raw, text:
+        lines = text.read().splitlines()
+    header = parse_header(lines[0]) if lines else None
+    fmt = fmt or sniff_format(path, lines[0] if lines else "")
+    body, first = (lines[1:], 2) if header else (lines, 1)
+    batch = parse_batch(body, first, fmt=fmt, one_based=one_based, n_features=header[1] if header else None,
+                        n_labels=header[2] if header else None, path=path)
+    X, Y = batch.X, batch.Y
+    if header:
+        X = sp.csr_matrix((X.data, X.indices, X.indptr), shape=(X.shape[0], header[1]))
+        Y = sp.csr_matrix((Y.data, Y.indices, Y.indptr), shape=(Y.shape[0], header[2]))
+    return X, Y

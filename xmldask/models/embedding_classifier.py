@@ -73,9 +73,11 @@ def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
     return False
 
 
-def _check_int(value, name: str, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
-        raise ValueError(f"{name} must be an integer of at least {minimum}, but is {value!r}")
+def _check_int(value, name: str, minimum: int, maximum: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum or \
+            (maximum is not None and value > maximum):
+        bound = f"of at least {minimum}" + (f" and at most {maximum}" if maximum is not None else "")
+        raise ValueError(f"{name} must be an integer {bound}, but is {value!r}")
     return int(value)
 
 
