@@ -166,7 +166,9 @@ def test_dask_row_blocks_give_the_in_memory_model(cls):
     kwargs = dict(rounds=3, max_depth=3, max_bins=8, validation_fraction=0.2, n_iter_no_change=5, random_state=1)
     local = cls(block_rows=30, **kwargs).fit(X[:110], y)
     Xd = _dask_rows(X, chunks=(30, 30, 30, 20))
-    lazy = cls(**kwargs).fit(Xd, _dask_rows(_labels(y, 4), chunks=(30, 30, 30, 20)))
+    lazy = cls(backend="dask", **kwargs).fit(Xd, _dask_rows(_labels(y, 4), chunks=(30, 30, 30, 20)))
+    auto = cls(**kwargs).fit(Xd, _dask_rows(_labels(y, 4), chunks=(30, 30, 30, 20)))  # small: in process
+    np.testing.assert_array_equal(auto.values_, local.values_)
     np.testing.assert_array_equal(local.features_, lazy.features_)
     np.testing.assert_allclose(local.values_, lazy.values_, rtol=1e-5, atol=1e-7)
     np.testing.assert_allclose(local.decision_function(X).compute(), lazy.decision_function(Xd).compute(),
@@ -229,9 +231,46 @@ def test_bad_input_is_refused_before_any_pass():
     Xn = X.copy()
     Xn[42, 1] = np.nan
     with pytest.raises(ValueError, match="non-finite.*row 42"):
-        GradFac(rounds=2).fit(_dask_rows(Xn), y)
+        GradFac(rounds=2, backend="dask").fit(_dask_rows(Xn), y)
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="rounds must be an integer of at least 1"):
             GradFac(rounds=bad).fit(X, y)
     with pytest.raises(ValueError, match="at least 2 classes"):
         GradFac().fit(X, np.zeros(len(y), int))
+
+
+# ---------------------------------------------------------------------------------------------
+# the command line: train --model gradfac|gfen|mll|ovr on a dataset store, predict, evaluate
+
+
+def test_cli_train_predict_evaluate(tmp_path, capsys, scheduler):
+    import json
+
+    from xmldask.cli import main
+    from xmldask.store import DatasetWriter, open_dataset, to_scipy
+
+    X, y = _data(n=300, seed=6)
+    url = str(tmp_path / "data.zarr")
+    with DatasetWriter.create(url, block_rows=70) as w:
+        w.write(sp.csr_matrix(X), _labels(y, 4))
+        w.commit(n_features=X.shape[1], n_labels=4)
+    for name, cls in (("gradfac", GradFac), ("mll", MultinomialBoosting)):
+        model = str(tmp_path / f"{name}.zarr")
+        assert main(["train", url, "--out", model, "--model", name, "--rounds", "20", "--depth", "3", "--json",
+                     "--scheduler", scheduler]) == 0
+        trained = json.loads(capsys.readouterr().out)
+        assert trained["task"] == "multiclass" and trained["params"]["rounds"] == 20
+        est = load_model(model)
+        assert type(est) is cls and est.max_depth == 3
+        pred = str(tmp_path / f"{name}-pred.zarr")
+        assert main(["predict", model, url, "--out", pred, "--top-k", "3", "--no-progress",
+                     "--scheduler", scheduler]) == 0
+        capsys.readouterr()
+        assert main(["evaluate", pred, url, "--json"]) == 0
+        res = json.loads(capsys.readouterr().out)
+        expected = (est.predict(to_scipy(open_dataset(url).X)).compute() == y).mean()
+        assert res["Acc@1"] == pytest.approx(expected) and res["Acc@1"] > 0.7
+    assert main(["train", url, "--out", str(tmp_path / "bad"), "--model", "gradfac", "--rounds", "0"]) != 0
+    assert "rounds = 0: Input should be greater than 0" in capsys.readouterr().err
+    assert main(["train", url, "--out", str(tmp_path / "bad2"), "--model", "gradfac", "--k", "5"]) != 0
+    assert "do(es) not apply with model=gradfac" in capsys.readouterr().err

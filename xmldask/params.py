@@ -26,7 +26,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["AUTO_SEARCH", "DEFAULTS", "TrainParams", "add_arguments", "from_args", "parse_grid", "validated"]
+__all__ = ["AUTO_SEARCH", "BOOSTING_MODELS", "DEFAULTS", "TrainParams", "add_arguments", "from_args", "parse_grid",
+           "validated"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -52,6 +53,9 @@ TREE_PASSES = 200
 _SEARCH_PARAMS = {"search", "search_strategy", "search_extensions", "search_screen", "search_repeats"}
 _TREE_PARAMS = {"tree", "k", "max_epochs", "seed", *_SEARCH_PARAMS}
 _LOW_RANK_PARAMS = {"model", "k", "loss", "lam", "n_iter", "seed", *_SEARCH_PARAMS}
+#: the model families of multiclass boosting, and the parameters that apply to them
+BOOSTING_MODELS = ("gradfac", "gfen", "mll", "ovr")
+_BOOSTING_PARAMS = {"model", "rounds", "learning_rate", "depth", "seed", *_SEARCH_PARAMS}
 
 
 def _resolve_for(cls, data: dict, what: str, applicable: set) -> dict:
@@ -103,13 +107,19 @@ class TrainParams(BaseModel):
     search_extensions: Annotated[int, Field(ge=0)] = Field(
         2, description="coordinate search: at most N geometric steps past a numeric grid's winning end (0: the "
                        "listed values only)")
-    model: Literal["embedding", "leml", "br"] = Field(
+    model: Literal["embedding", "leml", "br", "gradfac", "gfen", "mll", "ovr"] = Field(
         "embedding", description="embedding: the label-embedding classifier; leml: low-rank Z = W H^T of rank k "
                                  "(Yu et al. 2014) on the observed label entries (missing labels); br: binary "
-                                 "relevance on them (LEML's baseline)")
+                                 "relevance on them (LEML's baseline); multiclass boosting of oblivious trees: "
+                                 "gradfac (one tree a round, the factorised gradient), gfen (its Elastic-Net "
+                                 "factorisation), mll (one tree per class a round), ovr (one-vs-rest)")
     loss: Literal["squared", "logistic", "sqhinge"] = Field("squared", description="leml and br: the loss")
     lam: Annotated[float, Field(gt=0)] = Field(0.1, description="leml and br: the regulariser lam of eq. (4)")
     n_iter: PositiveInt = Field(5, description="leml: alternations of the H- and W-steps")
+    rounds: PositiveInt = Field(1000, description="boosting: rounds at most (early-stopped on held-out training "
+                                                  "rows); a round grows 1 tree (gradfac, gfen) or one per class")
+    learning_rate: Annotated[float, Field(gt=0)] = Field(0.3, description="boosting: shrinkage of every tree")
+    depth: Annotated[int, Field(ge=1, le=16)] = Field(6, description="boosting: depth of the oblivious trees")
     tree: str | None = Field(
         None, description="a spectral label tree store (xmldask tree): train its candidate-restricted classifier "
                           f"instead (rank k, max_epochs passes, default {TREE_PASSES}; seed)")
@@ -122,8 +132,15 @@ class TrainParams(BaseModel):
         classifier refused (resolved here once, so a dumped and reloaded model is the same)."""
         if not isinstance(data, dict):
             return data
-        if data.get("model", "embedding") != "embedding":
-            return _resolve_for(cls, data, f"model={data['model']}", _LOW_RANK_PARAMS)
+        model = data.get("model", "embedding")
+        if model in BOOSTING_MODELS:
+            return _resolve_for(cls, data, f"model={model}", _BOOSTING_PARAMS)
+        only_boosting = sorted(name for name in ("rounds", "learning_rate", "depth")
+                               if name in data and data[name] != cls.model_fields[name].default)
+        if only_boosting:
+            raise ValueError(f"{', '.join(only_boosting)} apply only with model={'|'.join(BOOSTING_MODELS)}")
+        if model != "embedding":
+            return _resolve_for(cls, data, f"model={model}", _LOW_RANK_PARAMS)
         if data.get("tree"):
             return _resolve_for(cls, {"max_epochs": TREE_PASSES, **data}, "tree=", _TREE_PARAMS)
         only_low_rank = sorted(name for name in ("loss", "lam", "n_iter")
