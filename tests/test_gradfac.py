@@ -274,3 +274,26 @@ def test_cli_train_predict_evaluate(tmp_path, capsys, scheduler):
     assert "rounds = 0: Input should be greater than 0" in capsys.readouterr().err
     assert main(["train", url, "--out", str(tmp_path / "bad2"), "--model", "gradfac", "--k", "5"]) != 0
     assert "do(es) not apply with model=gradfac" in capsys.readouterr().err
+
+
+def test_bench_quick_runs_and_writes_its_rows(tmp_path, shared_data):
+    """``bench/gradfac.py --quick`` as a user runs it: the table and the JSON rows with the paper's figures."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not (shared_data / "uci" / "wine").exists():
+        pytest.skip("no UCI data")
+    out = tmp_path / "rows.json"
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "bench" / "gradfac.py"), "--quick", "--methods", "mll", "gradfac",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "XMLDASK_SHARED_DATA": str(shared_data)})
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(out.read_text())
+    assert [r["method"] for r in rows] == ["mll", "gradfac"]
+    for r in rows:
+        assert r["paper_micro_f1"] in (0.949, 0.948) and 0.5 < r["micro_f1"] <= 1 and r["folds"] == 2
+    assert "| wine |" in done.stdout

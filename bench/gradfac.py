@@ -1,0 +1,239 @@
+"""GradFac's Table 2: micro-F1 by stratified k-fold cross-validation at equal weak-model budgets, beside the paper.
+
+For each UCI dataset (pooled as ``../shared/notes/seed-specs.md`` says: wine, letter and segmentation
+all rows; mnist and pendigits the training rows) and each method (``mll``, ``gradfac``, ``gfen``,
+``ovr``; optionally ``catboost`` and ``lightgbm`` if installed), one model per fold is fitted at the
+largest budget and scored at every budget from its first trees (staged prediction, so the budgets
+of a fold are one fit). A budget counts trees: GradFac and GFEN grow one a round, MLL and OVR one per
+class a round, LightGBM one per class an iteration, CatBoost one (with vector leaves) an iteration.
+No early stopping (the budget is the model). Accuracy and micro-F1 are computed separately and
+asserted equal (one prediction per row).
+
+Then, beyond the paper, ``--aloi``: ALOI (1000 classes) on its train/test split, GradFac against MLL at
+the same wall-clock budget: MLL boosts ``--aloi-mll-rounds`` rounds (1000 trees each); GradFac's
+accuracy is taken after the rounds that fit in MLL's time (its per-round seconds, recorded in
+``history_``). The ``round_ms_per_1k_rows`` column is the mean seconds of a round per 1000 training rows
+(the claim: a GradFac round costs about the same for any number of classes K).
+
+    python bench/gradfac.py [--datasets wine letter ...] [--methods mll gradfac gfen ovr]
+                            [--folds 10] [--run-folds N] [--learning-rate 0.3] [--aloi]
+                            [--json FILE] [--quick]
+
+``--run-folds N`` runs the first N of the ``--folds`` folds (the split is the same), to bound the time.
+Data: ``$XMLDASK_SHARED_DATA`` (default ``../shared/data`` beside the checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _tables import markdown_table  # noqa: E402
+
+from xmldask.io import read_text  # noqa: E402
+from xmldask.models import GradFac, GradFacEN, MultinomialBoosting, OneVsRestBoosting  # noqa: E402
+
+#: the paper's Table 2: dataset -> budget (trees) -> method -> (mean, sd) of micro-F1
+PAPER = {
+    "wine": {30: {"mll": (.949, .047), "gradfac": (.948, .041), "gfen": (.931, .051), "ovr": (.945, .085)},
+             60: {"mll": (.970, .037), "gradfac": (.967, .039), "gfen": (.955, .060), "ovr": (.951, .067)},
+             90: {"mll": (.975, .037), "gradfac": (.969, .046), "gfen": (.955, .060), "ovr": (.955, .069)}},
+    "letter": {3120: {"mll": (.915, .005), "gradfac": (.946, .005), "gfen": (.947, .002), "ovr": (.922, .006)},
+               6240: {"mll": (.933, .004), "gradfac": (.958, .004), "gfen": (.958, .003), "ovr": (.943, .004)},
+               9100: {"mll": (.940, .005), "gradfac": (.960, .004), "gfen": (.962, .004), "ovr": (.950, .004)}},
+    "mnist": {1300: {"mll": (.952, .002), "gradfac": (.964, .002), "gfen": (.963, .002), "ovr": (.957, .002)},
+              2600: {"mll": (.963, .002), "gradfac": (.970, .001), "gfen": (.970, .002), "ovr": (.966, .002)},
+              4000: {"mll": (.967, .002), "gradfac": (.972, .001), "gfen": (.973, .002), "ovr": (.970, .001)}},
+    "pendigits": {1300: {"mll": (.988, .003), "gradfac": (.991, .004), "gfen": (.992, .003), "ovr": (.990, .003)},
+                  2600: {"mll": (.990, .003), "gradfac": (.992, .004), "gfen": (.993, .003), "ovr": (.991, .002)},
+                  4000: {"mll": (.991, .003), "gradfac": (.992, .003), "gfen": (.993, .003), "ovr": (.992, .002)}},
+    "segmentation": {490: {"mll": (.981, .010), "gradfac": (.984, .008), "gfen": (.985, .007), "ovr": (.977, .008)},
+                     1050: {"mll": (.982, .008), "gradfac": (.984, .008), "gfen": (.986, .008), "ovr": (.980, .008)},
+                     1750: {"mll": (.982, .009), "gradfac": (.985, .008), "gfen": (.987, .008), "ovr": (.981, .008)}},
+}
+#: which files of a dataset are pooled for the cross-validation
+POOL = {"wine": ("train",), "letter": ("train", "test"), "segmentation": ("train", "test"),
+        "mnist": ("train",), "pendigits": ("train",)}
+MODELS = {"mll": MultinomialBoosting, "gradfac": GradFac, "gfen": GradFacEN, "ovr": OneVsRestBoosting}
+PEERS = ("catboost", "lightgbm")
+
+
+def data_dir() -> Path:
+    return Path(os.environ.get("XMLDASK_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+
+
+def load(name: str) -> tuple[sp.csr_matrix, np.ndarray]:
+    """The pooled rows of a UCI dataset: features (CSR) and one class per row."""
+    parts = [read_text(str(data_dir() / "uci" / name / f"{part}.txt.gz")) for part in POOL[name]]
+    X = sp.vstack([p[0] for p in parts], format="csr")
+    Y = sp.vstack([p[1] for p in parts], format="csr")
+    if (np.diff(Y.indptr) != 1).any():
+        raise ValueError(f"{name}: every row must have exactly one class")
+    return X, Y.indices.astype(np.int64)
+
+
+def stratified_folds(y: np.ndarray, n_folds: int, seed: int = 0) -> np.ndarray:
+    """The fold of every row: each class's rows shuffled and dealt round-robin to the folds."""
+    rng = np.random.default_rng(seed)
+    fold = np.empty(len(y), np.int64)
+    offset = 0
+    for c in np.unique(y):
+        rows = rng.permutation(np.flatnonzero(y == c))
+        fold[rows] = (np.arange(len(rows)) + offset) % n_folds
+        offset += len(rows)
+    return fold
+
+
+def trees_per_round(method: str, K: int) -> int:
+    return K if method in ("mll", "ovr", "lightgbm") else 1
+
+
+def fit_and_score(method: str, X, y, Xt, yt, K: int, budgets: list[int], lr: float, seed: int) -> dict:
+    """Accuracy at every budget (trees) of one fit at the largest, the fit's seconds and round seconds."""
+    per = trees_per_round(method, K)
+    rounds = max(budgets) // per
+    start = time.perf_counter()
+    if method in MODELS:
+        model = MODELS[method](rounds=rounds, learning_rate=lr, validation_fraction=0.0, random_state=seed).fit(X, y)
+        seconds = time.perf_counter() - start
+        round_s = statistics.mean(h["seconds"] for h in model.history_ if "seconds" in h)
+        out = {}
+        for b in budgets:  # the model after b // per rounds: its first (b // per) * per trees
+            out[b] = np.asarray(model.predict_topk(Xt, k=1, trees=(b // per) * per)[0].compute())[:, 0]
+    elif method == "lightgbm":
+        import lightgbm
+
+        params = {"objective": "multiclass", "num_class": K, "learning_rate": lr, "num_leaves": 64, "max_depth": 6,
+                  "seed": seed, "verbose": -1, "num_threads": 2}
+        model = lightgbm.train(params, lightgbm.Dataset(X.astype(np.float32), label=y), num_boost_round=rounds)
+        seconds = time.perf_counter() - start
+        round_s = seconds / rounds
+        out = {b: model.predict(Xt.astype(np.float32), num_iteration=b // per).argmax(axis=1) for b in budgets}
+    else:
+        import catboost
+
+        model = catboost.CatBoostClassifier(iterations=rounds, learning_rate=lr, depth=6, loss_function="MultiClass",
+                                            random_seed=seed, verbose=False, thread_count=2)
+        model.fit(X.toarray(), y)
+        seconds = time.perf_counter() - start
+        round_s = seconds / rounds
+        Xd = Xt.toarray()
+        out = {b: np.asarray(model.predict(Xd, ntree_end=b // per)).ravel().astype(np.int64) for b in budgets}
+    scores = {}
+    for b, pred in out.items():
+        acc = float((pred == yt).mean())
+        tp = int((pred == yt).sum())
+        fp = fn = len(yt) - tp  # one prediction per row: a wrong one is a false positive and a false negative
+        micro_f1 = 2 * tp / (2 * tp + fp + fn)
+        assert abs(micro_f1 - acc) < 1e-12
+        scores[b] = micro_f1
+    return {"scores": scores, "seconds": seconds, "round_seconds": round_s}
+
+
+def table2(args) -> list[dict]:
+    rows = []
+    for name in args.datasets:
+        X, y = load(name)
+        K = int(y.max()) + 1
+        paper_budgets = sorted(PAPER[name]) if not args.quick else [min(PAPER[name])]
+        run_budget = {b: b if not args.quick else max(K, b // 10 // K * K) for b in paper_budgets}
+        folds = stratified_folds(y, args.folds, seed=args.seed)
+        results = {m: [] for m in args.methods}
+        for f in range(min(args.run_folds or args.folds, args.folds)):
+            train, test = folds != f, folds == f
+            for method in args.methods:
+                r = fit_and_score(method, X[train], y[train], X[test], y[test], K, list(run_budget.values()),
+                                  args.learning_rate, args.seed)
+                results[method].append(r)
+                print(f"{name} fold {f} {method}: " + ", ".join(f"{b}: {s:.4f}" for b, s in r["scores"].items())
+                      + f" ({r['seconds']:.1f} s)", file=sys.stderr, flush=True)
+        for method, runs in results.items():
+            for b in paper_budgets:
+                got = [r["scores"][run_budget[b]] for r in runs]
+                paper = PAPER[name][b].get(method)
+                rows.append({
+                    "dataset": name, "n": int(len(y)), "K": K, "budget_trees": run_budget[b],
+                    "method": method, "folds": len(runs), "micro_f1": statistics.mean(got),
+                    "sd": statistics.stdev(got) if len(got) > 1 else 0.0,
+                    "paper_micro_f1": paper[0] if paper else None, "paper_sd": paper[1] if paper else None,
+                    "delta_vs_paper": statistics.mean(got) - paper[0] if paper else None,
+                    "fit_seconds": statistics.mean(r["seconds"] for r in runs),
+                    "round_ms_per_1k_rows": 1e6 * statistics.mean(r["round_seconds"] for r in runs) / (len(y) * (
+                        args.folds - 1) / args.folds),
+                })
+    return rows
+
+
+def aloi(args) -> list[dict]:
+    """GradFac against MLL on ALOI at MLL's wall-clock time."""
+    X, Y = read_text(str(data_dir() / "aloi" / "train.txt.gz"))
+    Xt, Yt = read_text(str(data_dir() / "aloi" / "test.txt.gz"))
+    y, yt = Y.indices.astype(np.int64), Yt.indices.astype(np.int64)
+    rows = []
+    start = time.perf_counter()
+    mll = MultinomialBoosting(rounds=args.aloi_mll_rounds, learning_rate=args.learning_rate, validation_fraction=0.0,
+                              random_state=args.seed).fit(X, y)
+    mll_seconds = time.perf_counter() - start
+    mll_acc = float((np.asarray(mll.predict(Xt).compute()) == yt).mean())
+    start = time.perf_counter()
+    gf = GradFac(rounds=args.aloi_gf_rounds, learning_rate=args.learning_rate, validation_fraction=0.0,
+                 random_state=args.seed).fit(X, y)
+    gf_seconds = time.perf_counter() - start
+    elapsed = np.cumsum([h.get("seconds", 0.0) for h in gf.history_[:-1]])
+    within = int(np.searchsorted(elapsed, mll_seconds * elapsed[-1] / gf_seconds, side="right")) if len(elapsed) else 0
+    within = max(1, min(within, len(gf.values_)))
+    for label, model, trees, seconds in (("mll", mll, len(mll.values_), mll_seconds),
+                                         ("gradfac (MLL's time)", gf, within, mll_seconds),
+                                         ("gradfac (all rounds)", gf, len(gf.values_), gf_seconds)):
+        pred = np.asarray(model.predict_topk(Xt, k=1, trees=trees)[0].compute())[:, 0]
+        rounds = trees if model is gf else trees // 1000
+        round_s = statistics.mean(h["seconds"] for h in model.history_ if "seconds" in h)
+        rows.append({"dataset": "aloi", "n": int(len(y)), "K": 1000, "method": label, "rounds": rounds,
+                     "budget_trees": trees, "micro_f1": float((pred == yt).mean()), "fit_seconds": seconds,
+                     "round_ms_per_1k_rows": 1e6 * round_s / len(y)})
+    assert abs(rows[0]["micro_f1"] - mll_acc) < 1e-12
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--datasets", nargs="+", default=list(PAPER), choices=list(PAPER))
+    parser.add_argument("--methods", nargs="+", default=list(MODELS), choices=[*MODELS, *PEERS])
+    parser.add_argument("--folds", type=int, default=10, help="folds of the cross-validation (default 10)")
+    parser.add_argument("--run-folds", type=int, default=None, metavar="N",
+                        help="run only the first N folds (default: all)")
+    parser.add_argument("--learning-rate", type=float, default=0.3, help="every method's (default 0.3)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--aloi", action="store_true", help="also GradFac vs MLL on ALOI at equal wall-clock time")
+    parser.add_argument("--aloi-mll-rounds", type=int, default=2, help="MLL rounds on ALOI (1000 trees each)")
+    parser.add_argument("--aloi-gf-rounds", type=int, default=2000, help="GradFac rounds on ALOI at most")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
+    parser.add_argument("--quick", action="store_true", help="smoke test: wine, 2 folds, small budget")
+    args = parser.parse_args()
+    if args.quick:
+        args.datasets, args.run_folds = ["wine"], args.run_folds or 2
+    rows = table2(args) if args.datasets else []
+    keys = ["dataset", "n", "K", "budget_trees", "method", "folds", "micro_f1", "sd", "paper_micro_f1", "paper_sd",
+            "delta_vs_paper", "fit_seconds", "round_ms_per_1k_rows"]
+    print(markdown_table(rows, keys))
+    if args.aloi:
+        extra = aloi(args)
+        print()
+        print(markdown_table(extra, ["dataset", "n", "K", "method", "rounds", "budget_trees", "micro_f1",
+                                     "fit_seconds", "round_ms_per_1k_rows"]))
+        rows += extra
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
