@@ -122,7 +122,8 @@ def fit_and_score(method: str, X, y, Xt, yt, K: int, budgets: list[int], lr: flo
         import catboost
 
         model = catboost.CatBoostClassifier(iterations=rounds, learning_rate=lr, depth=6, loss_function="MultiClass",
-                                            random_seed=seed, verbose=False, thread_count=2)
+                                            random_seed=seed, verbose=False, thread_count=2,
+                                            allow_writing_files=False)
         model.fit(X.toarray(), y)
         seconds = time.perf_counter() - start
         round_s = seconds / rounds

@@ -297,3 +297,17 @@ def test_bench_quick_runs_and_writes_its_rows(tmp_path, shared_data):
     for r in rows:
         assert r["paper_micro_f1"] in (0.949, 0.948) and 0.5 < r["micro_f1"] <= 1 and r["folds"] == 2
     assert "| wine |" in done.stdout
+
+
+def test_scratch_state_gives_the_same_model_and_is_removed(tmp_path):
+    """The Dask state written to Zarr arrays between passes (``scratch``) gives the in-memory model;
+    nothing is left in the scratch directory after the fit."""
+    X, y = _data(sparse=True)
+    kwargs = dict(rounds=3, max_depth=3, max_bins=8, validation_fraction=0.2, random_state=1)
+    local = GradFac(block_rows=30, **kwargs).fit(X, y)
+    Xd = _dask_rows(X, chunks=(30, 30, 30, 20))
+    spilled = GradFac(backend="dask", scratch=str(tmp_path), **kwargs).fit(Xd, y)
+    np.testing.assert_allclose(spilled.values_, local.values_, rtol=1e-5, atol=1e-7)
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(ValueError, match="scratch needs row blocks of one size"):
+        GradFac(backend="dask", scratch=str(tmp_path), **kwargs).fit(_dask_rows(X), y)

@@ -43,15 +43,18 @@ import itertools
 import logging
 import math
 import time
+import uuid
 
 import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
+import zarr
 
 from ..base import NotFittedError, ParamsMixin, as_rows
 from ..linalg import dense_operand
 from ..linalg.passes import ROWS, WHOLE, per_block, tree_sum
+from ..store import remove, zarr_store
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _boost_kernels as BK
 from .embedding_classifier import _check_float, _check_int, _seed_of
@@ -96,6 +99,9 @@ class _LocalRows:
             out += kernel(**{n: block[n] for n in names}, **whole, **(static or {}))
         return out
 
+    def close(self) -> None:
+        pass
+
     def update(self, name: str, kernel, names: tuple, cols: int, dtype, static: dict | None = None, **whole):
         self.n_passes += 1
         for block in self.blocks:
@@ -103,12 +109,18 @@ class _LocalRows:
 
 
 class _DaskRows:
-    """The state as Dask arrays chunked by rows, persisted after each update (on a ``distributed``
-    cluster the workers hold them and spill them to disk past their memory target)."""
+    """The state as Dask arrays chunked by rows. Without ``scratch`` each update is persisted (on a
+    ``distributed`` cluster the workers hold it and spill it to disk past their memory target); with
+    ``scratch`` (a directory or fsspec URL the workers can reach) each update is written there as a
+    Zarr array and read back by the next pass, so a worker holds a few row blocks at a time."""
 
-    def __init__(self, arrays: dict[str, da.Array]):
-        self.arrays = arrays
+    def __init__(self, arrays: dict[str, da.Array], scratch: str | None = None):
+        self.scratch = f"{scratch.rstrip('/')}/boosting-{uuid.uuid4().hex[:12]}" if scratch else None
+        self.urls: dict[str, str] = {}
+        self.arrays = {}
         self.n_passes = 0
+        for name, value in arrays.items():
+            self._set(name, value)
 
     def _ops(self, names, whole):
         return ([(n, self.arrays[n], ROWS) for n in names]
@@ -124,9 +136,28 @@ class _DaskRows:
         self.n_passes += 1
         out = per_block(kernel, self._ops(names, whole), tail=(cols,), dtype=dtype, stack=False, static=static,
                         token=f"boost-{name}-{next(_tokens)}")
-        old = self.arrays.get(name)
-        self.arrays[name] = out.persist()
-        del old
+        self._set(name, out)
+
+    def _set(self, name: str, value: da.Array) -> None:
+        old = self.urls.pop(name, None)
+        if self.scratch is None:
+            self.arrays[name] = value.persist()
+        else:
+            url = f"{self.scratch}/{name}-{next(_tokens)}.zarr"
+            rows = value.chunks[0][0]
+            target = zarr.open_array(zarr_store(url), mode="w", shape=value.shape, dtype=value.dtype,
+                                     chunks=(rows, *value.shape[1:]), fill_value=0)
+            da.store(value, target, lock=False)
+            self.arrays[name] = da.from_zarr(target)
+            self.urls[name] = url
+        if old:
+            remove(old)
+
+    def close(self) -> None:
+        """Delete the scratch arrays."""
+        if self.scratch:
+            remove(self.scratch)
+        self.urls.clear()
 
 
 # --------------------------------------------------------------------------------------------
@@ -150,7 +181,8 @@ class _Boosting(ParamsMixin):
     def __init__(self, *, rounds: int = 1000, learning_rate: float = 0.3, max_depth: int = 6, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
-                 block_rows: int = 8192, backend: str = "auto", random_state=None):
+                 block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
+                 random_state=None):
         self.rounds = rounds
         self.learning_rate = learning_rate
         self.max_depth = max_depth
@@ -161,6 +193,7 @@ class _Boosting(ParamsMixin):
         self.n_iter_no_change = n_iter_no_change
         self.block_rows = block_rows
         self.backend = backend
+        self.scratch = scratch
         self.random_state = random_state
 
     def __repr__(self) -> str:
@@ -178,7 +211,8 @@ class _Boosting(ParamsMixin):
                     l2_leaf_reg=_check_float(self.l2_leaf_reg, "l2_leaf_reg"),
                     validation_fraction=_check_float(self.validation_fraction, "validation_fraction", high=0.5),
                     n_iter_no_change=_check_int(self.n_iter_no_change, "n_iter_no_change", 1),
-                    block_rows=_check_int(self.block_rows, "block_rows", 1))
+                    block_rows=_check_int(self.block_rows, "block_rows", 1),
+                    scratch=None if self.scratch is None else str(self.scratch))
 
     # ---------------------------------------------------------------- inputs
 
@@ -227,8 +261,10 @@ class _Boosting(ParamsMixin):
         bins = X.map_blocks(_bin_block, borders=self.borders_, dtype=np.uint8, meta=np.empty((0, 0), np.uint8))
         held = y.map_blocks(_held_block, seed=seed, fraction=frac, dtype=bool, meta=np.empty((0,), bool))
         S = da.zeros((n, K), dtype=np.float32, chunks=(X.chunks[0], (K,)))
-        bins, y, held, S = dask.persist(bins, y, held, S)
-        return _DaskRows({"bins": bins, "y": y, "held": held, "S": S}), n_bins
+        if p["scratch"] is not None and len(set(X.chunks[0][:-1])) > 1:
+            raise ValueError("scratch needs row blocks of one size (the last may be smaller); fix: X = "
+                             "X.rechunk({0: ROWS}) (a dataset store's blocks are)")
+        return _DaskRows({"bins": bins, "y": y, "held": held, "S": S}, scratch=p["scratch"]), n_bins
 
     def _classes(self, Y, X: da.Array) -> tuple[da.Array, int]:
         """Per row its class as a lazy int32 array chunked like ``X`` (``-1 - labels`` where a row has
@@ -268,11 +304,34 @@ class _Boosting(ParamsMixin):
         start = time.perf_counter()
         rows, n_bins = self._state(X, Y, p, _seed_of(self.random_state))
         self.n_bins_ = n_bins
+        try:
+            trees, history, best = self._boost(rows, p, extra)
+        finally:
+            rows.close()
         K, D = self.n_labels_, p["max_depth"]
+        factor = self._trees == "factor"
+        kept = trees[:best]
+        self.rounds_ = len(kept)
+        self.features_ = np.concatenate([r[0] for r in kept] or [np.zeros((0, D))]).astype(np.int32)
+        self.tree_borders_ = np.concatenate([r[1] for r in kept] or [np.zeros((0, D))]).astype(np.uint8)
+        self.values_ = np.concatenate([r[2] for r in kept] or [np.zeros((0, 1 << D))]).astype(np.float32)
+        self.vectors_ = np.concatenate([r[3]["vectors"] for r in kept] or [np.zeros((0, K))]).astype(np.float32) \
+            if factor else np.zeros((0, K), np.float32)
+        self.classes_ = np.zeros(0, np.int32) if factor else \
+            np.concatenate([r[3]["classes"] for r in kept] or [np.zeros(0)]).astype(np.int32)
+        self.history_ = history
+        self.n_passes_ = rows.n_passes + 2
+        self.fit_seconds_ = time.perf_counter() - start
+        return self
+
+    def _boost(self, rows, p: dict, extra: dict) -> tuple[list, list, int]:
+        """The rounds: per round its trees (features, borders, values, outputs); the history; the best
+        round by held-out loss (the last without held-out rows)."""
+        K, D, n_bins = self.n_labels_, p["max_depth"], self.n_bins_
         factor = self._trees == "factor"
         exact = factor and K <= EXACT_GRAM_CLASSES
         validate = p["validation_fraction"] > 0
-        trees: list[tuple] = []  # per round: features, borders, values, outputs (vectors or classes)
+        trees: list[tuple] = []
         history, best, best_loss, stale, v = [], 0, math.inf, 0, None
         for t in range(p["rounds"] + 1):
             st = rows.reduce(BK.stats, ("S", "y", "held"), (K * K if exact else 0) + 5,
@@ -303,19 +362,7 @@ class _Boosting(ParamsMixin):
             rows.update("S", BK.apply_trees, ("bins", "S"), K, np.float32, features=F, borders=B, values=V, **outputs)
             entry["seconds"] = time.perf_counter() - round_start
             logger.debug("round %d: train loss %.4f, held-out loss %s", t, entry["train_loss"], entry["val_loss"])
-        kept = trees[:best] if validate else trees
-        self.rounds_ = len(kept)
-        self.features_ = np.concatenate([r[0] for r in kept] or [np.zeros((0, D))]).astype(np.int32)
-        self.tree_borders_ = np.concatenate([r[1] for r in kept] or [np.zeros((0, D))]).astype(np.uint8)
-        self.values_ = np.concatenate([r[2] for r in kept] or [np.zeros((0, 1 << D))]).astype(np.float32)
-        self.vectors_ = np.concatenate([r[3]["vectors"] for r in kept] or [np.zeros((0, K))]).astype(np.float32) \
-            if factor else np.zeros((0, K), np.float32)
-        self.classes_ = np.zeros(0, np.int32) if factor else \
-            np.concatenate([r[3]["classes"] for r in kept] or [np.zeros(0)]).astype(np.int32)
-        self.history_ = history
-        self.n_passes_ = rows.n_passes + 2
-        self.fit_seconds_ = time.perf_counter() - start
-        return self
+        return trees, history, best if validate else len(trees)
 
     def _validated_extra(self) -> dict:
         return {}
@@ -456,6 +503,11 @@ class GradFac(_Boosting):
         warm-started from the last round's ``v``; else the exact eigenvector (one pass).
     block_rows : int, default 8192
         Rows per block of an in-memory ``X``.
+    scratch : str, optional
+        With the ``dask`` backend: a directory or fsspec URL that every worker can reach, where the
+        boosting state is written as Zarr arrays between passes (a worker then holds a few row blocks
+        at a time, however large the data); deleted after the fit. ``None``: the state is persisted in
+        the workers' memory, which Dask spills to disk past its memory target.
     backend : {"auto", "local", "dask"}, default "auto"
         Where the boosting state lives: ``local`` in this process (a Dask ``X`` is read into it once),
         ``dask`` in row blocks on the scheduler's workers (out of core), ``auto`` local for an
@@ -478,12 +530,13 @@ class GradFac(_Boosting):
     def __init__(self, *, rounds: int = 1000, learning_rate: float = 0.3, max_depth: int = 6, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
-                 power_iter: int = 2, block_rows: int = 8192, backend: str = "auto", random_state=None):
+                 power_iter: int = 2, block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
+                 random_state=None):
         super().__init__(rounds=rounds, learning_rate=learning_rate, max_depth=max_depth, max_bins=max_bins,
                          l2_leaf_reg=l2_leaf_reg, leaf_estimation=leaf_estimation,
                          validation_fraction=validation_fraction,
                          n_iter_no_change=n_iter_no_change, block_rows=block_rows, backend=backend,
-                         random_state=random_state)
+                         scratch=scratch, random_state=random_state)
         self.power_iter = power_iter
 
     def _validated_extra(self) -> dict:
@@ -526,12 +579,12 @@ class GradFacEN(GradFac):
                  n_iter_no_change: int = 20,
                  power_iter: int = 2, en_l1_u: float = 0.05, en_l2_u: float = 0.0, en_l1_v: float = 0.05,
                  en_l2_v: float = 0.0, en_iter: int = 1, block_rows: int = 8192, backend: str = "auto",
-                 random_state=None):
+                 scratch: str | None = None, random_state=None):
         super().__init__(rounds=rounds, learning_rate=learning_rate, max_depth=max_depth, max_bins=max_bins,
                          l2_leaf_reg=l2_leaf_reg, leaf_estimation=leaf_estimation,
                          validation_fraction=validation_fraction,
                          n_iter_no_change=n_iter_no_change, power_iter=power_iter, block_rows=block_rows,
-                         backend=backend, random_state=random_state)
+                         backend=backend, scratch=scratch, random_state=random_state)
         self.en_l1_u = en_l1_u
         self.en_l2_u = en_l2_u
         self.en_l1_v = en_l1_v
