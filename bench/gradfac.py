@@ -17,7 +17,12 @@ accuracy is taken after the rounds that fit in MLL's time (its per-round seconds
 
     python bench/gradfac.py [--datasets wine letter ...] [--methods mll gradfac gfen ovr]
                             [--folds 10] [--run-folds N] [--learning-rate 0.3] [--aloi]
-                            [--json FILE] [--quick]
+                            [--out-of-core N [N ...]] [--json FILE] [--quick]
+
+``--out-of-core N ...`` fits GradFac (``--ooc-rounds`` rounds, ``backend="dask"``, the state in Zarr
+scratch arrays) on synthetic multiclass stores of N rows on a local cluster of ``--ooc-workers``
+processes limited to ``--ooc-memory-limit`` each, with Dask's spilling off and a worker restarted at
+95% of its limit; it reports each worker's peak RSS (``VmHWM``, read in the workers) and restarts.
 
 ``--run-folds N`` runs the first N of the ``--folds`` folds (the split is the same), to bound the time.
 Data: ``$XMLDASK_SHARED_DATA`` (default ``../shared/data`` beside the checkout).
@@ -205,9 +210,66 @@ def aloi(args) -> list[dict]:
     return rows
 
 
+#: the memory manager of the out-of-core runs: no spilling or pausing, restart a worker at 95% of its limit
+#: (a worker that ever held much more than a few row blocks is killed; restarts are counted)
+MEMORY_CONFIG = {"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False,
+                 "distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": 0.95}
+
+
+def _pid_and_peak_rss():
+    """This worker's process id and peak RSS in bytes (``VmHWM``: a true peak, not a sample)."""
+    with open("/proc/self/status") as f:
+        return os.getpid(), next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) * 1024
+
+
+def out_of_core(args) -> list[dict]:
+    """GradFac fitted from synthetic multiclass stores on a local cluster of worker processes with a memory
+    limit, the state in Zarr scratch arrays: seconds, passes and each worker's peak RSS per size."""
+    import tempfile
+
+    import dask
+
+    from xmldask import open_dataset
+    from xmldask.cluster import cluster
+    from xmldask.datasets import make_synthetic
+
+    rows = []
+    cache = Path(args.cache or tempfile.mkdtemp(prefix="gradfac-ooc-"))
+    for n in args.out_of_core:
+        url = str(cache / f"synthetic-{n}.zarr")
+        if not Path(url).exists():
+            make_synthetic(url, n_samples=n, n_features=args.ooc_features, n_labels=args.ooc_classes, multiclass=True,
+                           avg_features=args.ooc_features / 2, seed=args.seed, block_rows=args.ooc_block_rows)
+        data = open_dataset(url)
+        nnz = int(data.meta["nnz"])
+        csr_bytes = nnz * (data.X.dtype.itemsize + 4) + (n + 1) * 8
+        with tempfile.TemporaryDirectory(prefix="gradfac-scratch-") as scratch, dask.config.set(MEMORY_CONFIG), \
+                cluster(n_workers=args.ooc_workers, threads_per_worker=1, processes=True,
+                        memory_limit=args.ooc_memory_limit, dashboard_address=None) as client:
+            before = client.run(_pid_and_peak_rss)
+            start = time.perf_counter()
+            model = GradFac(rounds=args.ooc_rounds, backend="dask", scratch=scratch, random_state=args.seed)
+            model.fit(data.X, data.Y)
+            seconds = time.perf_counter() - start
+            after = client.run(_pid_and_peak_rss)
+            limit = min(w["memory_limit"] for w in client.scheduler_info(n_workers=-1)["workers"].values())
+        restarts = len(set(before) ^ set(after)) + sum(before[a][0] != after[a][0] for a in set(before) & set(after))
+        rows.append({"n_samples": n, "nnz": nnz, "csr_bytes": csr_bytes, "n_workers": args.ooc_workers,
+                     "worker_memory_limit_bytes": limit,
+                     "csr_over_total_limit": csr_bytes / (limit * args.ooc_workers),
+                     "rounds": model.rounds_, "passes": model.n_passes_, "seconds": seconds,
+                     "seconds_per_pass_per_m_rows": seconds / model.n_passes_ / (n / 1e6),
+                     "peak_rss_bytes_per_worker": max(peak for _, peak in after.values()),
+                     "worker_restarts": restarts,
+                     "held_out_accuracy": model.history_[-1]["val_accuracy"]})
+        print(f"out of core n={n}: {seconds:.1f} s, peak {rows[-1]['peak_rss_bytes_per_worker'] / 2**20:.0f} MiB",
+              file=sys.stderr, flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--datasets", nargs="+", default=list(PAPER), choices=list(PAPER))
+    parser.add_argument("--datasets", nargs="+", default=list(PAPER), choices=[*PAPER, "none"])
     parser.add_argument("--methods", nargs="+", default=list(MODELS), choices=[*MODELS, *PEERS])
     parser.add_argument("--folds", type=int, default=10, help="folds of the cross-validation (default 10)")
     parser.add_argument("--run-folds", type=int, default=None, metavar="N",
@@ -217,11 +279,22 @@ def main() -> None:
     parser.add_argument("--aloi", action="store_true", help="also GradFac vs MLL on ALOI at equal wall-clock time")
     parser.add_argument("--aloi-mll-rounds", type=int, default=2, help="MLL rounds on ALOI (1000 trees each)")
     parser.add_argument("--aloi-gf-rounds", type=int, default=2000, help="GradFac rounds on ALOI at most")
+    parser.add_argument("--out-of-core", nargs="+", type=int, default=[], metavar="N",
+                        help="also fit GradFac on synthetic stores of these sizes on a memory-limited cluster")
+    parser.add_argument("--ooc-features", type=int, default=64, help="out of core: features (default 64)")
+    parser.add_argument("--ooc-classes", type=int, default=20, help="out of core: classes (default 20)")
+    parser.add_argument("--ooc-rounds", type=int, default=5, help="out of core: rounds (default 5)")
+    parser.add_argument("--ooc-workers", type=int, default=2, help="out of core: worker processes (default 2)")
+    parser.add_argument("--ooc-memory-limit", default="400MiB", help="out of core: per worker (default 400MiB)")
+    parser.add_argument("--ooc-block-rows", type=int, default=65_536, help="out of core: rows per block")
+    parser.add_argument("--cache", default=None, metavar="DIR", help="out of core: where the stores are kept")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--quick", action="store_true", help="smoke test: wine, 2 folds, small budget")
     args = parser.parse_args()
     if args.quick:
         args.datasets, args.run_folds = ["wine"], args.run_folds or 2
+    if args.datasets == ["none"]:
+        args.datasets = []
     rows = table2(args) if args.datasets else []
     keys = ["dataset", "n", "K", "budget_trees", "method", "folds", "micro_f1", "sd", "paper_micro_f1", "paper_sd",
             "delta_vs_paper", "fit_seconds", "round_ms_per_1k_rows"]
@@ -232,9 +305,17 @@ def main() -> None:
         print(markdown_table(extra, ["dataset", "n", "K", "method", "rounds", "budget_trees", "micro_f1",
                                      "fit_seconds", "round_ms_per_1k_rows"]))
         rows += extra
+    if args.out_of_core:
+        extra = out_of_core(args)
+        print()
+        print(markdown_table(extra, ["n_samples", "nnz", "csr_bytes", "csr_over_total_limit", "n_workers",
+                                     "worker_memory_limit_bytes", "rounds", "passes", "seconds",
+                                     "seconds_per_pass_per_m_rows", "peak_rss_bytes_per_worker", "worker_restarts",
+                                     "held_out_accuracy"]))
+        rows += extra
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=1))
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # worker processes are spawned: this guard keeps them from running the bench
     main()

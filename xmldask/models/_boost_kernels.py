@@ -132,15 +132,23 @@ def losses(S: np.ndarray, y: np.ndarray, link: str) -> np.ndarray:
 
 def stats(S, y, held, *, link: str, gram: bool) -> np.ndarray:
     """``[R^T R (K^2, training rows; if gram), train loss, train rows, held-out loss, held-out correct,
-    held-out rows]`` of a block."""
+    held-out rows]`` of a block (one softmax of the block's scores)."""
     train = ~held
-    loss = losses(S, y, link)
-    correct = (S.argmax(axis=1) == y)
+    if link == "softmax":
+        Z = S.astype(np.float64) - S.max(axis=1, keepdims=True)
+        E = np.exp(Z)
+        total = E.sum(axis=1)
+        loss = np.log(total) - Z[np.arange(y.size), y]
+        R = -E[train] / total[train, None] if gram else None
+    else:
+        loss = losses(S, y, link)
+        R = -sigmoid(S[train]) if gram else None
     head = []
     if gram:
-        R = residuals(S[train], y[train], link)
+        R[np.arange(R.shape[0]), y[train]] += 1.0
         head = [(R.T @ R).ravel()]
-    tail = np.array([loss[train].sum(), train.sum(), loss[held].sum(), correct[held].sum(), held.sum()])
+    correct = S[held].argmax(axis=1) == y[held]
+    tail = np.array([loss[train].sum(), train.sum(), loss[held].sum(), correct.sum(), held.sum()])
     return np.concatenate(head + [tail])
 
 
@@ -212,23 +220,24 @@ def leaves(bins: np.ndarray, features: np.ndarray, borders: np.ndarray) -> np.nd
     return leaf
 
 
-def histograms(bins, T, held, *, features: np.ndarray, borders: np.ndarray, n_bins: int) -> np.ndarray:
-    """Sums of the targets and of their weights per (tree, leaf, feature, bin) over the training rows:
-    ``2 x m x 2^level x d x n_bins`` flattened (``T = [G, H]``, ``n_b x 2m``; ``level`` the levels of
-    ``features``)."""
-    train = ~held
-    bins, T = bins[train], T[train]
+def histograms(bins, T, *, features: np.ndarray, borders: np.ndarray, n_bins: int) -> np.ndarray:
+    """Sums of the targets and of their weights per (tree, leaf, feature, bin): ``2 x m x 2^level x d
+    x n_bins`` flattened (``T = [G, H]``, ``n_b x 2m``, as :func:`targets` writes it: zero on held-out
+    rows, which therefore add nothing; ``level`` the levels of ``features``).
+
+    One ``bincount`` of ``n_b`` entries per (tree, feature, sum): no ``n_b x d`` temporaries."""
     n, d = bins.shape
     m = T.shape[1] // 2
     n_leaves = 1 << features.shape[1]
-    leaf = leaves(bins, features, borders)
-    codes = (bins.astype(np.int64) + np.arange(d, dtype=np.int64) * n_bins).ravel()
-    size = n_leaves * d * n_bins
-    out = np.empty((2, m, size))
+    size = n_leaves * n_bins
+    leaf = leaves(bins, features, borders) * n_bins
+    out = np.empty((2, m, n_leaves, d, n_bins))
     for j in range(m):
-        index = np.repeat(leaf[:, j] * (d * n_bins), d) + codes
-        out[0, j] = np.bincount(index, weights=np.repeat(T[:, j].astype(np.float64), d), minlength=size)
-        out[1, j] = np.bincount(index, weights=np.repeat(T[:, m + j].astype(np.float64), d), minlength=size)
+        g, h = T[:, j].astype(np.float64), T[:, m + j].astype(np.float64)
+        for f in range(d):
+            index = leaf[:, j] + bins[:, f]
+            out[0, j, :, f] = np.bincount(index, weights=g, minlength=size).reshape(n_leaves, n_bins)
+            out[1, j, :, f] = np.bincount(index, weights=h, minlength=size).reshape(n_leaves, n_bins)
     return out.ravel()
 
 

@@ -387,7 +387,7 @@ class _Boosting(ParamsMixin):
         for level in range(D):
             new_f, new_b, last = np.zeros(m, np.int64), np.zeros(m, np.int64), []
             for a, b in groups:
-                flat = rows.reduce(_histograms, ("bins", "T", "held"), 2 * (b - a) * (d * n_bins << level),
+                flat = rows.reduce(_histograms, ("bins", "T"), 2 * (b - a) * (d * n_bins << level),
                                    static={"n_bins": n_bins, "columns": (a, b)}, features=F[a:b], borders=B[a:b])
                 hist = flat.reshape(2, b - a, 1 << level, d, n_bins)
                 new_f[a:b], new_b[a:b], _ = BK.best_splits(hist, n_borders, l2)
@@ -672,11 +672,12 @@ def _held_block(yb, seed, fraction, block_id=None):
     return BK.held_out(yb.shape[0], seed=seed, block=block_id[0], fraction=fraction)
 
 
-def _histograms(bins, T, held, *, features, borders, n_bins, columns):
+def _histograms(bins, T, *, features, borders, n_bins, columns):
     a, b = columns
     m = T.shape[1] // 2
-    return BK.histograms(bins, np.concatenate([T[:, a:b], T[:, m + a:m + b]], axis=1), held, features=features,
-                         borders=borders, n_bins=n_bins)
+    if (a, b) != (0, m):
+        T = np.concatenate([T[:, a:b], T[:, m + a:m + b]], axis=1)
+    return BK.histograms(bins, T, features=features, borders=borders, n_bins=n_bins)
 
 
 def _scores_block(Xb, flat_borders, n_borders, features, borders, values, outputs, *, factor: bool, n_labels: int):
