@@ -312,3 +312,14 @@ def test_scratch_state_gives_the_same_model_and_is_removed(tmp_path):
     assert list(tmp_path.iterdir()) == []
     with pytest.raises(ValueError, match="scratch needs row blocks of one size"):
         GradFac(backend="dask", scratch=str(tmp_path), **kwargs).fit(_dask_rows(X), y)
+
+
+def test_histogram_subtraction_gives_the_full_histograms():
+    rng = np.random.default_rng(8)
+    bins = rng.integers(0, 7, (90, 4)).astype(np.uint8)
+    T = rng.random((90, 6)).astype(np.float32)
+    F, B = rng.integers(0, 4, (3, 3)), rng.integers(0, 6, (3, 3))
+    full = BK.histograms(bins, T, features=F, borders=B, n_bins=7).reshape(2, 3, 8, 4, 7)
+    parent = BK.histograms(bins, T, features=F[:, :2], borders=B[:, :2], n_bins=7).reshape(2, 3, 4, 4, 7)
+    right = BK.histograms(bins, T, features=F, borders=B, n_bins=7, right_only=True).reshape(2, 3, 4, 4, 7)
+    np.testing.assert_allclose(BK.children(parent, right), full, atol=1e-9)

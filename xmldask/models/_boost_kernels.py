@@ -220,25 +220,40 @@ def leaves(bins: np.ndarray, features: np.ndarray, borders: np.ndarray) -> np.nd
     return leaf
 
 
-def histograms(bins, T, *, features: np.ndarray, borders: np.ndarray, n_bins: int) -> np.ndarray:
+def histograms(bins, T, *, features: np.ndarray, borders: np.ndarray, n_bins: int,
+               right_only: bool = False) -> np.ndarray:
     """Sums of the targets and of their weights per (tree, leaf, feature, bin): ``2 x m x 2^level x d
     x n_bins`` flattened (``T = [G, H]``, ``n_b x 2m``, as :func:`targets` writes it: zero on held-out
     rows, which therefore add nothing; ``level`` the levels of ``features``).
 
-    One ``bincount`` of ``n_b`` entries per (tree, feature, sum): no ``n_b x d`` temporaries."""
-    n, d = bins.shape
+    With ``right_only``, only the rows on the right of each tree's last split, per parent leaf
+    (``2^(level-1)`` leaves): the left children are the parent's histogram minus these (histogram
+    subtraction, half the rows). One ``bincount`` of the rows per (tree, feature, sum): no ``n_b x d``
+    temporaries."""
+    d = bins.shape[1]
     m = T.shape[1] // 2
-    n_leaves = 1 << features.shape[1]
+    depth = features.shape[1] - (1 if right_only else 0)
+    n_leaves = 1 << depth
     size = n_leaves * n_bins
-    leaf = leaves(bins, features, borders) * n_bins
+    leaf = leaves(bins, features[:, :depth], borders[:, :depth]) * n_bins
     out = np.empty((2, m, n_leaves, d, n_bins))
     for j in range(m):
-        g, h = T[:, j].astype(np.float64), T[:, m + j].astype(np.float64)
+        B, offset, g, h = bins, leaf[:, j], T[:, j], T[:, m + j]
+        if right_only:
+            rows = bins[:, features[j, -1]] > borders[j, -1]
+            B, offset, g, h = bins[rows], offset[rows], g[rows], h[rows]
+        g, h = g.astype(np.float64), h.astype(np.float64)
         for f in range(d):
-            index = leaf[:, j] + bins[:, f]
+            index = offset + B[:, f]
             out[0, j, :, f] = np.bincount(index, weights=g, minlength=size).reshape(n_leaves, n_bins)
             out[1, j, :, f] = np.bincount(index, weights=h, minlength=size).reshape(n_leaves, n_bins)
     return out.ravel()
+
+
+def children(parent: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """The histograms of a level's leaves (``2 x m x 2L x d x bins``, leaf ``2p + bit``) from the
+    previous level's (``L`` leaves) and those of the rows right of the new split."""
+    return np.stack([parent - right, right], axis=3).reshape(2, right.shape[1], -1, *right.shape[3:])
 
 
 def best_splits(hist: np.ndarray, n_borders: np.ndarray, l2: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -383,15 +383,19 @@ class _Boosting(ParamsMixin):
         m, d = groups[-1][1], self.n_features_in_
         n_borders = np.array([len(b) for b in self.borders_])
         F, B = np.zeros((m, 0), np.int64), np.zeros((m, 0), np.int64)
-        last = []
+        last = [None] * len(groups)  # per group, the histograms of the last level's leaves
         for level in range(D):
-            new_f, new_b, last = np.zeros(m, np.int64), np.zeros(m, np.int64), []
-            for a, b in groups:
-                flat = rows.reduce(_histograms, ("bins", "T"), 2 * (b - a) * (d * n_bins << level),
-                                   static={"n_bins": n_bins, "columns": (a, b)}, features=F[a:b], borders=B[a:b])
-                hist = flat.reshape(2, b - a, 1 << level, d, n_bins)
+            new_f, new_b = np.zeros(m, np.int64), np.zeros(m, np.int64)
+            for g, (a, b) in enumerate(groups):
+                leaves = 1 << max(level - 1, 0)  # level 0: all rows; then the rows right of the last split
+                flat = rows.reduce(_histograms, ("bins", "T"), 2 * (b - a) * (d * n_bins * leaves),
+                                   static={"n_bins": n_bins, "columns": (a, b), "right_only": level > 0},
+                                   features=F[a:b], borders=B[a:b])
+                hist = flat.reshape(2, b - a, leaves, d, n_bins)
+                if level > 0:
+                    hist = BK.children(last[g], hist)
                 new_f[a:b], new_b[a:b], _ = BK.best_splits(hist, n_borders, l2)
-                last.append(hist)
+                last[g] = hist
             F, B = np.column_stack([F, new_f]), np.column_stack([B, new_b])
         V = np.concatenate([BK.leaf_values(h, F[a:b], B[a:b], l2) for h, (a, b) in zip(last, groups)])
         return F, B, V
@@ -672,12 +676,12 @@ def _held_block(yb, seed, fraction, block_id=None):
     return BK.held_out(yb.shape[0], seed=seed, block=block_id[0], fraction=fraction)
 
 
-def _histograms(bins, T, *, features, borders, n_bins, columns):
+def _histograms(bins, T, *, features, borders, n_bins, columns, right_only):
     a, b = columns
     m = T.shape[1] // 2
     if (a, b) != (0, m):
         T = np.concatenate([T[:, a:b], T[:, m + a:m + b]], axis=1)
-    return BK.histograms(bins, T, features=features, borders=borders, n_bins=n_bins)
+    return BK.histograms(bins, T, features=features, borders=borders, n_bins=n_bins, right_only=right_only)
 
 
 def _scores_block(Xb, flat_borders, n_borders, features, borders, values, outputs, *, factor: bool, n_labels: int):
