@@ -130,23 +130,23 @@ def losses(S: np.ndarray, y: np.ndarray, link: str) -> np.ndarray:
     return np.logaddexp(0.0, -signs * S).sum(axis=1)
 
 
-def stats(S, y, held, *, link: str, gram: bool) -> np.ndarray:
-    """``[R^T R (K^2, training rows; if gram), train loss, train rows, held-out loss, held-out correct,
-    held-out rows]`` of a block (one softmax of the block's scores)."""
+def stats(S, y, held, *, link: str, gram: bool, v: np.ndarray | None = None) -> np.ndarray:
+    """``[R^T R (K^2, training rows; if gram) or R^T R v and |R|^2 (K + 1; if v), train loss, train rows,
+    held-out loss, held-out correct, held-out rows]`` of a block (one softmax of the block's scores)."""
     train = ~held
     if link == "softmax":
         Z = S.astype(np.float64) - S.max(axis=1, keepdims=True)
         E = np.exp(Z)
         total = E.sum(axis=1)
         loss = np.log(total) - Z[np.arange(y.size), y]
-        R = -E[train] / total[train, None] if gram else None
+        R = -E[train] / total[train, None] if gram or v is not None else None
     else:
         loss = losses(S, y, link)
-        R = -sigmoid(S[train]) if gram else None
+        R = -sigmoid(S[train]) if gram or v is not None else None
     head = []
-    if gram:
+    if R is not None:
         R[np.arange(R.shape[0]), y[train]] += 1.0
-        head = [(R.T @ R).ravel()]
+        head = [(R.T @ R).ravel()] if gram else [R.T @ (R @ v), [np.einsum("ij,ij->", R, R)]]
     correct = S[held].argmax(axis=1) == y[held]
     tail = np.array([loss[train].sum(), train.sum(), loss[held].sum(), correct.sum(), held.sum()])
     return np.concatenate(head + [tail])

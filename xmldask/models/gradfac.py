@@ -334,8 +334,10 @@ class _Boosting(ParamsMixin):
         trees: list[tuple] = []
         history, best, best_loss, stale, v = [], 0, math.inf, 0, None
         for t in range(p["rounds"] + 1):
-            st = rows.reduce(BK.stats, ("S", "y", "held"), (K * K if exact else 0) + 5,
-                             static={"link": self._link, "gram": exact})
+            # the round's first power step (many classes) rides on the statistics pass
+            v = self._start(v) if factor and not exact else None
+            st = rows.reduce(BK.stats, ("S", "y", "held"), (K * K if exact else 0 if v is None else K + 1) + 5,
+                             static={"link": self._link, "gram": exact}, **({} if v is None else {"v": v}))
             train_loss, n_train, val_loss, val_correct, n_val = st[-5:]
             entry = {"round": t, "trees": sum(len(r[0]) for r in trees), "train_loss": train_loss / max(n_train, 1),
                      "val_loss": val_loss / n_val if n_val else None,
@@ -349,7 +351,7 @@ class _Boosting(ParamsMixin):
                 break
             round_start = time.perf_counter()
             if factor:
-                v, entry["factor_error"] = self._factor(rows, st[:K * K].reshape(K, K) if exact else None, v, extra)
+                v, entry["factor_error"] = self._factor(rows, st[:-5], v, extra)
                 v = self._targets(rows, v, int(n_train), extra)
                 groups, outputs = [(0, 1)], {"vectors": v[None, :]}
             else:
@@ -502,9 +504,10 @@ class GradFac(_Boosting):
         Training rows held out for early stopping (0: none; every round is kept).
     n_iter_no_change : int, default 20
         Rounds without a better held-out loss before stopping.
-    power_iter : int, default 2
-        With more than :data:`EXACT_GRAM_CLASSES` classes: power steps on ``R^T R`` (a pass each),
-        warm-started from the last round's ``v``; else the exact eigenvector (one pass).
+    power_iter : int, default 1
+        With more than :data:`EXACT_GRAM_CLASSES` classes: power steps on ``R^T R`` a round, warm-started
+        from the last round's ``v`` (the first rides on the statistics pass, each further one is a
+        pass); with fewer, the exact eigenvector of ``R^T R`` (no pass of its own).
     block_rows : int, default 8192
         Rows per block of an in-memory ``X``.
     scratch : str, optional
@@ -534,7 +537,7 @@ class GradFac(_Boosting):
     def __init__(self, *, rounds: int = 1000, learning_rate: float = 0.3, max_depth: int = 6, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
-                 power_iter: int = 2, block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
+                 power_iter: int = 1, block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
                  random_state=None):
         super().__init__(rounds=rounds, learning_rate=learning_rate, max_depth=max_depth, max_bins=max_bins,
                          l2_leaf_reg=l2_leaf_reg, leaf_estimation=leaf_estimation,
@@ -546,21 +549,28 @@ class GradFac(_Boosting):
     def _validated_extra(self) -> dict:
         return {"power_iter": _check_int(self.power_iter, "power_iter", 1)}
 
-    def _factor(self, rows, gram, v_prev, extra):
-        """The unit ``v`` of the top singular pair of ``R`` (from its Gram matrix, or by power steps from
-        the last round's ``v``) and the relative error ``|R - u v^T| / |R|`` (known with the Gram)."""
+    def _start(self, v_prev):
+        """The start of the power steps: the last round's ``v``, a fixed random vector at first."""
+        v = v_prev if v_prev is not None else np.random.default_rng(0).standard_normal(self.n_labels_)
+        return v / np.linalg.norm(v)
+
+    def _factor(self, rows, head, v, extra):
+        """The unit ``v`` of the top singular pair of ``R`` and the relative error ``|R - u v^T| / |R|``.
+
+        ``head`` is ``R^T R`` (its top eigenvector) or, with many classes, ``[R^T R v, |R|^2]`` for the
+        start ``v``: the first power step, taken by the statistics pass; ``power_iter - 1`` more follow."""
         K = self.n_labels_
-        if gram is not None:
-            w, U = np.linalg.eigh(gram)
-            v = U[:, -1]
-            err = math.sqrt(max(1.0 - max(w[-1], 0.0) / max(np.trace(gram), 1e-300), 0.0))
+        if v is None:
+            w, U = np.linalg.eigh(head.reshape(K, K))
+            v, top, total = U[:, -1], w[-1], np.trace(head.reshape(K, K))
         else:
-            v = v_prev if v_prev is not None else np.random.default_rng(0).standard_normal(K)
-            v = v / np.linalg.norm(v)
-            for _ in range(extra["power_iter"]):
-                w = rows.reduce(BK.power_step, ("S", "y", "held"), K, static={"link": self._link}, v=v)
+            w, total = head[:K], head[K]
+            for _ in range(extra["power_iter"] - 1):
                 v = w / max(np.linalg.norm(w), 1e-300)
-            err = None
+                w = rows.reduce(BK.power_step, ("S", "y", "held"), K, static={"link": self._link}, v=v)
+            top = float(v @ w)  # the Rayleigh quotient |R v|^2 of the last v
+            v = w / max(np.linalg.norm(w), 1e-300)
+        err = math.sqrt(max(1.0 - max(top, 0.0) / max(total, 1e-300), 0.0))
         return (-v if v[np.argmax(np.abs(v))] < 0 else v), err  # a fixed sign (u v^T does not depend on it)
 
 
@@ -581,7 +591,7 @@ class GradFacEN(GradFac):
     def __init__(self, *, rounds: int = 1000, learning_rate: float = 0.3, max_depth: int = 6, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
-                 power_iter: int = 2, en_l1_u: float = 0.05, en_l2_u: float = 0.0, en_l1_v: float = 0.05,
+                 power_iter: int = 1, en_l1_u: float = 0.05, en_l2_u: float = 0.0, en_l1_v: float = 0.05,
                  en_l2_v: float = 0.0, en_iter: int = 1, block_rows: int = 8192, backend: str = "auto",
                  scratch: str | None = None, random_state=None):
         super().__init__(rounds=rounds, learning_rate=learning_rate, max_depth=max_depth, max_bins=max_bins,
