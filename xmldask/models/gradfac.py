@@ -223,6 +223,9 @@ class _Boosting(ParamsMixin):
         lazy = isinstance(X, da.Array)
         memory = None if lazy else _in_memory_rows(X)
         X = as_rows(X if lazy else memory, "X", block_rows=p["block_rows"])
+        if lazy and p["scratch"] is not None and len(set(X.chunks[0][:-1])) > 1:
+            raise ValueError("scratch needs row blocks of one size (the last may be smaller); fix: X = "
+                             "X.rechunk({0: ROWS}) (a dataset store's blocks are)")
         y, n_labels = self._classes(Y, X)
         n, d = X.shape
         state_bytes = n * (d + 12 * n_labels)  # bins, scores, targets and weights (per-class trees)
@@ -261,9 +264,6 @@ class _Boosting(ParamsMixin):
         bins = X.map_blocks(_bin_block, borders=self.borders_, dtype=np.uint8, meta=np.empty((0, 0), np.uint8))
         held = y.map_blocks(_held_block, seed=seed, fraction=frac, dtype=bool, meta=np.empty((0,), bool))
         S = da.zeros((n, K), dtype=np.float32, chunks=(X.chunks[0], (K,)))
-        if p["scratch"] is not None and len(set(X.chunks[0][:-1])) > 1:
-            raise ValueError("scratch needs row blocks of one size (the last may be smaller); fix: X = "
-                             "X.rechunk({0: ROWS}) (a dataset store's blocks are)")
         return _DaskRows({"bins": bins, "y": y, "held": held, "S": S}, scratch=p["scratch"]), n_bins
 
     def _classes(self, Y, X: da.Array) -> tuple[da.Array, int]:
