@@ -1,0 +1,30 @@
+"""``bench/scale.py --quick``: the whole pipeline at one tiny size, every stage a row with the documented keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+KEYS = {"n_samples", "nnz", "csr_bytes", "worker_memory_limit_bytes", "n_workers", "stage", "seconds",
+        "peak_rss_bytes_per_worker", "worker_restarts"}
+
+
+def test_scale_quick_writes_a_row_per_stage(tmp_path):
+    out = tmp_path / "scale.json"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "scale.py"), "--quick", "--json", str(out),
+                           "--cache", str(tmp_path / "cache")], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [row["stage"] for row in rows] == ["ingest-train", "ingest-test", "spectrum", "train", "predict",
+                                              "evaluate"]
+    for row in rows:
+        assert KEYS <= set(row), KEYS - set(row)
+        assert "error" not in row
+        assert row["n_samples"] == 3000 and row["n_workers"] == 2 and row["worker_memory_limit_bytes"] == 2**30
+        assert row["seconds"] > 0 and row["nnz"] > 0 and row["csr_bytes"] > 8 * row["nnz"]
+        assert 0 < row["peak_rss_bytes_per_worker"] < row["worker_memory_limit_bytes"]
+        assert row["worker_restarts"] == 0
+    assert "| stage |" in done.stdout
