@@ -48,6 +48,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -202,7 +203,7 @@ def child(spec: dict) -> None:
                    "peak_rss_bytes_client": client_peak, "spilled_bytes": max(0, spilled),
                    "worker_restarts": restarts, "stage_nnz": nnz_read, **({"error": error} if error else {})}
             rows.append(row)
-            print(f"  {name}: {seconds:.1f} s, worker peak {row['peak_rss_bytes_per_worker'] / 2**20:.0f} MiB"
+            print(f"[scale] {name}: {seconds:.1f} s, worker peak {row['peak_rss_bytes_per_worker'] / 2**20:.0f} MiB"
                   + (f" ({error})" if error else ""), file=sys.stderr, flush=True)
             if error:
                 break
@@ -301,13 +302,27 @@ class ExternalCluster:
 
 
 def run_size(spec: dict) -> list[dict]:
-    result = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True,
-                            text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    sys.stderr.write(result.stderr if result.returncode else "".join(
-        line + "\n" for line in result.stderr.splitlines() if line.startswith("  ")))
-    if result.returncode != 0:
-        raise RuntimeError(f"n={spec['n_samples']} failed:\n{result.stderr[-4000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    """Run one size in a fresh process; its per-stage progress lines are shown as they come."""
+    proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    err = []
+
+    def relay():
+        for line in proc.stderr:
+            err.append(line)
+            if line.startswith("[scale] "):
+                sys.stderr.write("  " + line[8:])
+                sys.stderr.flush()
+
+    thread = threading.Thread(target=relay, daemon=True)
+    thread.start()
+    out = proc.stdout.read()
+    proc.wait()
+    thread.join()
+    Path(spec["log"]).write_text("".join(err))
+    if proc.returncode != 0:
+        raise RuntimeError(f"n={spec['n_samples']} failed (log: {spec['log']}):\n{''.join(err)[-4000:]}")
+    return json.loads(out.strip().splitlines()[-1])
 
 
 def plot(rows: list[dict], path: str) -> None:
@@ -319,7 +334,7 @@ def plot(rows: list[dict], path: str) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
     for cluster_kind in sorted({r["cluster"] for r in rows}):
-        for stage in STAGES:
+        for color, stage in enumerate(STAGES):
             pts = sorted((r["n_samples"], r) for r in rows if r["stage"] == stage and r["cluster"] == cluster_kind
                          and r.get("seconds") is not None and "error" not in r)
             if not pts:
@@ -327,8 +342,9 @@ def plot(rows: list[dict], path: str) -> None:
             ns = [n for n, _ in pts]
             style = "-o" if cluster_kind == "local" else "--s"
             label = stage if cluster_kind == "local" else f"{stage} (external)"
-            left.plot(ns, [r["seconds"] for _, r in pts], style, label=label)
-            right.plot(ns, [r["peak_rss_bytes_per_worker"] / 2**20 for _, r in pts], style, label=label)
+            left.plot(ns, [r["seconds"] for _, r in pts], style, color=f"C{color}", label=label)
+            right.plot(ns, [r["peak_rss_bytes_per_worker"] / 2**20 for _, r in pts], style, color=f"C{color}",
+                       label=label)
     limits = {r["worker_memory_limit_bytes"] for r in rows if r.get("worker_memory_limit_bytes")}
     for limit in limits:
         right.axhline(limit / 2**20, color="k", ls=":", lw=1)
@@ -367,6 +383,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                              "storage/bench/scale)")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--plot", default=None, metavar="FILE.png", help="time and per-worker memory against n")
+    parser.add_argument("--load", nargs="+", default=None, metavar="JSON",
+                        help="run nothing: the table (and --plot, --json) of rows saved by earlier --json runs")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: one size of 3000 rows, 2000 features, 200 labels, 2 decoder epochs")
     args = parser.parse_args(argv)
@@ -380,20 +398,23 @@ def main(argv=None) -> None:
     args = parse_args(argv)
     model = json.loads(args.model)
     root = cache_dir(args.cache)
+    root.mkdir(parents=True, exist_ok=True)
     stages = [s for s in STAGES if (s != "tree" or args.grow_tree) and (args.source == "text" or
                                                                         not s.startswith("ingest"))]
     kinds = ["external"] if args.external_only else ["local", *(["external"] if args.external else [])]
     tree = ({"depth": args.tree_depth, "leaf_labels": args.tree_leaf_labels, "routing": "fractional"}
             if args.grow_tree else None)
     rows = []
-    for n in args.sizes:
+    for file in args.load or []:
+        rows += json.loads(Path(file).read_text())
+    for n in [] if args.load else args.sizes:
         data = ensure_data(root, n_samples=n, n_features=args.features, n_labels=args.labels,
                            avg_features=args.avg_features, seed=args.seed, source=args.source)
         for kind in kinds:
             work = Path(tempfile.mkdtemp(prefix=f"scale-n{n}-{kind}-", dir=root))
             spec = {**data, "n_samples": n, "work": str(work), "workers": args.workers,
                     "memory_limit": args.memory_limit, "model": model, "tree": tree, "stages": stages,
-                    "address": None}
+                    "address": None, "log": str(root / f"scale-n{n}-{kind}.log")}
             print(f"n={n} on the {kind} cluster ({args.workers} x {args.memory_limit})", file=sys.stderr, flush=True)
             try:
                 if kind == "external":
