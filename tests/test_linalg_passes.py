@@ -460,3 +460,20 @@ def test_large_operand_is_scattered_not_embedded(tmp_path, client):
     want = (A.T @ (A @ Q.astype(np.float64)))
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_tree_sum_takes_fewer_large_results_per_task(monkeypatch):
+    """A combine task takes at most REDUCE_BYTES of block results (never fewer than 2), same sum."""
+    rng = np.random.default_rng(0)
+    A = sp.random(900, 400, density=0.05, format="csr", dtype=np.float64, random_state=1)
+    Q = rng.standard_normal((400, 6))
+    X = da.from_array(A, chunks=(100, -1), asarray=False)  # 9 blocks, results of 400 x 6 x 8 = 19200 bytes
+    monkeypatch.setattr(passes, "REDUCE_BYTES", 3 * 19200)
+    assert passes.reduce_split_every(8, 19200) == 3
+    assert passes.reduce_split_every(8, 10**9) == 2
+    assert passes.reduce_split_every(4, 1) == 4
+    out = linalg.xt_x_q(X, Q, split_every=8)
+    graph = dict(out.__dask_graph__())
+    widest = max(len(get_dependencies(graph, key)) for key in graph if "xt_x_q-sum" in str(key))
+    assert widest == 3
+    np.testing.assert_allclose(out.compute(), A.T @ (A @ Q), rtol=1e-10)

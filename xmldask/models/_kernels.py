@@ -32,6 +32,7 @@ __all__ = [
     "transform_rows",
     "KERNELS",
     "SCORE_BUDGET",
+    "MINIBATCH_SCORES",
     "probabilities",
     "decoder_features",
     "kernel_value",
@@ -52,8 +53,13 @@ KERNELS = ("identity", "gaussian", "laplacian")
 #: smoothed inverse document frequency on the training rows, then rows scaled to unit L2 norm)
 FEATURES = ("raw", "l2", "tfidf")
 
-#: most score entries (rows x labels) held at once by :func:`topk_scores` (64 MiB of float32)
-SCORE_BUDGET = 1 << 24
+#: most score entries (rows x labels) held at once by :func:`topk_scores` and the blocked score
+#: kernels: 16 MiB of float32, about 64 MiB with the top-k selection's temporaries, so a worker with
+#: a small memory limit can score many labels
+SCORE_BUDGET = 1 << 22
+
+#: most score entries of one SGD minibatch (the batch is cut to fit; 256 MiB of float32)
+MINIBATCH_SCORES = 1 << 26
 
 
 def _dense(a) -> np.ndarray:

@@ -143,7 +143,7 @@ class EmbeddingClassifier(ParamsMixin):
     max_epochs : int, default 10
         Most SGD epochs over the training rows (0: the rescaled ridge decoder only).
     batch_size : int, default 4096
-        Rows per SGD step (fewer when ``batch_size x n_labels`` exceeds ``4 * SCORE_BUDGET``).
+        Rows per SGD step (fewer when ``batch_size x n_labels`` exceeds ``MINIBATCH_SCORES``).
     learning_rate : float, default 4.0
         Step size of the preconditioned SGD (halved, from the best iterate, after an epoch
         without held-out improvement).
@@ -609,8 +609,8 @@ class EmbeddingClassifier(ParamsMixin):
     def _sgd(self, X, Y, masks, state, Q, P, Fh, Yh, loss_fn, p, rng, history, t_start):
         dtype = p["dtype"]
         lr, mu, l2 = p["learning_rate"], p["momentum"], p["l2"]
-        # a minibatch's scores are batch x n_labels: keep them under 4 * SCORE_BUDGET entries
-        bs = max(1, min(p["batch_size"], 4 * K.SCORE_BUDGET // Q.shape[1]))
+        # a minibatch's scores are batch x n_labels: keep them under MINIBATCH_SCORES entries
+        bs = max(1, min(p["batch_size"], K.MINIBATCH_SCORES // Q.shape[1]))
         metric = "val_loss" if self.early_stopping == "loss" else "val_p@1"
         sign = 1.0 if metric == "val_loss" else -1.0
         best_val = sign * history[0][metric] if Fh is not None else math.inf
