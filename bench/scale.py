@@ -14,13 +14,16 @@ stages), on one Dask cluster:
 - ``spectrum``: :func:`xmldask.embedding.spectrum.compute_spectrum` of ``Y^T Y`` (50 components);
 - ``tree`` (``--grow-tree`` only): :func:`xmldask.jobs.tree`; the train stage then fits the tree's
   candidate-restricted classifier, as ``flows.pipeline --grow-tree`` does;
-- ``train``: :func:`xmldask.jobs.train` (default ``--model '{"search": null}'``: the embedding
-  classifier with the pipeline's other defaults, no held-out search, whose 8-11 fits would measure the
-  search rather than the scaling);
+- ``train``: :func:`xmldask.jobs.train` (default ``--model '{"search": null, "kernel": "none", "k":
+  16}'``: the embedding classifier, no held-out search, whose 8-11 fits would measure the search
+  rather than the scaling; the linear decoder, as the Gaussian kernel's 2000 random features need
+  float64 partial sums of 2001 x L per task, which a 256 MiB worker refuses up front with a clear
+  error; k = 16, as a CG pass costs nnz x k flops and the largest run must fit a session);
 - ``predict``: :func:`xmldask.jobs.predict` (top 10) of the test rows;
 - ``evaluate``: :func:`xmldask.jobs.evaluate` (k = 1..10, propensities of the training labels).
 
-The cluster: ``--workers`` (2) single-threaded worker processes with ``--memory-limit`` (1 GiB) each,
+The cluster: ``--workers`` (2) single-threaded worker processes with ``--memory-limit`` (256 MiB: an
+idle worker holds about 105 MiB of Python, NumPy, SciPy, Dask and Zarr) each,
 a ``LocalCluster`` (:func:`xmldask.cluster.cluster`), or with ``--external`` a separately started
 ``dask scheduler`` and ``--workers`` ``dask worker`` processes (each with a nanny, as on a real
 cluster), started and stopped by this script.
@@ -361,12 +364,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000], metavar="N",
                         help="training rows n of each run (test rows: n / 5)")
     parser.add_argument("--features", type=int, default=50_000, help="columns of X (default 50000)")
-    parser.add_argument("--labels", type=int, default=4_000, help="columns of Y (default 4000)")
-    parser.add_argument("--avg-features", type=float, default=20.0,
-                        help="feature tokens per row of the generator (default 20: about 17 nonzeros per row)")
+    parser.add_argument("--labels", type=int, default=1_000, help="columns of Y (default 1000)")
+    parser.add_argument("--avg-features", type=float, default=100.0,
+                        help="feature tokens per row of the generator (default 100: about 63 nonzeros per row)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--workers", type=int, default=2, help="worker processes, one thread each (default 2)")
-    parser.add_argument("--memory-limit", default="1GiB", help="memory limit per worker (default 1GiB)")
+    parser.add_argument("--memory-limit", default="256MiB", help="memory limit per worker (default 256MiB)")
     parser.add_argument("--external", action="store_true",
                         help="also run on a separately started dask scheduler + --workers dask worker processes")
     parser.add_argument("--external-only", action="store_true", help="only on the external cluster")
@@ -376,8 +379,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--grow-tree", action="store_true", help="add the tree stage; train its classifier")
     parser.add_argument("--tree-depth", type=int, default=14)
     parser.add_argument("--tree-leaf-labels", type=int, default=25)
-    parser.add_argument("--model", default='{"search": null}', metavar="JSON",
-                        help="training parameters (xmldask.params.TrainParams), default '{\"search\": null}'")
+    parser.add_argument("--model", default='{"search": null, "kernel": "none", "k": 16}', metavar="JSON",
+                        help="training parameters (xmldask.params.TrainParams), default "
+                             "'{\"search\": null, \"kernel\": \"none\", \"k\": 16}'")
     parser.add_argument("--cache", default=None, metavar="DIR",
                         help="where the generated data live (default $XMLDASK_STORAGE/bench/scale, else "
                              "storage/bench/scale)")

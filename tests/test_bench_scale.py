@@ -23,7 +23,7 @@ def test_scale_quick_writes_a_row_per_stage(tmp_path):
     for row in rows:
         assert KEYS <= set(row), KEYS - set(row)
         assert "error" not in row
-        assert row["n_samples"] == 3000 and row["n_workers"] == 2 and row["worker_memory_limit_bytes"] == 2**30
+        assert row["n_samples"] == 3000 and row["n_workers"] == 2 and row["worker_memory_limit_bytes"] == 256 * 2**20
         assert row["seconds"] > 0 and row["nnz"] > 0 and row["csr_bytes"] > 8 * row["nnz"]
         assert 0 < row["peak_rss_bytes_per_worker"] < row["worker_memory_limit_bytes"]
         assert row["worker_restarts"] == 0
