@@ -112,6 +112,11 @@ def _nnz_y(ds) -> int:
 
 def child(spec: dict) -> None:
     """Run every stage on one size in this (fresh) process; print one JSON row per stage."""
+    import logging
+
+    # the library's progress lines (epochs, solver iterations) go to the child's log with their times
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("xmldask").setLevel(logging.INFO)
     from xmldask import jobs, open_dataset
     from xmldask.cluster import cluster, parse_memory_limit
     from xmldask.embedding.spectrum import compute_spectrum

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pickle
+
 import dask
 import dask.array as da
 import numpy as np
@@ -205,8 +207,8 @@ def test_fit_multiclass_above_chance_and_matches_reference(multiclass):
     clf = EmbeddingClassifier(embedding=R, kernel="gaussian", n_random_features=300, max_epochs=4,
                               learning_rate=0.5, batch_size=1024, random_state=0).fit(X, Y)
     # the warm start agrees with an in-memory pipeline (same held-out rows, same random features)
-    rng_split = np.random.default_rng(np.random.SeedSequence(0).spawn(4)[0])
-    holdout = np.concatenate([rng_split.random(c) < 0.1 for c in X.chunks[0]])
+    split_seed = int(np.random.default_rng(np.random.SeedSequence(0).spawn(4)[0]).integers(2**63))
+    holdout = np.concatenate([K.holdout_mask(split_seed, b, c, 0.1) for b, c in enumerate(X.chunks[0])])
     F, Q = _reference_pipeline(Xm, Ym, warm, holdout)
     S_ref = F @ Q
     S = F[:, :-1] @ warm.Q_ + warm.bias_
@@ -219,6 +221,30 @@ def test_fit_multiclass_above_chance_and_matches_reference(multiclass):
     assert h[0]["epoch"] == 0 and len(h) >= 2 and min(e["val_loss"] for e in h[1:]) <= h[0]["val_loss"]
     assert clf.n_passes_ == 2 + len(h) - 1
     assert labels.dtype == np.int32 and scores.dtype == np.float32
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_held_out_rows_drawn_per_block_and_never_stored(dtype):
+    """The held-out rows are a pure function of (seed, block): the lazy weights, the count of training
+    rows and every block's mask agree, and a graph of the weights does not grow with the rows."""
+    from xmldask.models._graph import HeldOut
+
+    held = HeldOut(seed=11, fraction=0.3, chunks=(400, 7, 1000, 0, 93))
+    masks = [held.mask(b) for b in range(len(held.chunks))]
+    assert [m.shape[0] for m in masks] == list(held.chunks) and all(m.dtype == bool for m in masks)
+    weights = held.weights(dtype)
+    assert weights.dtype == dtype and weights.chunks == (held.chunks,)
+    got = weights.compute()
+    np.testing.assert_array_equal(got, (~np.concatenate(masks)).astype(dtype))
+    assert held.n_train() == int(got.sum()) and 0.2 < 1 - got.mean() < 0.4
+    assert not np.array_equal(masks[0][:400], HeldOut(12, 0.3, held.chunks).mask(0))  # another seed, other rows
+    assert not np.array_equal(masks[0][:7], masks[1])  # each block its own stream
+    assert HeldOut(11, 0.0, held.chunks).n_train() == sum(held.chunks)
+
+    def graph_bytes(rows):
+        return len(pickle.dumps(dict(HeldOut(11, 0.3, (rows,) * 16).weights(dtype).dask)))
+
+    assert graph_bytes(10**7) < 1.2 * graph_bytes(10)  # no per-row array in the graph
 
 
 def test_fit_multilabel(multilabel):

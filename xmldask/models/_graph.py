@@ -8,6 +8,8 @@ of :mod:`xmldask.linalg` (:func:`~xmldask.linalg.gram`, :func:`~xmldask.linalg.x
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import dask
 import dask.array as da
 import numpy as np
@@ -16,8 +18,43 @@ import scipy.sparse as sp
 from ..linalg import dense_operand
 from . import _kernels as K
 
-__all__ = ["decision_scores", "decoder_features", "document_counts", "ensemble_probabilities", "ensemble_topk",
-           "normal_equations", "topk", "transform_rows"]
+__all__ = ["HeldOut", "decision_scores", "decoder_features", "document_counts", "ensemble_probabilities",
+           "ensemble_topk", "normal_equations", "topk", "transform_rows"]
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Which rows of every row block a fit holds out: a seed, a fraction and the row blocks' sizes.
+
+    The rows themselves are never stored: block ``b``'s mask is :func:`._kernels.holdout_mask`
+    ``(seed, b, chunks[b], fraction)``, drawn again wherever it is needed (in a task, in the SGD
+    reader), so a fit keeps nothing of size ``n`` in the client or in its graphs.
+    """
+
+    seed: int
+    fraction: float
+    chunks: tuple[int, ...]
+
+    def mask(self, block: int) -> np.ndarray:
+        """``True`` for the held-out rows of row block ``block``."""
+        return K.holdout_mask(self.seed, block, self.chunks[block], self.fraction)
+
+    def n_train(self) -> int:
+        """The number of rows not held out (drawn block by block: memory of one block's mask)."""
+        return sum(int(c) - int(np.count_nonzero(self.mask(b))) for b, c in enumerate(self.chunks))
+
+    def weights(self, dtype) -> da.Array:
+        """Lazy per-row weights, 1 for a training row and 0 for a held-out one, chunked by ``chunks``."""
+        dtype = np.dtype(dtype)
+        return da.map_blocks(_training_weights, seed=self.seed, fraction=self.fraction, out_dtype=dtype, dtype=dtype,
+                             chunks=(self.chunks,), meta=np.empty(0, dtype),
+                             name=f"training-weights-{dask.base.tokenize(self, dtype)}")
+
+
+def _training_weights(seed: int, fraction: float, out_dtype, block_info=None) -> np.ndarray:
+    info = block_info[None]
+    mask = K.holdout_mask(seed, info["chunk-location"][0], info["chunk-shape"][0], fraction)
+    return (~mask).astype(out_dtype)
 
 
 def _call(*args, _func, _names, **static):
@@ -144,8 +181,9 @@ def topk(X: da.Array, state: dict, k: int, *, budget: int = K.SCORE_BUDGET) -> t
     return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
 
 
-def _normal_block(Xb, Yb, mask, state):
+def _normal_block(Xb, Yb, seed: int, fraction: float, block: int, state):
     """One block of the decoder's pass (see :func:`normal_equations`)."""
+    mask = K.holdout_mask(seed, block, Xb.shape[0], fraction)
     Yb = sp.csr_matrix(Yb, dtype=np.float32)
     counts = np.diff(Yb.indptr)
     held = np.flatnonzero(mask)
@@ -193,19 +231,20 @@ def _add(a, b):
             "counts": (min(a["counts"][0], b["counts"][0]), max(a["counts"][1], b["counts"][1]))}
 
 
-def normal_equations(X: da.Array, Y: da.Array, masks: list[np.ndarray], state: dict):
+def normal_equations(X: da.Array, Y: da.Array, split: HeldOut, state: dict):
     """One pass for the decoder's warm start: a delayed dict of
 
-    - ``G = F^T F`` and ``FtY = F^T Y`` (float64) over the rows outside ``masks``, with
+    - ``G = F^T F`` and ``FtY = F^T Y`` (float64) over the rows ``split`` does not hold out, with
       ``F = [phi(X W + c), 1]`` formed in row sub-batches of at most :data:`SUB_ROWS` rows inside each
       task and never stored;
-    - ``held``: the list of ``(X_b[mask_b], Y_b[mask_b])`` of the held-out rows;
+    - ``held``: the list of ``(X_b[mask_b], Y_b[mask_b])`` of the held-out rows (``mask_b = split.mask(b)``);
     - ``counts``: ``(min, max)`` over all rows of the number of labels per row.
 
     One task per row block, then a pairwise tree sum.
     """
     st = dask.delayed(state, traverse=False)
-    parts = [dask.delayed(_normal_block)(X.blocks[b], Y.blocks[b], mask, st) for b, mask in enumerate(masks)]
+    parts = [dask.delayed(_normal_block)(X.blocks[b], Y.blocks[b], split.seed, split.fraction, b, st)
+             for b in range(X.numblocks[0])]
     while len(parts) > 1:
         parts = [dask.delayed(_add)(*parts[i:i + 2]) if i + 1 < len(parts) else parts[i]
                  for i in range(0, len(parts), 2)]

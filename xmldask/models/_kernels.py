@@ -28,6 +28,7 @@ from scipy.special import expit
 
 __all__ = [
     "FEATURES",
+    "holdout_mask",
     "idf_weights",
     "transform_rows",
     "KERNELS",
@@ -68,6 +69,17 @@ def _dense(a) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------
 # input features
+
+
+def holdout_mask(seed: int, block: int, n_rows: int, fraction: float) -> np.ndarray:
+    """The held-out rows of one row block: each row with probability ``fraction``, shape ``(n_rows,)``.
+
+    A pure function of ``(seed, block)`` (its own random stream per block), so that every process
+    draws the same rows of a block and no mask of all ``n`` rows is ever kept or shipped.
+    """
+    if fraction <= 0:
+        return np.zeros(n_rows, dtype=bool)
+    return np.random.default_rng([int(seed), int(block)]).random(n_rows) < fraction
 
 
 def idf_weights(document_counts: np.ndarray, n_rows: int, dtype=np.float32) -> np.ndarray:

@@ -437,13 +437,12 @@ class EmbeddingClassifier(ParamsMixin):
         seeds = np.random.SeedSequence(self._seed).spawn(4)
         rng_split, rng_feat, rng_bw, rng_sgd = (np.random.default_rng(s) for s in seeds)
 
-        # held-out rows: a seeded random subset of every block
+        # held-out rows: a seeded random subset of every block, drawn per block where needed (nothing n-sized kept)
         n = X.shape[0]
         frac = min(p["validation_fraction"], p["max_validation_rows"] / max(n, 1))
-        masks = [rng_split.random(c) < frac for c in X.chunks[0]]
-        holdout = np.concatenate(masks) if masks else np.zeros(0, bool)
-        weights = (~holdout).astype(dtype)
-        n_train = int(weights.sum())
+        split = _graph.HeldOut(int(rng_split.integers(2**63)), float(frac), tuple(int(c) for c in X.chunks[0]))
+        weights = split.weights(dtype)
+        n_train = split.n_train()
         if n_train == 0:
             raise ValueError("no training rows left after holding out the validation rows; "
                              "lower validation_fraction")
@@ -466,7 +465,7 @@ class EmbeddingClassifier(ParamsMixin):
         # 2. the feature map (line 5)
         if self.kernel != "identity":
             omega, phase = K.sample_frequencies(rng_feat, W.shape[1], p["n_random_features"], self.kernel, dtype)
-            sample = self._bandwidth_sample(X, masks, state, p["bandwidth_sample"], rng_bw)
+            sample = self._bandwidth_sample(X, split, state, p["bandwidth_sample"], rng_bw)
             bandwidth = p["bandwidth_scale"] * K.median_distance(sample, self.kernel, rng=rng_bw)
             state.update(omega=omega, phase=phase, bandwidth=bandwidth)
             logger.info("random features: %s kernel, m=%d, bandwidth %.4g", self.kernel, omega.shape[1], bandwidth)
@@ -475,7 +474,7 @@ class EmbeddingClassifier(ParamsMixin):
         m1 = (state["omega"].shape[1] if state["omega"] is not None else W.shape[1]) + 1
 
         # 3. one pass: F^T F, F^T Y on the training rows, the held-out rows, labels per row
-        out = dask.compute(_graph.normal_equations(X, Y, masks, state))[0]
+        out = dask.compute(_graph.normal_equations(X, Y, split, state))[0]
         G, FtY, counts, held = out["G"], out["FtY"], out["counts"], out["held"]
         n_passes += 1
         if self.task == "auto":
@@ -515,7 +514,7 @@ class EmbeddingClassifier(ParamsMixin):
                            p["validation_fraction"], p["max_epochs"])
         if p["max_epochs"] > 0:
             P = scipy.linalg.cho_solve(chol, np.eye(m1)).astype(dtype)
-            Q, n_epochs = self._sgd(X, Y, masks, state, Q, P, Fh, Yh, loss_fn, p, rng_sgd, history, t_start)
+            Q, n_epochs = self._sgd(X, Y, split, state, Q, P, Fh, Yh, loss_fn, p, rng_sgd, history, t_start)
             n_passes += n_epochs
         self.task_ = task
         self.W_, self.intercept_ = W, intercept
@@ -527,7 +526,7 @@ class EmbeddingClassifier(ParamsMixin):
         logger.info("fitted in %.1f s, %d passes", time.perf_counter() - t_start, n_passes)
         return self
 
-    def _bandwidth_sample(self, X, masks, state, size, rng) -> np.ndarray:
+    def _bandwidth_sample(self, X, split, state, size, rng) -> np.ndarray:
         """``X W + c`` for up to ``size`` training rows drawn from up to 8 random row blocks."""
         n_blocks = X.numblocks[0]
         chosen = np.sort(rng.choice(n_blocks, size=min(8, n_blocks), replace=False))
@@ -535,7 +534,7 @@ class EmbeddingClassifier(ParamsMixin):
         Z = []
         for b, Xb in zip(chosen, parts):
             Zb = K._dense(Xb @ state["W"]) + state["intercept"]
-            Z.append(Zb[~masks[b]])
+            Z.append(Zb[~split.mask(int(b))])
         Z = np.concatenate(Z)
         if Z.shape[0] > size:
             Z = Z[rng.choice(Z.shape[0], size, replace=False)]
@@ -584,7 +583,7 @@ class EmbeddingClassifier(ParamsMixin):
         Q[-1] += Q.dtype.type(o)
         return Q
 
-    def _minibatches(self, X, Y, masks, state, order, batch_size, rng, out, stop):
+    def _minibatches(self, X, Y, split, state, order, batch_size, rng, out, stop):
         """Producer: put ``(F_mb, Y_mb)`` of the training rows of the blocks in ``order`` into ``out``.
 
         Runs in a background thread: the next block is read (by Dask) and the next minibatch's
@@ -594,7 +593,7 @@ class EmbeddingClassifier(ParamsMixin):
             for b in order:
                 Xb, Yb = dask.compute(X.blocks[int(b)], Y.blocks[int(b)])
                 Yb = sp.csr_matrix(Yb)
-                rows = np.flatnonzero(~masks[b])
+                rows = np.flatnonzero(~split.mask(int(b)))
                 rng.shuffle(rows)
                 for a in range(0, rows.size, batch_size):
                     idx = np.sort(rows[a:a + batch_size])
@@ -606,7 +605,7 @@ class EmbeddingClassifier(ParamsMixin):
         except BaseException as exc:  # hand the error to the consumer
             _put(out, exc, stop)
 
-    def _sgd(self, X, Y, masks, state, Q, P, Fh, Yh, loss_fn, p, rng, history, t_start):
+    def _sgd(self, X, Y, split, state, Q, P, Fh, Yh, loss_fn, p, rng, history, t_start):
         dtype = p["dtype"]
         lr, mu, l2 = p["learning_rate"], p["momentum"], p["l2"]
         # a minibatch's scores are batch x n_labels: keep them under MINIBATCH_SCORES entries
@@ -623,7 +622,7 @@ class EmbeddingClassifier(ParamsMixin):
             order = rng.permutation(X.numblocks[0])
             batches, stop = queue.Queue(maxsize=2), threading.Event()
             producer = threading.Thread(target=self._minibatches, daemon=True,
-                                        args=(X, Y, masks, state, order, bs, np.random.default_rng(rng.integers(2**62)),
+                                        args=(X, Y, split, state, order, bs, np.random.default_rng(rng.integers(2**62)),
                                               batches, stop))
             producer.start()
             total_loss, total_rows = 0.0, 0
