@@ -462,6 +462,27 @@ def test_large_operand_is_scattered_not_embedded(tmp_path, client):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.skipif(ARRAY_EXPR, reason="no from_delayed in dask's array-expression engine: operands are embedded")
+def test_scattered_operand_survives_a_worker_restart(tmp_path, client):
+    """A dense operand is on every worker, so a pass still completes after one worker is restarted."""
+    rng = np.random.default_rng(4)
+    A = sp.random(400, 2000, density=0.01, format="csr", dtype=np.float32, random_state=rng)
+    X = open_csr(write_csr(str(tmp_path / "r.zarr"), A, block_rows=50))
+    Q = rng.standard_normal((2000, 200)).astype(np.float32)  # 1.6 MB: scattered
+    assert Q.nbytes >= passes.SCATTER_BYTES
+    with client.as_current():
+        result = linalg.xt_x_q(X, Q, split_every=2)
+        keys = [k for k in result.__dask_graph__() if isinstance(k, str) and k.startswith("ndarray-")]
+        assert keys, "Q was not scattered"
+        has = client.has_what()
+        assert len(has) == 2 and all(set(keys) <= {str(k) for k in held} for held in has.values())
+        worker = next(iter(client.scheduler_info()["workers"]))
+        client.restart_workers([worker])
+        (got,) = _compute_all([result], client)
+    want = A.T @ (A @ Q.astype(np.float64))
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
 def test_tree_sum_takes_fewer_large_results_per_task(monkeypatch):
     """A combine task takes at most REDUCE_BYTES of block results (never fewer than 2), same sum."""
     rng = np.random.default_rng(0)

@@ -12,7 +12,8 @@ product into one task that loads every block (dask#6916).
 Small dense operands (``Q``, ``Z``, a mean vector) are shipped once per pass as a single-chunk Dask
 array on which every block task depends, never copied into each task: an in-memory operand is
 embedded in the graph once, or, when a ``distributed`` client is the current scheduler and the
-operand is at least :data:`SCATTER_BYTES`, scattered to the cluster once (no "large graph" warning).
+operand is at least :data:`SCATTER_BYTES`, scattered to every worker once (no "large graph" warning; a
+worker lost mid-pass loses no operand).
 Use :func:`dense_operand` to ship an operand once for several passes.
 
 Inputs must be chunked by rows only (one chunk along the columns) with known chunk sizes, like
@@ -129,7 +130,10 @@ def dense_operand(A, *, name: str = "operand") -> da.Array:
     client = _scatter_target(A.nbytes)
     if client is not None:
         logger.debug("scattering %s (%d bytes) to %s", name, A.nbytes, client)
-        future = client.scatter(A, hash=False)
+        # on every worker: each block task reads it anyway, and a worker that dies (or is restarted for
+        # its memory) then loses no data the graph cannot get again (a future scattered to one worker only
+        # is lost with it, and the whole computation fails)
+        future = client.scatter(A, hash=False, broadcast=True)
         try:
             return da.from_delayed(future, shape=A.shape, dtype=A.dtype, meta=np.empty((0,) * A.ndim, A.dtype))
         except NotImplementedError:  # dask's array-expression engine has no from_delayed (yet): embed
