@@ -12,7 +12,9 @@ not kill the worker; one such peak, 223 of 229 MiB, was seen in CI.)
 
 from __future__ import annotations
 
+import os
 import resource
+import sys
 
 import dask
 import numpy as np
@@ -94,3 +96,34 @@ def test_pass_over_store_three_times_total_worker_memory(big_store):
     error = np.abs(result.astype(np.float64) - reference)
     assert np.all(error <= bound + 1e-30), float((error / np.maximum(bound, 1e-30)).max())
     assert np.linalg.norm(error) <= 1e-5 * np.linalg.norm(reference)
+
+
+def _fragment_heap() -> float:
+    """Free 190 MB of 96 KB arrays (below glibc's mmap threshold) under one kept at the heap's top; RSS in MiB."""
+    import numpy as np
+
+    global _PINNED
+    freed = [np.ones(12_000) for _ in range(2_000)]
+    _PINNED = np.ones(12_000)  # the heap's top stays in use: the freed pages below it stay in the RSS
+    del freed
+    return _rss_mib()
+
+
+def _rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_release_worker_memory_returns_freed_heap_to_the_os(client):
+    """What a job freed stays in a worker's RSS (and counts against its limit) until it is trimmed."""
+    from xmldask.scheduling import release_worker_memory
+
+    idle = client.run(_rss_mib)
+    before = client.run(_fragment_heap)
+    assert all(before[w] > idle[w] + 100 for w in idle), (idle, before)  # freed, still resident
+    with client.as_current():
+        release_worker_memory()
+    after = client.run(_rss_mib)
+    assert all(after[w] < idle[w] + 40 for w in idle), (idle, before, after)
+    release_worker_memory()  # no client: nothing to do

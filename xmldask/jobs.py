@@ -23,6 +23,7 @@ import numpy as np
 
 from .base import FAMILIES
 from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, validated
+from .scheduling import release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
 
 logger = logging.getLogger(__name__)
@@ -244,6 +245,7 @@ def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwri
                          f"{model.n_features_in_}; predict on data ingested like the training data")
     if not 1 <= top_k <= n_labels:
         raise ValueError(f"top_k must be between 1 and the model's {n_labels} labels, but is {top_k}")
+    release_worker_memory()  # what a training job left in the workers' heaps
     labels, scores = model.predict_topk(data.X, k=top_k)
     info = write_predictions(out, labels, scores, n_labels=n_labels, overwrite=overwrite, progress=progress,
                              meta={"model": model_url, "data": data_url})
