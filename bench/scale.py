@@ -117,6 +117,7 @@ def child(spec: dict) -> None:
     # the library's progress lines (epochs, solver iterations) go to the child's log with their times
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("xmldask").setLevel(logging.INFO)
+    logging.getLogger("distributed").setLevel(logging.WARNING)
     from xmldask import jobs, open_dataset
     from xmldask.cluster import cluster, parse_memory_limit
     from xmldask.embedding.spectrum import compute_spectrum
@@ -145,7 +146,7 @@ def child(spec: dict) -> None:
             if split == "test":
                 meta = open_dataset(urls["train"]).meta
                 extra = {"n_features": meta["n_features"], "n_labels": meta["n_labels"]}
-            ds = ingest([spec[f"{split}_text"]], urls[split], **extra)
+            ds = ingest([spec[f"{split}_text"]], urls[split], block_rows=spec["block_rows"], **extra)
             return {"nnz_read": int(ds.meta["nnz"]), "passes": 1}
 
         def stage_spectrum():
@@ -237,7 +238,7 @@ def cache_dir(path: str | None) -> Path:
 
 
 def ensure_data(root: Path, *, n_samples: int, n_features: int, n_labels: int, avg_features: float, seed: int,
-                source: str) -> dict:
+                source: str, block_rows: int) -> dict:
     """The text files (``source="text"``) or stores (``"store"``) of one size, generated if absent."""
     from xmldask.datasets import GENERATOR_VERSION, make_synthetic, write_synthetic_text
 
@@ -256,9 +257,9 @@ def ensure_data(root: Path, *, n_samples: int, n_features: int, n_labels: int, a
                 print(f"wrote {path} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
             out[f"{split}_text"] = str(path)
         else:
-            path = base / f"{split}.zarr"
+            path = base / f"{split}-b{block_rows}.zarr"
             if not (path / "zarr.json").exists():
-                make_synthetic(str(path), **params, overwrite=True)
+                make_synthetic(str(path), **params, block_rows=block_rows, overwrite=True)
                 print(f"wrote {path} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
             out[f"{split}_store"] = str(path)
     return out
@@ -373,6 +374,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--avg-features", type=float, default=100.0,
                         help="feature tokens per row of the generator (default 100: about 63 nonzeros per row)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--block-rows", type=int, default=16_384,
+                        help="rows per block of the stores (default 16384: about 8 MiB of CSR a block here; a pass "
+                             "task holds its block a few times over, in a worker that idles at about 105 MiB)")
     parser.add_argument("--workers", type=int, default=2, help="worker processes, one thread each (default 2)")
     parser.add_argument("--memory-limit", default="256MiB", help="memory limit per worker (default 256MiB)")
     parser.add_argument("--external", action="store_true",
@@ -418,11 +422,13 @@ def main(argv=None) -> None:
         rows += json.loads(Path(file).read_text())
     for n in [] if args.load else args.sizes:
         data = ensure_data(root, n_samples=n, n_features=args.features, n_labels=args.labels,
-                           avg_features=args.avg_features, seed=args.seed, source=args.source)
+                           avg_features=args.avg_features, seed=args.seed, source=args.source,
+                           block_rows=args.block_rows)
         for kind in kinds:
             work = Path(tempfile.mkdtemp(prefix=f"scale-n{n}-{kind}-", dir=root))
             spec = {**data, "n_samples": n, "work": str(work), "workers": args.workers,
-                    "memory_limit": args.memory_limit, "model": model, "tree": tree, "stages": stages,
+                    "memory_limit": args.memory_limit, "block_rows": args.block_rows, "model": model, "tree": tree,
+                    "stages": stages,
                     "address": None, "log": str(root / f"scale-n{n}-{kind}.log")}
             print(f"n={n} on the {kind} cluster ({args.workers} x {args.memory_limit})", file=sys.stderr, flush=True)
             try:
