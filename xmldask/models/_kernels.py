@@ -55,9 +55,10 @@ KERNELS = ("identity", "gaussian", "laplacian")
 FEATURES = ("raw", "l2", "tfidf")
 
 #: most score entries (rows x labels) held at once by :func:`topk_scores` and the blocked score
-#: kernels: 16 MiB of float32, about 64 MiB with the top-k selection's temporaries, so a worker with
-#: a small memory limit can score many labels
-SCORE_BUDGET = 1 << 22
+#: kernels: 4 MiB of float32, about 20 MiB with the top-k selection's temporaries (measured on a
+#: 16,384-row block and 1,000 labels; 1 << 22 took 71 MiB and was no faster), so a worker with a
+#: small memory limit can score many labels while it holds its blocks
+SCORE_BUDGET = 1 << 20
 
 #: most score entries of one SGD minibatch (the batch is cut to fit; 256 MiB of float32)
 MINIBATCH_SCORES = 1 << 26
