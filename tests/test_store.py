@@ -368,6 +368,29 @@ def test_csr_dask_array_pickles(tmp_path):
     assert_csr_equal(to_scipy(Y), A)
 
 
+def test_block_reader_travels_with_the_array(tmp_path):
+    """The reader a fused pass reads through is found from the array alone, also in another process
+    (a served flow or a worker unpickles the array there), and only for the store's own array."""
+    import subprocess
+    import sys
+
+    A = random_csr(120, 7, seed=14)
+    url = str(tmp_path / "a.zarr")
+    write_csr(url, A, block_rows=50)
+    X = open_csr(url)
+    reader = csr_module.block_reader(X)
+    assert reader is not None
+    assert_csr_equal(reader.read_rows(50, 100), A[50:100])
+    for derived in (X[:60], X.rechunk((60, 7)), X.map_blocks(lambda b: b, dtype=X.dtype)):
+        assert csr_module.block_reader(derived) is None
+    assert csr_module.block_reader(np.zeros((2, 2))) is None
+    code = ("import pickle, sys; from xmldask.store.csr import block_reader; "
+            "r = block_reader(pickle.loads(sys.stdin.buffer.read())); "
+            "print(r.read_rows(50, 100).nnz if r is not None else 'no reader')")
+    out = subprocess.run([sys.executable, "-c", code], input=pickle.dumps(X), capture_output=True, check=True)
+    assert out.stdout.decode().strip() == str(A[50:100].nnz)
+
+
 def test_csr_da_dot_against_scipy(tmp_path):
     A = random_csr(301, 17, seed=13)
     url = str(tmp_path / "a.zarr")

@@ -269,15 +269,22 @@ class CSRBlockReader:
         return block
 
 
-#: readers of the arrays made by :func:`csr_from_group`, by Dask name: a pass may read a block inside
-#: the task that uses it instead of in a task of its own (see :func:`block_reader`)
-_READERS: dict[str, CSRBlockReader] = {}
-
-
 def block_reader(x) -> CSRBlockReader | None:
     """The store reader behind a Dask array returned by :func:`open_csr` / ``open_dataset`` (unchanged
-    since), or ``None``. ``reader.read_rows(a, b)`` gives the rows of a block."""
-    return _READERS.get(getattr(x, "name", None))
+    since), or ``None``. ``reader.read_rows(a, b)`` gives the rows of a block, so a pass may read a
+    block inside the task that uses it instead of in a task of its own.
+
+    The reader is the one the array's own graph holds (``da.from_array`` keeps it under
+    ``original-<name>``): nothing is registered outside the graph, and an array derived from the
+    store's (sliced, rechunked, computed on) has another name and no reader.
+    """
+    name = getattr(x, "name", None)
+    graph = getattr(x, "dask", None)
+    if not isinstance(name, str) or not name.startswith("csr-") or graph is None:
+        return None
+    layer = getattr(graph, "layers", {}).get(f"original-{name}")
+    reader = None if layer is None else dict(layer).get(f"original-{name}")
+    return reader if isinstance(reader, CSRBlockReader) else None
 
 
 def csr_from_group(url: str, path: str, *, n_rows: int, n_cols: int, row_blocks: list[int],
@@ -286,7 +293,6 @@ def csr_from_group(url: str, path: str, *, n_rows: int, n_cols: int, row_blocks:
     chunks = (tuple(int(b - a) for a, b in zip(row_blocks[:-1], row_blocks[1:])) or (0,), (int(n_cols),))
     reader = CSRBlockReader(url, path, (n_rows, n_cols), dtype)
     name = f"csr-{tokenize(str(url), path, generation, row_blocks, str(np.dtype(dtype)))}"
-    _READERS[name] = reader
     return da.from_array(
         reader,
         chunks=chunks,
