@@ -275,8 +275,12 @@ class ExternalCluster:
     def __enter__(self) -> str:
         dask = str(Path(sys.executable).with_name("dask"))
         file = self.directory / "scheduler.json"
+        from xmldask.cluster import PROFILE_HISTORY
+
+        # the workers a user starts are configured like the local cluster's (see PROFILE_HISTORY)
         env = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
                "DASK_LOGGING__DISTRIBUTED": "warning",
+               "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": str(PROFILE_HISTORY),
                "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parent),
                                                            os.environ.get("PYTHONPATH")]))}
         log = open(self.directory / "cluster.log", "a")  # noqa: SIM115 - closed with the processes

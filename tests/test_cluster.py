@@ -21,6 +21,7 @@ import xmldask.cluster as xc
 from xmldask.cluster import (
     BLAS_ENV_VARS,
     ENV_SCHEDULER,
+    PROFILE_HISTORY,
     add_cluster_arguments,
     cluster,
     cluster_from_args,
@@ -72,6 +73,12 @@ def test_local_cluster_has_the_requested_workers_threads_and_memory_limit(proces
     assert all(w["memory_limit"] == 300_000_000 for w in workers.values())
     pids = process_cluster.run(os.getpid)
     assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
+
+
+def test_workers_keep_a_bounded_profile_history(process_cluster):
+    """Dask's 1000 seconds of profile history filled half a 256 MiB worker in a long fit: ours keep a minute."""
+    lengths = process_cluster.run(lambda dask_worker: dask_worker.profile_history.maxlen)
+    assert set(lengths.values()) == {PROFILE_HISTORY}
 
 
 def test_blas_is_limited_inside_every_worker_process(process_cluster):
