@@ -92,8 +92,8 @@ def main(argv=None):
             t3 = time.perf_counter()
             labels, _ = clf.predict_topk(test.X, k=5)
             labels = labels.persist()
-            row["test_p@1"] = precision_at_k(labels, test.Y, k=1)
-            row["test_p@3"] = precision_at_k(labels, test.Y, k=3)
+            row["test_p@1"] = precision_at_k(test.Y, labels, k=1)
+            row["test_p@3"] = precision_at_k(test.Y, labels, k=3)
             row["predict_s"] = round(time.perf_counter() - t3, 1)
         print(json.dumps(row))
         if args.json:

@@ -104,8 +104,8 @@ def _scores(model, ds, *, full: bool = True) -> dict:
     labels, scores = model.predict_topk(ds.X, k=3)
     if not full:
         labels, = dask.compute(labels)
-        return {"P@3": metrics.evaluate(labels, None, ds.Y, ks=(3,))["P@3"]}
-    r = metrics.evaluate(labels, scores, ds.Y, ks=(1, 3), scores_full=model.decision_function(ds.X),
+        return {"P@3": metrics.evaluate(ds.Y, labels, ks=(3,))["P@3"]}
+    r = metrics.evaluate(ds.Y, labels, scores, ks=(1, 3), scores_full=model.decision_function(ds.X),
                          threshold=float(model.threshold_))
     return {"P@1": r["P@1"], "P@3": r["P@3"], "avg_AUC": r["avg_AUC"], "hamming_loss": r["hamming_loss"]}
 

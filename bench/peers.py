@@ -356,7 +356,7 @@ def score(out: Path, urls: dict, top_k: int) -> dict:
     labels, scores = np.load(out / "labels.npy"), np.load(out / "scores.npy")
     props = metrics.propensity(train.label_counts, train.n_samples, A=0.55, B=1.5)
     ks = tuple(k for k in (1, 3, 5) if k <= top_k)
-    return metrics.evaluate(labels, scores, test.Y, ks=ks, propensities=props)
+    return metrics.evaluate(test.Y, labels, scores, ks=ks, propensities=props)
 
 
 def _ratio(a, b) -> float | None:

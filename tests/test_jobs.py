@@ -48,7 +48,7 @@ def test_train_predict_evaluate(data):
     assert results["P@1"] > 2 * results["baseline"]["P@1"]
     assert f"| P@1 | {results['P@1']:.4f} | {results['baseline']['P@1']:.4f} |" in metrics.report(results)
     p = metrics.propensity(open_dataset(train).label_counts, 3000)
-    assert results["PSP@1"] == pytest.approx(metrics.evaluate(labels, None, ds.Y, ks=(1,), propensities=p)["PSP@1"])
+    assert results["PSP@1"] == pytest.approx(metrics.evaluate(ds.Y, labels, ks=(1,), propensities=p)["PSP@1"])
 
 
 def test_refusals(data):

@@ -45,7 +45,7 @@ def test_mask_train_predict_evaluate(tmp_path, capsys, scheduler):
     ds = open_dataset(full)
     S = to_scipy(ds.X) @ est.W_ @ est.H_.T
     Y = to_scipy(ds.Y)
-    assert res["avg_AUC"] == pytest.approx(metrics.average_auc(S, Y), abs=1e-6)
+    assert res["avg_AUC"] == pytest.approx(metrics.average_auc(Y, S), abs=1e-6)
     assert res["hamming_loss"] == pytest.approx(((S >= 0) != (Y.toarray() > 0)).mean(), abs=1e-9)
     br = str(tmp_path / "br.zarr")
     assert main(["train", masked, "--out", br, "--model", "br", "--lam", "1", "--scheduler", scheduler]) == 0

@@ -161,7 +161,7 @@ def test_topk_metrics_match_reference(dtype):
     T, labels, scores, full = make_data(1, dtype=dtype)
     inv_p = 1.0 + np.random.default_rng(2).integers(0, 4, size=T.shape[1]).astype(float)  # ties in 1/p
     Y, L, S, _ = chunked(T, labels, scores, full)
-    res = evaluate(L, S, Y, ks=KS, propensities=1.0 / inv_p)
+    res = evaluate(Y, L, S, ks=KS, propensities=1.0 / inv_p)
     ref = ref_topk(T, labels, KS, inv_p)
     assert_close(res, ref)
     assert res["error"] == pytest.approx(1 - ref["Acc@1"])
@@ -175,14 +175,14 @@ def test_full_score_metrics_match_reference(dtype):
     T, labels, scores, full = make_data(3, dtype=dtype)
     Y, L, S, F = chunked(T, labels, scores, full)
     for t in (0.5, 0.0, 1.2):  # 0.5 and 1.2 hit tied (rounded) scores exactly
-        res = evaluate(L, S, Y, ks=(1,), scores_full=F, threshold=t)
+        res = evaluate(Y, L, S, ks=(1,), scores_full=F, threshold=t)
         Pm = np.array([[float(full[i, j]) >= t for j in range(T.shape[1])] for i in range(T.shape[0])])
         hl, micro, macro = ref_decision(T, Pm)
         assert_close(res, {"hamming_loss": hl, "micro_F1": micro, "macro_F1": macro})
     auc, rows = ref_auc(T, full)
     assert res["avg_AUC"] == pytest.approx(auc, rel=1e-12)
     assert res["avg_AUC_rows"] == rows < T.shape[0]  # the all-labels row and the empty rows are left out
-    assert average_auc(F, Y) == pytest.approx(auc, rel=1e-12)
+    assert average_auc(Y, F) == pytest.approx(auc, rel=1e-12)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -191,14 +191,14 @@ def test_decision_by_topk_scores_and_by_rank(dtype, caplog):
     Y, L, S, _ = chunked(T, labels, scores, full)
     n_labels = T.shape[1]
     with caplog.at_level(logging.WARNING, logger="xmldask.metrics"):
-        res = evaluate(L, S, Y, ks=(1,), threshold=0.5)
+        res = evaluate(Y, L, S, ks=(1,), threshold=0.5)
     hl, micro, macro = ref_decision(T, pred_matrix_topk_threshold(labels, scores, n_labels, 0.5))
     assert_close(res, {"hamming_loss": hl, "micro_F1": micro, "macro_F1": macro})
     truncated = sum(1 for i in range(len(T)) if labels[i, -1] >= 0 and float(scores[i, -1]) >= 0.5)
     assert res["threshold_truncated_rows"] == truncated
     assert (truncated > 0) == ("beyond their top k" in caplog.text)
     for k in (1, 4, 6):
-        res = evaluate(L, S, Y, ks=(1,), decision_k=k)
+        res = evaluate(Y, L, S, ks=(1,), decision_k=k)
         hl, micro, macro = ref_decision(T, pred_matrix_topk(labels, n_labels, k))
         assert_close(res, {"hamming_loss": hl, "micro_F1": micro, "macro_F1": macro})
         assert hamming_loss(Y, labels=L, decision_k=k) == pytest.approx(hl, rel=1e-12)
@@ -208,7 +208,7 @@ def test_decision_by_topk_scores_and_by_rank(dtype, caplog):
 def test_multiclass():
     T, labels, scores, full = make_data(5, multiclass=True, n_labels=9)
     Y, L, S, F = chunked(T, labels, scores, full)
-    res = evaluate(L, S, Y, ks=KS, scores_full=F)
+    res = evaluate(Y, L, S, ks=KS, scores_full=F)
     y = T.argmax(axis=1)
     for k in KS:
         assert res[f"Acc@{k}"] == pytest.approx(np.mean([y[i] in labels[i, :k] for i in range(len(y))]))
@@ -222,13 +222,13 @@ def test_per_metric_functions_match_evaluate():
     T, labels, scores, full = make_data(6)
     Y, L, S, F = chunked(T, labels, scores, full)
     p = np.linspace(0.2, 1.0, T.shape[1])
-    res = evaluate(L, S, Y, ks=(3,), propensities=p)
-    assert precision_at_k(L, Y, k=3) == res["P@3"]
-    assert ndcg_at_k(L, Y, k=3) == res["nDCG@3"]
-    assert recall_at_k(L, Y, k=3) == res["R@3"]
-    assert top_k_accuracy(L, Y, k=3) == res["Acc@3"]
-    assert psprecision_at_k(L, Y, p, k=3) == res["PSP@3"]
-    assert psndcg_at_k(L, Y, p, k=3) == res["PSnDCG@3"]
+    res = evaluate(Y, L, S, ks=(3,), propensities=p)
+    assert precision_at_k(Y, L, k=3) == res["P@3"]
+    assert ndcg_at_k(Y, L, k=3) == res["nDCG@3"]
+    assert recall_at_k(Y, L, k=3) == res["R@3"]
+    assert top_k_accuracy(Y, L, k=3) == res["Acc@3"]
+    assert psprecision_at_k(Y, L, propensities=p, k=3) == res["PSP@3"]
+    assert psndcg_at_k(Y, L, propensities=p, k=3) == res["PSnDCG@3"]
 
 
 # --------------------------------------------------------------------------------------------
@@ -241,8 +241,8 @@ def test_block_count_invariance(y_chunks, pred_chunks):
     T, labels, scores, full = make_data(7, dtype=np.float32)
     Y, L, S, F = chunked(T, labels, scores, full, y_chunks=y_chunks, pred_chunks=pred_chunks)
     kw = dict(ks=KS, propensities=np.linspace(0.1, 1, T.shape[1]), scores_full=F, threshold=0.5)
-    res = evaluate(L, S, Y, **kw, split_every=2)
-    one = evaluate(labels, scores, sp.csr_matrix(T), **{**kw, "scores_full": full})  # in memory: one block
+    res = evaluate(Y, L, S, **kw, split_every=2)
+    one = evaluate(sp.csr_matrix(T), labels, scores, **{**kw, "scores_full": full})  # in memory: one block
     assert res.keys() == one.keys()
     for key in res:
         assert res[key] == pytest.approx(one[key], rel=1e-12, abs=1e-15), key
@@ -258,9 +258,9 @@ def test_single_compute_and_lazy_result():
         return dask.get(dsk, keys, **kwargs)
 
     with dask.config.set(scheduler=counting_get):
-        res = evaluate(L, S, Y, scores_full=F, threshold=0.0, propensities=np.full(T.shape[1], 0.5))
+        res = evaluate(Y, L, S, scores_full=F, threshold=0.0, propensities=np.full(T.shape[1], 0.5))
     assert len(calls) == 1
-    lazy = evaluate(L, S, Y, compute=False)
+    lazy = evaluate(Y, L, S, compute=False)
     assert isinstance(lazy, Delayed)
     assert lazy.compute()["P@5"] == res["P@5"]
 
@@ -272,7 +272,7 @@ def test_dense_in_memory_truth_and_zarr_predictions(tmp_path):
     root.create_array("labels", data=labels, chunks=(8, labels.shape[1]))
     root.create_array("scores", data=scores, chunks=(8, scores.shape[1]))
     L, S = da.from_zarr(root["labels"]), da.from_zarr(root["scores"])
-    res = evaluate(L, S, T, ks=KS)  # dense 0/1 NumPy truth, split like the predictions
+    res = evaluate(T, L, S, ks=KS)  # dense 0/1 NumPy truth, split like the predictions
     assert_close(res, ref_topk(T, labels, KS))
 
 
@@ -285,7 +285,7 @@ def test_hand_computed_example():
     Y = sp.csr_matrix(np.array([[1, 0, 1, 0, 0], [0, 0, 0, 0, 1], [0, 0, 0, 0, 0]]))
     labels = np.array([[2, 1, 0], [3, 4, -1], [0, 1, 2]])
     p = np.array([0.5, 1.0, 0.25, 1.0, 0.5])  # 1/p = 2, 1, 4, 1, 2
-    res = evaluate(labels, None, Y, ks=(1, 3), propensities=p)
+    res = evaluate(Y, labels, ks=(1, 3), propensities=p)
     # P@1: hits 1, 0, 0 -> 1/3.  P@3: (2/3 + 1/3 + 0) / 3 = 1/3.
     assert res["P@1"] == pytest.approx(1 / 3)
     assert res["P@3"] == pytest.approx(1 / 3)
@@ -313,7 +313,7 @@ def test_hand_computed_auc_with_ties():
     S = np.array([[0.9, 0.9, 0.1, 0.3], [1.0, 2.0, 3.0, 4.0], [0.0, 0.0, 0.0, 0.0]], dtype=np.float32)
     # row 0: positives 0.9, 0.3 vs negatives 0.9, 0.1: pairs (0.9>0.9? tie 0.5), 1, 0, 1 -> 2.5/4.
     # rows 1 (no labels) and 2 (all labels) are undefined and left out.
-    res = evaluate(None, None, Y, scores_full=S)
+    res = evaluate(Y, scores_full=S)
     assert res["avg_AUC"] == pytest.approx(2.5 / 4)
     assert res["avg_AUC_rows"] == 1
 
@@ -334,7 +334,7 @@ def test_propensity_formula():
 def test_report_is_one_markdown_table():
     T, labels, scores, full = make_data(10)
     Y, L, S, F = chunked(T, labels, scores, full)
-    res = evaluate(L, S, Y, propensities=np.full(T.shape[1], 0.5), scores_full=F, threshold=0.5)
+    res = evaluate(Y, L, S, propensities=np.full(T.shape[1], 0.5), scores_full=F, threshold=0.5)
     text = report(res, title="run 1")
     rows = [line for line in text.splitlines() if line.startswith("|")]
     assert rows[0] == "| metric | value |"
@@ -353,28 +353,43 @@ def test_errors_name_expected_found_and_fix():
     T, labels, scores, full = make_data(11)
     Y = sp.csr_matrix(T)
     with pytest.raises(ValueError, match=r"labels has 36 rows but Y has 37"):
-        evaluate(labels[:-1], None, Y)
+        evaluate(Y, labels[:-1])
     with pytest.raises(ValueError, match=r"scores must have the shape of labels \(37, 6\).*\(37, 5\)"):
-        evaluate(labels, scores[:, :5], Y)
+        evaluate(Y, labels, scores[:, :5])
     with pytest.raises(ValueError, match=r"k=7 is larger than the 6 predictions.*top_k >= 7"):
-        evaluate(labels, None, Y, ks=(1, 7))
+        evaluate(Y, labels, ks=(1, 7))
     with pytest.raises(ValueError, match="ks must be positive integers"):
-        evaluate(labels, None, Y, ks=(0,))
+        evaluate(Y, labels, ks=(0,))
     with pytest.raises(TypeError, match="integer label ids"):
-        evaluate(labels.astype(float), None, Y)
+        evaluate(Y, labels.astype(float))
     with pytest.raises(ValueError, match=r"propensities must have shape \(12,\).*\(11,\).*propensity\("):
-        evaluate(labels, None, Y, propensities=np.ones(11))
+        evaluate(Y, labels, propensities=np.ones(11))
     with pytest.raises(ValueError, match=r"scores_full must have shape \(37, 12\).*\(37, 11\)"):
-        evaluate(labels, None, Y, scores_full=full[:, :11])
+        evaluate(Y, labels, scores_full=full[:, :11])
     with pytest.raises(ValueError, match="either threshold .* or decision_k"):
-        evaluate(labels, scores, Y, threshold=0.5, decision_k=1)
+        evaluate(Y, labels, scores, threshold=0.5, decision_k=1)
     with pytest.raises(ValueError, match="threshold needs scores"):
-        evaluate(labels, None, Y, threshold=0.5)
+        evaluate(Y, labels, threshold=0.5)
     with pytest.raises(ValueError, match=r"decision_k must be an integer in \[1, 6\]"):
-        evaluate(labels, None, Y, decision_k=9)
+        evaluate(Y, labels, decision_k=9)
     Ycols = da.from_array(Y, chunks=(10, 6), asarray=False, fancy=False)
     with pytest.raises(ValueError, match=r"chunked by rows only.*2 column chunks"):
-        evaluate(labels, None, Ycols)
+        evaluate(Ycols, labels)
+
+
+def test_the_truth_goes_first():
+    """Every metric takes (Y, predictions); the old order (predictions, Y) is refused, not misread."""
+    T, labels, scores, full = make_data(13)
+    Y = sp.csr_matrix(T)
+    for call in (lambda: precision_at_k(labels, Y, k=1), lambda: evaluate(labels, scores, Y),
+                 lambda: ndcg_at_k(labels, da.from_array(Y, chunks=(10, -1), asarray=False), k=1)):
+        with pytest.raises((TypeError, ValueError), match="truth goes first"):
+            call()
+    with pytest.raises(TypeError, match="truth goes first"):
+        average_auc(full, Y)
+    with pytest.raises(ValueError, match="truth goes first"):  # predicted ids in the truth's place
+        evaluate(labels, labels)
+    assert precision_at_k(Y, labels, k=1) == evaluate(Y, labels, ks=(1,))["P@1"]
 
 
 def test_errors_found_in_blocks():
@@ -383,32 +398,32 @@ def test_errors_found_in_blocks():
     bad = labels.copy()
     bad[30, 1] = 12
     with pytest.raises(ValueError, match=r"id 12 at row 30, rank 2: expected ids in \[0, 12\).*-1 for padding"):
-        evaluate(da.from_array(bad, chunks=(PRED_CHUNKS, -1)), None, Y)
+        evaluate(Y, da.from_array(bad, chunks=(PRED_CHUNKS, -1)))
     bad[30, 1] = -2
     with pytest.raises(ValueError, match="id -2 at row 30"):
-        evaluate(bad, None, Y)
+        evaluate(Y, bad)
     dup = labels.copy()
     dup[14, 2] = dup[14, 0]
     with pytest.raises(ValueError, match=f"id {dup[14, 0]} twice in row 14"):
-        evaluate(dup, None, Y)
+        evaluate(Y, dup)
     unsorted = scores.copy()
     unsorted[20, 1] = unsorted[20, 0] + 1
     with pytest.raises(ValueError, match=r"sorted best first.*row 20.*np.argsort\(-scores"):
-        evaluate(labels, unsorted, Y)
+        evaluate(Y, labels, unsorted)
     nan_full = full.copy()
     nan_full[5, 3] = np.nan
     with pytest.raises(ValueError, match="NaN in row 5"):
-        evaluate(None, None, Y, scores_full=nan_full)
+        evaluate(Y, scores_full=nan_full)
 
 
 def test_macro_f1_leaves_out_labels_neither_true_nor_predicted():
     T, labels, scores, full = make_data(13)
     T2 = np.hstack([T, np.zeros((T.shape[0], 3), dtype=T.dtype)])  # 3 labels nobody has ...
     full2 = np.hstack([full, np.full((T.shape[0], 3), -10.0)])  # ... and nobody predicts
-    res = evaluate(None, None, sp.csr_matrix(T2), scores_full=full2, threshold=0.5)
+    res = evaluate(sp.csr_matrix(T2), scores_full=full2, threshold=0.5)
     hl, micro, macro = ref_decision(T2, full2 >= 0.5)
     assert_close(res, {"hamming_loss": hl, "micro_F1": micro, "macro_F1": macro})
-    assert res["macro_F1"] == pytest.approx(evaluate(None, None, sp.csr_matrix(T), scores_full=full,
+    assert res["macro_F1"] == pytest.approx(evaluate(sp.csr_matrix(T), scores_full=full,
                                                      threshold=0.5)["macro_F1"])
 
 
@@ -426,7 +441,7 @@ def test_on_dataset_stores_with_training_propensities(tmp_path):
     noisy = train.label_counts[None, :] + rng.normal(scale=3.0, size=(test.n_samples, test.n_labels))
     labels = np.argsort(-noisy, axis=1)[:, :5]
     scores = -np.sort(-noisy, axis=1)[:, :5]
-    res = evaluate(da.from_array(labels, chunks=(40, -1)), da.from_array(scores, chunks=(40, -1)), test.Y,
+    res = evaluate(test.Y, da.from_array(labels, chunks=(40, -1)), da.from_array(scores, chunks=(40, -1)),
                    propensities=p, scores_full=da.from_array(noisy, chunks=(40, -1)), threshold=10.0)
     T = to_scipy(test.Y).toarray()
     assert_close(res, ref_topk(T, labels, KS, 1 / p), rtol=1e-10)

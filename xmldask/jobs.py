@@ -285,9 +285,9 @@ def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(
     frequent = np.argsort(-np.asarray(source.label_counts), kind="stable")[:preds.top_k].astype(preds.labels.dtype)
     constant = da.broadcast_to(frequent, preds.labels.shape, chunks=preds.labels.chunks)
     results, baseline = dask.compute(
-        metrics.evaluate(preds.labels, preds.scores, data.Y, ks=ks, propensities=propensities, compute=False,
+        metrics.evaluate(data.Y, preds.labels, preds.scores, ks=ks, propensities=propensities, compute=False,
                          **_full_scores(preds.meta.get("model"), data)),
-        metrics.evaluate(constant, None, data.Y, ks=ks, propensities=propensities, compute=False))
+        metrics.evaluate(data.Y, constant, ks=ks, propensities=propensities, compute=False))
     results["propensity_source"] = "train" if source is not data else "test"
     results["baseline"] = {name: value for name, value in baseline.items() if name not in _COUNTS}
     return results

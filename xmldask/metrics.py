@@ -104,7 +104,7 @@ Examples
 >>> from xmldask.metrics import evaluate
 >>> Y = sp.csr_matrix(np.array([[1, 0, 1, 0], [0, 1, 0, 0]]))
 >>> labels = np.array([[2, 1, 0], [0, 1, -1]])
->>> res = evaluate(labels, None, Y, ks=(1, 3))
+>>> res = evaluate(Y, labels, ks=(1, 3))
 >>> res["P@1"], round(res["P@3"], 4)
 (0.5, 0.5)
 """
@@ -537,6 +537,10 @@ def _row_chunks_hint(*arrays) -> tuple | None:
     return None
 
 
+def _is_sparse(A) -> bool:
+    return sp.issparse(A) or (isinstance(A, da.Array) and sp.issparse(getattr(A, "_meta", None)))
+
+
 def _as_truth(Y, hint) -> da.Array:
     if isinstance(Y, da.Array):
         if Y.ndim != 2:
@@ -550,6 +554,10 @@ def _as_truth(Y, hint) -> da.Array:
                 f"da.from_array(Y, chunks=(block_rows, -1), asarray=False)"
             )
         return Y
+    if isinstance(Y, np.ndarray) and Y.ndim == 2 and Y.size and (Y.min() < 0 or Y.max() > 1):
+        raise ValueError(f"Y must be the truth (0/1 relevance, n_samples x n_labels), but holds values from "
+                         f"{Y.min()} to {Y.max()}: are these predicted label ids? The truth goes first: "
+                         f"evaluate(Y, labels, ...), precision_at_k(Y, labels, k=...)")
     if sp.issparse(Y) or (isinstance(Y, np.ndarray) and Y.ndim == 2):
         Y = sp.csr_matrix(Y)
         return da.from_array(Y, chunks=(hint or (Y.shape[0],), -1), asarray=False, fancy=False)
@@ -621,20 +629,21 @@ def _as_inv_propensity(propensities, n_labels: int) -> np.ndarray:
 # entry points
 
 
-def evaluate(labels, scores, Y, *, ks=(1, 3, 5), propensities=None, scores_full=None, threshold: float | None = None,
+def evaluate(Y, labels=None, scores=None, *, ks=(1, 3, 5), propensities=None, scores_full=None, threshold: float | None = None,
              decision_k: int | None = None, macro: bool = True, split_every: int = 8, compute: bool = True):
     """Every applicable metric in one pass over the row blocks.
 
     Parameters
     ----------
+    Y : dask.array.Array or scipy.sparse matrix, shape (n_samples, n_labels)
+        The truth, CSR row blocks (``open_dataset(url).Y``). An in-memory matrix is split like
+        ``labels`` (or ``scores_full``) when that is a Dask array, else kept as one block. Every
+        metric takes the truth first, then the predictions, as scikit-learn's do.
     labels : numpy.ndarray or dask.array.Array of int, shape (n_samples, top_k), or None
         Top-k predicted label ids, best first; -1 is padding. ``None`` skips the top-k metrics.
     scores : numpy.ndarray or dask.array.Array, shape (n_samples, top_k), or None
         Their scores (non-increasing along each row; checked). Needed only for ``threshold`` without
         ``scores_full``.
-    Y : dask.array.Array or scipy.sparse matrix, shape (n_samples, n_labels)
-        The truth, CSR row blocks (``open_dataset(url).Y``). An in-memory matrix is split like
-        ``labels`` (or ``scores_full``) when that is a Dask array, else kept as one block.
     ks : int or sequence of int, default (1, 3, 5)
         The ``k`` of ``P@k``, ``nDCG@k``, ``PSP@k``, ``PSnDCG@k``, ``R@k``, ``Acc@k``; each
         ``<= top_k``.
@@ -672,6 +681,10 @@ def evaluate(labels, scores, Y, *, ks=(1, 3, 5), propensities=None, scores_full=
     Jain, Prabhu, Varma (KDD 2016) for the propensity-scored metrics; Yu, Jain, Kar, Dhillon (LEML,
     ICML 2014, Appendix E.1) for top-K accuracy, Hamming loss and average AUC.
     """
+    for name, A in (("labels", labels), ("scores", scores), ("scores_full", scores_full)):
+        if A is not None and _is_sparse(A):
+            raise TypeError(f"{name} is a sparse matrix: is it the truth? The truth goes first: "
+                            f"evaluate(Y, labels, scores, ...), precision_at_k(Y, labels, k=...)")
     hint = _row_chunks_hint(labels, scores, scores_full)
     Y = _as_truth(Y, hint)
     n_samples, n_labels = Y.shape
@@ -750,15 +763,15 @@ def evaluate(labels, scores, Y, *, ks=(1, 3, 5), propensities=None, scores_full=
     return res
 
 
-def precision_at_k(labels, Y, *, k: int = 5) -> float:
+def precision_at_k(Y, labels, *, k: int = 5) -> float:
     """``P@k``: the fraction of the top ``k`` predicted labels that are relevant, averaged over rows.
 
     Parameters
     ----------
-    labels : array_like or dask.array.Array of int, shape (n_samples, top_k)
-        Top-k label ids, best first (-1: padding); ``k <= top_k``.
     Y : dask.array.Array or scipy.sparse matrix, shape (n_samples, n_labels)
         The truth (CSR row blocks).
+    labels : array_like or dask.array.Array of int, shape (n_samples, top_k)
+        Top-k label ids, best first (-1: padding); ``k <= top_k``.
     k : int, default 5
 
     Returns
@@ -769,20 +782,20 @@ def precision_at_k(labels, Y, *, k: int = 5) -> float:
     ----------
     The Extreme Classification Repository (Bhatia et al.), precision@k.
     """
-    return evaluate(labels, None, Y, ks=(k,))[f"P@{k}"]
+    return evaluate(Y, labels, ks=(k,))[f"P@{k}"]
 
 
-def ndcg_at_k(labels, Y, *, k: int = 5) -> float:
+def ndcg_at_k(Y, labels, *, k: int = 5) -> float:
     """``nDCG@k``, normalised by the ideal DCG over ``min(k, |y_i|)`` positives (shapes: :func:`precision_at_k`).
 
     References
     ----------
     The Extreme Classification Repository (Bhatia et al.), nDCG@k.
     """
-    return evaluate(labels, None, Y, ks=(k,))[f"nDCG@{k}"]
+    return evaluate(Y, labels, ks=(k,))[f"nDCG@{k}"]
 
 
-def psprecision_at_k(labels, Y, propensities, *, k: int = 5) -> float:
+def psprecision_at_k(Y, labels, *, propensities, k: int = 5) -> float:
     """Normalised propensity-scored precision ``PSP@k`` (module docstring; shapes: :func:`precision_at_k`).
 
     ``propensities`` has shape ``(n_labels,)``, from :func:`propensity` on the training counts.
@@ -791,44 +804,44 @@ def psprecision_at_k(labels, Y, propensities, *, k: int = 5) -> float:
     ----------
     H. Jain, Y. Prabhu, M. Varma, KDD 2016; normalisation of the XC repository's ``psprecision``.
     """
-    return evaluate(labels, None, Y, ks=(k,), propensities=propensities)[f"PSP@{k}"]
+    return evaluate(Y, labels, ks=(k,), propensities=propensities)[f"PSP@{k}"]
 
 
-def psndcg_at_k(labels, Y, propensities, *, k: int = 5) -> float:
+def psndcg_at_k(Y, labels, *, propensities, k: int = 5) -> float:
     """Normalised propensity-scored ``PSnDCG@k`` (module docstring; shapes: :func:`psprecision_at_k`).
 
     References
     ----------
     H. Jain, Y. Prabhu, M. Varma, KDD 2016; normalisation of the XC repository's ``psndcg``.
     """
-    return evaluate(labels, None, Y, ks=(k,), propensities=propensities)[f"PSnDCG@{k}"]
+    return evaluate(Y, labels, ks=(k,), propensities=propensities)[f"PSnDCG@{k}"]
 
 
-def recall_at_k(labels, Y, *, k: int = 5) -> float:
+def recall_at_k(Y, labels, *, k: int = 5) -> float:
     """``R@k``: the fraction of a row's relevant labels among its top ``k``, averaged over rows.
 
     Rows without relevant labels score 0 (XC repository convention). Shapes: :func:`precision_at_k`.
     """
-    return evaluate(labels, None, Y, ks=(k,))[f"R@{k}"]
+    return evaluate(Y, labels, ks=(k,))[f"R@{k}"]
 
 
-def top_k_accuracy(labels, Y, *, k: int = 1) -> float:
+def top_k_accuracy(Y, labels, *, k: int = 1) -> float:
     """``Acc@k``: the fraction of rows with a relevant label among the top ``k`` (multiclass top-k accuracy).
 
-    ``1 - top_k_accuracy(labels, Y, k=1)`` is the multiclass test error. Shapes: :func:`precision_at_k`.
+    ``1 - top_k_accuracy(Y, labels, k=1)`` is the multiclass test error. Shapes: :func:`precision_at_k`.
     """
-    return evaluate(labels, None, Y, ks=(k,))[f"Acc@{k}"]
+    return evaluate(Y, labels, ks=(k,))[f"Acc@{k}"]
 
 
-def average_auc(scores_full, Y) -> float:
+def average_auc(Y, scores_full) -> float:
     """LEML's average AUC: the per-row ROC AUC over all labels, averaged over rows where it is defined.
 
     Parameters
     ----------
-    scores_full : dask.array.Array or numpy.ndarray, shape (n_samples, n_labels)
-        Dense scores of every label, in row blocks.
     Y : dask.array.Array or scipy.sparse matrix, shape (n_samples, n_labels)
         The truth.
+    scores_full : dask.array.Array or numpy.ndarray, shape (n_samples, n_labels)
+        Dense scores of every label, in row blocks.
 
     Returns
     -------
@@ -839,13 +852,13 @@ def average_auc(scores_full, Y) -> float:
     H.-F. Yu, P. Jain, P. Kar, I. S. Dhillon. Large-scale Multi-label Learning with Missing Labels.
     ICML 2014, Appendix E.1 (after Bucak et al., ICCV 2009).
     """
-    return evaluate(None, None, Y, scores_full=scores_full)["avg_AUC"]
+    return evaluate(Y, scores_full=scores_full)["avg_AUC"]
 
 
 def _decision_metrics(labels, scores, Y, scores_full, threshold, decision_k) -> dict:
     if threshold is None and decision_k is None:
         raise ValueError("pass a decision rule: threshold=t (scores >= t are predicted) or decision_k=k (top k)")
-    return evaluate(labels, scores, Y, ks=(1,), scores_full=scores_full, threshold=threshold, decision_k=decision_k)
+    return evaluate(Y, labels, scores, ks=(1,), scores_full=scores_full, threshold=threshold, decision_k=decision_k)
 
 
 def hamming_loss(Y, *, labels=None, scores=None, scores_full=None, threshold: float | None = None,
