@@ -629,8 +629,9 @@ def _as_inv_propensity(propensities, n_labels: int) -> np.ndarray:
 # entry points
 
 
-def evaluate(Y, labels=None, scores=None, *, ks=(1, 3, 5), propensities=None, scores_full=None, threshold: float | None = None,
-             decision_k: int | None = None, macro: bool = True, split_every: int = 8, compute: bool = True):
+def evaluate(Y, labels=None, scores=None, *, ks=(1, 3, 5), propensities=None, scores_full=None,
+             threshold: float | None = None, decision_k: int | None = None, macro: bool = True, split_every: int = 8,
+             compute: bool = True):
     """Every applicable metric in one pass over the row blocks.
 
     Parameters
