@@ -33,6 +33,7 @@ import numbers
 import queue
 import threading
 import time
+from dataclasses import dataclass, field
 
 import dask
 import dask.array as da
@@ -60,6 +61,37 @@ _EMBEDDING_CLASSES = {"rembrandt": "Rembrandt", "cs": "CompressedSensing", "plst
 #: fitted arrays written by :meth:`EmbeddingClassifier.save`
 _ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
 _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
+
+
+#: held-out rows on which the ridge warm start is rescaled to the log-loss scale (:meth:`_rescale`)
+RESCALE_ROWS = 2000
+#: scales ``c`` tried by the rescaling: 1, 2, 4, ..., 256 (ridge scores of 0/1 targets are near
+#: probabilities; as logits they need a factor of this order)
+RESCALE_FACTORS = 2.0 ** np.arange(0, 9)
+#: bias offsets ``o`` tried for independent logistic losses (multilabel: most labels of a row are 0)
+RESCALE_OFFSETS = (0.0, -1.0, -2.0, -4.0, -6.0, -8.0)
+#: row blocks the bandwidth's sample rows are drawn from (a few blocks: one small read)
+BANDWIDTH_BLOCKS = 8
+
+
+@dataclass
+class _DecoderData:
+    """What the decoder's steps share: the data, the held-out split, the feature map's state, the
+    normal equations of the training rows, the held-out rows' features and the history so far."""
+
+    X: da.Array
+    Y: da.Array
+    split: _graph.HeldOut
+    state: dict
+    G: np.ndarray
+    FtY: np.ndarray
+    n_train: int
+    task: str
+    loss_fn: object
+    Fh: np.ndarray | None
+    Yh: sp.csr_matrix | None
+    t_start: float
+    history: list = field(default_factory=list)
 
 
 def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
@@ -418,6 +450,39 @@ class EmbeddingClassifier(ParamsMixin):
         t_start = time.perf_counter()
         p = self._validated()
         self._seed = _seed_of(self.random_state)
+        X, Y = self._check_xy(X, Y)
+        self._check_worker_memory(X, Y, p)
+        passes = self._fit_idf(X, p["dtype"])
+        X = self._input_features(X)
+        rng_split, rng_feat, rng_bw, rng_sgd = (np.random.default_rng(s)
+                                                for s in np.random.SeedSequence(self._seed).spawn(4))
+        split = self._held_out(X, p, rng_split)
+        state, n = self._fit_feature_map(X, Y, split, p)  # Algorithm 3, lines 3-4
+        passes += n
+        self._fit_random_features(X, split, state, p, rng_feat, rng_bw)  # line 5
+        d = self._decoder_data(X, Y, split, state, p, t_start)  # one pass: normal equations, held-out rows
+        passes += 1
+        Q, P = self._warm_start(d, p)
+        if p["max_epochs"] > 0:  # line 6
+            if d.Fh is None:
+                logger.warning("no held-out rows (validation_fraction=%g): SGD runs %d epochs without early "
+                               "stopping", p["validation_fraction"], p["max_epochs"])
+            Q, n_epochs = self._sgd(d, Q, P, p, rng_sgd)
+            passes += n_epochs
+        self.task_ = d.task
+        self.W_, self.intercept_ = state["W"], state["intercept"]
+        self.omega_, self.phase_, self.bandwidth_ = state["omega"], state["phase"], state["bandwidth"]
+        self.Q_, self.bias_ = np.ascontiguousarray(Q[:-1]), np.ascontiguousarray(Q[-1])
+        self.n_features_in_, self.n_labels_ = X.shape[1], Y.shape[1]
+        self.history_ = d.history
+        self.n_passes_ = passes
+        logger.info("fitted in %.1f s, %d passes", time.perf_counter() - t_start, passes)
+        return self
+
+    # -- the steps of fit -----------------------------------------------------------------------
+
+    @staticmethod
+    def _check_xy(X, Y) -> tuple[da.Array, da.Array]:
         X = as_rows(X, "X")
         Y = as_rows(Y, "Y", block_rows=X.chunks[0][0] if not isinstance(Y, da.Array) else None)
         if Y.shape[0] != X.shape[0]:
@@ -425,111 +490,98 @@ class EmbeddingClassifier(ParamsMixin):
         if tuple(Y.chunks[0]) != tuple(X.chunks[0]):
             raise ValueError(f"Y's row blocks must be X's ({len(X.chunks[0])} blocks); fix: Y = Y.rechunk({{0: "
                              f"X.chunks[0]}}) (or open both from one dataset store)")
-        dtype = p["dtype"]
-        self._check_worker_memory(X, Y, p)
-        n_passes = 0
-        self.idf_ = None
-        if self.features == "tfidf":
-            df = dask.compute(_graph.document_counts(X))[0]
-            self.idf_ = K.idf_weights(df, X.shape[0], dtype)
-            n_passes += 1
-        X = self._input_features(X)
-        seeds = np.random.SeedSequence(self._seed).spawn(4)
-        rng_split, rng_feat, rng_bw, rng_sgd = (np.random.default_rng(s) for s in seeds)
+        return X, Y
 
-        # held-out rows: a seeded random subset of every block, drawn per block where needed (nothing n-sized kept)
-        n = X.shape[0]
-        frac = min(p["validation_fraction"], p["max_validation_rows"] / max(n, 1))
-        split = _graph.HeldOut(int(rng_split.integers(2**63)), float(frac), tuple(int(c) for c in X.chunks[0]))
-        weights = split.weights(dtype)
-        n_train = split.n_train()
-        if n_train == 0:
+    def _fit_idf(self, X, dtype) -> int:
+        """``idf_`` for ``features='tfidf'`` (one pass; passes made returned), else ``None``."""
+        self.idf_ = None
+        if self.features != "tfidf":
+            return 0
+        df = dask.compute(_graph.document_counts(X))[0]
+        self.idf_ = K.idf_weights(df, X.shape[0], dtype)
+        return 1
+
+    @staticmethod
+    def _held_out(X, p, rng) -> _graph.HeldOut:
+        """The held-out rows: a seeded random subset of every block, drawn per block where needed
+        (nothing n-sized is kept), at most ``max_validation_rows`` in all."""
+        frac = min(p["validation_fraction"], p["max_validation_rows"] / max(X.shape[0], 1))
+        split = _graph.HeldOut(int(rng.integers(2**63)), float(frac), tuple(int(c) for c in X.chunks[0]))
+        if split.n_train() == 0:
             raise ValueError("no training rows left after holding out the validation rows; "
                              "lower validation_fraction")
+        return split
 
-        # 1. the embedding and W (Algorithm 3, lines 3-4)
+    def _fit_feature_map(self, X, Y, split, p) -> tuple[dict, int]:
+        """The embedding and ``W``, ``c`` (on the training rows): the decoder's state, passes made."""
+        dtype = p["dtype"]
         kind, emb = self._resolve_embedding(X, Y, p)
         self.embedding_kind_ = kind
         if kind == "label":
             self.R_ = emb
-            res = ridge_lstsq(X, x_q(Y, emb), p["alpha"], center=True, weights=weights)
-            W, intercept = res.coef.astype(dtype), np.asarray(res.intercept, dtype=dtype)
-            n_passes += res.n_passes
-        else:
-            V, mean = emb
-            self.R_ = None
-            W = V
-            intercept = (-(mean @ V) if mean is not None else np.zeros(V.shape[1])).astype(dtype)
-        state = {"W": W, "intercept": intercept}
+            res = ridge_lstsq(X, x_q(Y, emb), p["alpha"], center=True, weights=split.weights(dtype))
+            return {"W": res.coef.astype(dtype), "intercept": np.asarray(res.intercept, dtype=dtype)}, res.n_passes
+        V, mean = emb
+        self.R_ = None
+        intercept = -(mean @ V) if mean is not None else np.zeros(V.shape[1])
+        return {"W": V, "intercept": intercept.astype(dtype)}, 0
 
-        # 2. the feature map (line 5)
-        if self.kernel != "identity":
-            omega, phase = K.sample_frequencies(rng_feat, W.shape[1], p["n_random_features"], self.kernel, dtype)
-            sample = self._bandwidth_sample(X, split, state, p["bandwidth_sample"], rng_bw)
-            bandwidth = p["bandwidth_scale"] * K.median_distance(sample, self.kernel, rng=rng_bw)
-            state.update(omega=omega, phase=phase, bandwidth=bandwidth)
-            logger.info("random features: %s kernel, m=%d, bandwidth %.4g", self.kernel, omega.shape[1], bandwidth)
-        else:
+    def _fit_random_features(self, X, split, state, p, rng_feat, rng_bw) -> None:
+        """Frequencies, phases and the median-heuristic bandwidth of the kernel's random features into
+        ``state`` (all ``None`` for ``kernel='identity'``)."""
+        if self.kernel == "identity":
             state.update(omega=None, phase=None, bandwidth=None)
-        m1 = (state["omega"].shape[1] if state["omega"] is not None else W.shape[1]) + 1
+            return
+        omega, phase = K.sample_frequencies(rng_feat, state["W"].shape[1], p["n_random_features"], self.kernel,
+                                            p["dtype"])
+        sample = self._bandwidth_sample(X, split, state, p["bandwidth_sample"], rng_bw)
+        bandwidth = p["bandwidth_scale"] * K.median_distance(sample, self.kernel, rng=rng_bw)
+        state.update(omega=omega, phase=phase, bandwidth=bandwidth)
+        logger.info("random features: %s kernel, m=%d, bandwidth %.4g", self.kernel, omega.shape[1], bandwidth)
 
-        # 3. one pass: F^T F, F^T Y on the training rows, the held-out rows, labels per row
+    def _decoder_data(self, X, Y, split, state, p, t_start) -> _DecoderData:
+        """One pass: ``F^T F`` and ``F^T Y`` of the training rows, the held-out rows' features, the task."""
         out = dask.compute(_graph.normal_equations(X, Y, split, state))[0]
-        G, FtY, counts, held = out["G"], out["FtY"], out["counts"], out["held"]
-        n_passes += 1
-        if self.task == "auto":
-            task = "multiclass" if counts == (1, 1) else "multilabel"
-        else:
-            task = self.task
-        loss_fn = K.softmax_loss if task == "multiclass" else K.logistic_loss
+        held = out["held"]
+        task = self.task
+        if task == "auto":
+            task = "multiclass" if out["counts"] == (1, 1) else "multilabel"
+        Fh = Yh = None
         if held:
             Xh = sp.vstack([h[0] for h in held]).tocsr() if sp.issparse(held[0][0]) else np.vstack([h[0] for h in held])
             Yh = sp.vstack([sp.csr_matrix(h[1]) for h in held]).tocsr()
-            Fh = K.decoder_features(Xh, W, intercept, state["omega"], state["phase"], state["bandwidth"] or 1.0)
-        else:
-            Fh, Yh = None, None
+            Fh = K.decoder_features(Xh, state["W"], state["intercept"], state["omega"], state["phase"],
+                                    state["bandwidth"] or 1.0)
+        loss_fn = K.softmax_loss if task == "multiclass" else K.logistic_loss
+        return _DecoderData(X=X, Y=Y, split=split, state=state, G=out["G"], FtY=out["FtY"], n_train=split.n_train(),
+                            task=task, loss_fn=loss_fn, Fh=Fh, Yh=Yh, t_start=t_start)
 
-        # ridge warm start and preconditioner (float64)
-        H = G / n_train
+    def _warm_start(self, d: _DecoderData, p) -> tuple[np.ndarray, np.ndarray]:
+        """The ridge decoder (rescaled on the held-out rows) and SGD's preconditioner ``(F^T F / n + lam I)^{-1}``."""
+        m1 = d.G.shape[0]
+        H = d.G / d.n_train
         scale = float(np.mean(np.diag(H)[:-1])) or 1.0
-        lam = p["decoder_alpha"] * scale
-        H[np.arange(m1 - 1), np.arange(m1 - 1)] += lam
+        self.lam_ = p["decoder_alpha"] * scale
+        H[np.arange(m1 - 1), np.arange(m1 - 1)] += self.lam_
         try:
             chol = scipy.linalg.cho_factor(H, lower=True)
         except np.linalg.LinAlgError as exc:
             raise ValueError(f"the decoder's normal equations are singular; increase decoder_alpha "
                              f"(now {p['decoder_alpha']})") from exc
-        Q = scipy.linalg.cho_solve(chol, FtY.astype(np.float64) / n_train).astype(dtype)
-        self.lam_ = lam
-        Q = self._rescale(Q, Fh, Yh, loss_fn, task)
-        history = []
-        val = self._evaluate(Fh, Yh, Q, loss_fn)
-        history.append({"epoch": 0, "learning_rate": None, "train_loss": None, **val,
-                        "seconds": time.perf_counter() - t_start})
+        dtype = p["dtype"]
+        Q = scipy.linalg.cho_solve(chol, d.FtY.astype(np.float64) / d.n_train).astype(dtype)
+        Q = self._rescale(Q, d.Fh, d.Yh, d.loss_fn, d.task)
+        val = self._evaluate(d.Fh, d.Yh, Q, d.loss_fn)
+        d.history.append({"epoch": 0, "learning_rate": None, "train_loss": None, **val,
+                          "seconds": time.perf_counter() - d.t_start})
         logger.info("epoch 0 (warm start): held-out loss %.5g, P@1 %.4f", val["val_loss"], val["val_p@1"])
-
-        # 4. preconditioned minibatch SGD with momentum, early-stopped on the held-out rows (line 6)
-        if p["max_epochs"] > 0 and Fh is None:
-            logger.warning("no held-out rows (validation_fraction=%g): SGD runs %d epochs without early stopping",
-                           p["validation_fraction"], p["max_epochs"])
-        if p["max_epochs"] > 0:
-            P = scipy.linalg.cho_solve(chol, np.eye(m1)).astype(dtype)
-            Q, n_epochs = self._sgd(X, Y, split, state, Q, P, Fh, Yh, loss_fn, p, rng_sgd, history, t_start)
-            n_passes += n_epochs
-        self.task_ = task
-        self.W_, self.intercept_ = W, intercept
-        self.omega_, self.phase_, self.bandwidth_ = state["omega"], state["phase"], state["bandwidth"]
-        self.Q_, self.bias_ = np.ascontiguousarray(Q[:-1]), np.ascontiguousarray(Q[-1])
-        self.n_features_in_, self.n_labels_ = X.shape[1], Y.shape[1]
-        self.history_ = history
-        self.n_passes_ = n_passes
-        logger.info("fitted in %.1f s, %d passes", time.perf_counter() - t_start, n_passes)
-        return self
+        P = scipy.linalg.cho_solve(chol, np.eye(m1)).astype(dtype) if p["max_epochs"] > 0 else None
+        return Q, P
 
     def _bandwidth_sample(self, X, split, state, size, rng) -> np.ndarray:
-        """``X W + c`` for up to ``size`` training rows drawn from up to 8 random row blocks."""
+        """``X W + c`` for up to ``size`` training rows drawn from up to :data:`BANDWIDTH_BLOCKS` random row blocks."""
         n_blocks = X.numblocks[0]
-        chosen = np.sort(rng.choice(n_blocks, size=min(8, n_blocks), replace=False))
+        chosen = np.sort(rng.choice(n_blocks, size=min(BANDWIDTH_BLOCKS, n_blocks), replace=False))
         parts = dask.compute(*[X.blocks[int(b)] for b in chosen])
         Z = []
         for b, Xb in zip(chosen, parts):
@@ -567,12 +619,12 @@ class EmbeddingClassifier(ParamsMixin):
         """
         if Fh is None:
             return Q
-        sub = slice(0, min(Fh.shape[0], 2000))
+        sub = slice(0, min(Fh.shape[0], RESCALE_ROWS))
         S0 = Fh[sub] @ Q
         Ys = Yh[sub]
-        offsets = [0.0] if task == "multiclass" else [0.0, -1.0, -2.0, -4.0, -6.0, -8.0]
+        offsets = (0.0,) if task == "multiclass" else RESCALE_OFFSETS
         best = (math.inf, 1.0, 0.0)
-        for c in 2.0 ** np.arange(0, 9):
+        for c in RESCALE_FACTORS:
             for o in offsets:
                 loss = loss_fn(c * S0 + o, Ys, gradient=False)[0]
                 if loss < best[0]:
@@ -583,7 +635,8 @@ class EmbeddingClassifier(ParamsMixin):
         Q[-1] += Q.dtype.type(o)
         return Q
 
-    def _minibatches(self, X, Y, split, state, order, batch_size, rng, out, stop):
+    @staticmethod
+    def _minibatches(d: _DecoderData, order, batch_size, rng, out, stop):
         """Producer: put ``(F_mb, Y_mb)`` of the training rows of the blocks in ``order`` into ``out``.
 
         Runs in a background thread: the next block is read (by Dask) and the next minibatch's
@@ -591,39 +644,41 @@ class EmbeddingClassifier(ParamsMixin):
         """
         try:
             for b in order:
-                Xb, Yb = dask.compute(X.blocks[int(b)], Y.blocks[int(b)])
+                Xb, Yb = dask.compute(d.X.blocks[int(b)], d.Y.blocks[int(b)])
                 Yb = sp.csr_matrix(Yb)
-                rows = np.flatnonzero(~split.mask(int(b)))
+                rows = np.flatnonzero(~d.split.mask(int(b)))
                 rng.shuffle(rows)
                 for a in range(0, rows.size, batch_size):
                     idx = np.sort(rows[a:a + batch_size])
-                    F = K.decoder_features(Xb[idx], state["W"], state["intercept"], state["omega"],
-                                           state["phase"], state["bandwidth"] or 1.0)
+                    st = d.state
+                    F = K.decoder_features(Xb[idx], st["W"], st["intercept"], st["omega"], st["phase"],
+                                           st["bandwidth"] or 1.0)
                     if not _put(out, (F, Yb[idx]), stop):
                         return  # the consumer has stopped
             _put(out, None, stop)
         except BaseException as exc:  # hand the error to the consumer
             _put(out, exc, stop)
 
-    def _sgd(self, X, Y, split, state, Q, P, Fh, Yh, loss_fn, p, rng, history, t_start):
+    def _sgd(self, d: _DecoderData, Q, P, p, rng) -> tuple[np.ndarray, int]:
+        """Preconditioned minibatch SGD with momentum from ``Q``, early-stopped on the held-out rows;
+        the best decoder and the epochs (passes) made."""
         dtype = p["dtype"]
         lr, mu, l2 = p["learning_rate"], p["momentum"], p["l2"]
         # a minibatch's scores are batch x n_labels: keep them under MINIBATCH_SCORES entries
         bs = max(1, min(p["batch_size"], K.MINIBATCH_SCORES // Q.shape[1]))
         metric = "val_loss" if self.early_stopping == "loss" else "val_p@1"
         sign = 1.0 if metric == "val_loss" else -1.0
-        best_val = sign * history[0][metric] if Fh is not None else math.inf
+        best_val = sign * d.history[0][metric] if d.Fh is not None else math.inf
         best_Q = Q.copy()
         V = np.zeros_like(Q)
         bad = 0
         n_epochs = 0
         for epoch in range(1, p["max_epochs"] + 1):
             n_epochs += 1
-            order = rng.permutation(X.numblocks[0])
+            order = rng.permutation(d.X.numblocks[0])
             batches, stop = queue.Queue(maxsize=2), threading.Event()
             producer = threading.Thread(target=self._minibatches, daemon=True,
-                                        args=(X, Y, split, state, order, bs, np.random.default_rng(rng.integers(2**62)),
-                                              batches, stop))
+                                        args=(d, order, bs, np.random.default_rng(rng.integers(2**62)), batches, stop))
             producer.start()
             total_loss, total_rows = 0.0, 0
             try:
@@ -632,7 +687,7 @@ class EmbeddingClassifier(ParamsMixin):
                         raise item
                     Fm, Ym = item
                     S = Fm @ Q
-                    loss, Gs = loss_fn(S, Ym)
+                    loss, Gs = d.loss_fn(S, Ym)
                     total_loss += loss
                     total_rows += Fm.shape[0]
                     grad = Fm.T @ Gs
@@ -650,12 +705,12 @@ class EmbeddingClassifier(ParamsMixin):
                                "step", epoch, lr)
                 val = {"val_loss": math.inf, "val_p@1": 0.0}
             else:
-                val = self._evaluate(Fh, Yh, Q, loss_fn)
-            history.append({"epoch": epoch, "learning_rate": lr, "train_loss": total_loss / max(total_rows, 1),
-                            **val, "seconds": time.perf_counter() - t_start})
+                val = self._evaluate(d.Fh, d.Yh, Q, d.loss_fn)
+            d.history.append({"epoch": epoch, "learning_rate": lr, "train_loss": total_loss / max(total_rows, 1),
+                            **val, "seconds": time.perf_counter() - d.t_start})
             logger.info("epoch %d: lr %.3g, train loss %.5g, held-out loss %.5g, P@1 %.4f (%.1f s)", epoch, lr,
-                        history[-1]["train_loss"], val["val_loss"], val["val_p@1"], history[-1]["seconds"])
-            if Fh is None:
+                        d.history[-1]["train_loss"], val["val_loss"], val["val_p@1"], d.history[-1]["seconds"])
+            if d.Fh is None:
                 best_Q = Q.copy()
                 continue
             score = sign * val[metric]
