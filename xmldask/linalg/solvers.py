@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import logging
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import dask
 import dask.array as da
@@ -187,17 +187,27 @@ def ridge_lstsq(X, B, alpha: float = 1e-3, *, scale_alpha: bool = True, solver: 
     if solver == "cholesky":
         if x0 is not None:
             raise ValueError("x0 is a CG warm start; solver='cholesky' does not use it (drop x0 or use solver='cg')")
-        result = _cholesky(X, B, alpha, scale_alpha, weights, bool(center), split_every)
-    else:
-        result = _cg(X, B, alpha, scale_alpha, weights, bool(center), tol, max_iter, x0, split_every)
-    coef, intercept, lam, n_passes, n_iter, converged, rel = result
-    coef = coef.astype(dtype, copy=False)
-    if intercept is not None:
-        intercept = intercept.astype(dtype, copy=False)
+    system = _System(X, B, alpha, scale_alpha, weights, bool(center), split_every)
+    result = _cholesky(system) if solver == "cholesky" else _cg(system, tol, max_iter, x0)
+    coef = result.coef.astype(dtype, copy=False)
+    intercept = None if result.intercept is None else result.intercept.astype(dtype, copy=False)
     if vector:
         coef = coef[:, 0]
         intercept = None if intercept is None else intercept[0]
-    return LstsqResult(coef, intercept, lam, solver, n_passes, n_iter, converged, rel)
+    return replace(result, coef=coef, intercept=intercept)
+
+
+@dataclass(frozen=True)
+class _System:
+    """The least-squares problem of :func:`ridge_lstsq`, checked: what every solver needs."""
+
+    X: da.Array
+    B: da.Array
+    alpha: float
+    scale_alpha: bool
+    weights: object
+    center: bool
+    split_every: int
 
 
 def _b_mean(B, weights, split_every):
@@ -205,7 +215,9 @@ def _b_mean(B, weights, split_every):
     return column_sums(B, weights=weights, split_every=split_every)
 
 
-def _cholesky(X, B, alpha, scale_alpha, weights, center, split_every):
+def _cholesky(system: _System) -> LstsqResult:
+    X, B, alpha, weights, center, split_every = (system.X, system.B, system.alpha, system.weights, system.center,
+                                                 system.split_every)
     f64 = np.float64
     G = gram(X, weights=weights, center=center, dtype=f64, split_every=split_every)
     R = xt_b(X, B, weights=weights, center=center, split_every=split_every)
@@ -216,7 +228,7 @@ def _cholesky(X, B, alpha, scale_alpha, weights, center, split_every):
     computed = dask.compute(*lazy)
     G, R = computed[0], np.asarray(computed[1], dtype=f64)
     d = G.shape[0]
-    lam = alpha * np.trace(G) / d if scale_alpha else alpha
+    lam = alpha * np.trace(G) / d if system.scale_alpha else alpha
     A = G + lam * np.eye(d)
     try:
         factor = scipy.linalg.cho_factor(A, lower=True, check_finite=True)
@@ -232,7 +244,8 @@ def _cholesky(X, B, alpha, scale_alpha, weights, center, split_every):
     if center:
         mu, bsum, total = (np.asarray(a, dtype=f64) for a in computed[2:])
         intercept = bsum / total - mu @ Z
-    return Z, intercept, float(lam), 1, 0, True, rel
+    return LstsqResult(Z, intercept, float(lam), "cholesky", n_passes=1, n_iter=0, converged=True,
+                       relative_residual=rel)
 
 
 def _total_weight(X, weights, split_every):
@@ -249,7 +262,9 @@ def _relative(residual: np.ndarray, rhs: np.ndarray) -> np.ndarray:
     return np.where(den > 0, num / np.where(den > 0, den, 1), 0.0)
 
 
-def _cg(X, B, alpha, scale_alpha, weights, center, tol, max_iter, x0, split_every):
+def _cg(system: _System, tol: float, max_iter: int, x0) -> LstsqResult:
+    X, B, alpha, weights, center, split_every = (system.X, system.B, system.alpha, system.weights, system.center,
+                                                 system.split_every)
     f64 = np.float64
     d, k = X.shape[1], B.shape[1]
     pass_dtype = working_dtype(X.dtype)
@@ -278,7 +293,7 @@ def _cg(X, B, alpha, scale_alpha, weights, center, tol, max_iter, x0, split_ever
     n_passes = 1
     diag = total * (second - mean**2) if center else total * second
     diag = np.maximum(diag, 0.0)
-    lam = alpha * diag.sum() / d if scale_alpha else alpha
+    lam = alpha * diag.sum() / d if system.scale_alpha else alpha
     mu = mean.astype(pass_dtype) if center else None
 
     def apply(P):
@@ -358,4 +373,5 @@ def _cg(X, B, alpha, scale_alpha, weights, center, tol, max_iter, x0, split_ever
     intercept = None
     if center:
         intercept = computed[4] / total - mean @ best
-    return best, intercept, float(lam), n_passes, n_iter, converged, best_rel
+    return LstsqResult(best, intercept, float(lam), "cg", n_passes=n_passes, n_iter=n_iter, converged=converged,
+                       relative_residual=best_rel)
