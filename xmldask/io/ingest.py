@@ -53,6 +53,7 @@ class _Source:
     fmt: str
     header: tuple[int, int, int] | None
     size: int
+    sha256: str | None = None  # computed where needed (appending: to skip what was ingested)
 
 
 def _open_text(path: str, errors: str = "strict"):
@@ -207,6 +208,55 @@ def ingest(
         ``out`` exists and neither ``overwrite`` nor ``append`` was given.
     """
     sources = [sources] if isinstance(sources, str) else [str(s) for s in sources]
+    _check_options(sources, out, format=format, normalize=normalize, append=append, overwrite=overwrite,
+                   n_features=n_features, n_labels=n_labels)
+    existing = open_dataset(out) if append else None
+    if existing is not None:
+        _check_same_encoding(existing, normalize, bias)
+        n_features = existing.n_features - (1 if bias is not None else 0)
+        n_labels = existing.n_labels
+    inspected = [_inspect(path, format) for path in sources]
+    n_features, n_labels = _dimensions(inspected, n_features, n_labels)
+    if bias is not None and n_features is None:
+        raise ValueError("bias needs the number of features up front: pass n_features (--n-features) "
+                         "or use the XC format, whose header gives it")
+    if existing is not None:
+        inspected = _not_yet_ingested(existing, inspected, skip_ingested)
+        if not inspected:
+            return existing
+        writer = _append_writer(out, inspected, block_rows)
+    else:
+        writer = DatasetWriter.create(out, block_rows=block_rows, overwrite=overwrite,
+                                      n_features=None if n_features is None else n_features + (bias is not None),
+                                      n_labels=n_labels)
+    rows = _RowOptions(one_based=one_based, n_features=n_features, n_labels=n_labels, duplicates=duplicates,
+                       normalize=normalize, bias=bias, batch_bytes=batch_bytes)
+    bar = tqdm(total=sum(s.size for s in inspected), unit="B", unit_scale=True, desc="ingest",
+               disable=not progress)
+    with writer, bar:
+        seen_features = max((_write_source(writer, source, rows, bar) for source in inspected), default=0)
+        if existing is not None:
+            return writer.commit()
+        d = n_features if n_features is not None else seen_features
+        transforms = {"normalize": normalize, "bias": bias, "one_based": one_based, "duplicates": duplicates,
+                      "bias_column": d if bias is not None else None}
+        return writer.commit(n_features=d + (bias is not None), n_labels=n_labels, transforms=transforms)
+
+
+@dataclass(frozen=True)
+class _RowOptions:
+    """How the rows of every source are parsed and transformed (the options of :func:`ingest`)."""
+
+    one_based: bool
+    n_features: int | None
+    n_labels: int | None
+    duplicates: str
+    normalize: str
+    bias: float | None
+    batch_bytes: int
+
+
+def _check_options(sources, out, *, format, normalize, append, overwrite, n_features, n_labels) -> None:
     if not sources:
         raise ValueError("no source files given")
     if format not in ("auto", *FORMATS):
@@ -222,92 +272,77 @@ def ingest(
         check_target(out, kind="dataset", overwrite=overwrite, inputs=sources)
     check_dimension("n_features", n_features)
     check_dimension("n_labels", n_labels)
-    transforms = {"normalize": normalize, "bias": bias, "one_based": one_based, "duplicates": duplicates}
-    if append:
-        existing = open_dataset(out)
-        old = existing.meta.get("transforms", {})
-        if (old.get("normalize"), old.get("bias")) != (normalize, bias):
-            raise ValueError(f"{out} was ingested with normalize={old.get('normalize')!r}, bias={old.get('bias')!r}; "
-                             f"appending with normalize={normalize!r}, bias={bias!r} would mix two encodings")
-        known = {s["sha256"]: s for s in existing.meta["sources"]}
-        bias_cols = 1 if bias is not None else 0
-        n_features, n_labels = existing.n_features - bias_cols, existing.n_labels
-        transforms = old
 
-    inspected = [_inspect(path, format) for path in sources]
-    n_features, n_labels = _dimensions(inspected, n_features, n_labels)
-    if bias is not None and n_features is None:
-        raise ValueError("bias needs the number of features up front: pass n_features (--n-features) "
-                         "or use the XC format, whose header gives it")
 
-    if append:
-        todo, digests = [], []
-        for source in inspected:
-            digest = _sha256(source.path)
-            if digest in known:
-                if not skip_ingested:
-                    raise ValueError(f"{source.path} was already ingested into {out} "
-                                     f"(as {known[digest]['path']}, same sha256); pass skip_ingested=True "
-                                     "(--skip-ingested) to skip such files")
-                logger.info("skipping %s: already ingested", source.path)
-                continue
-            todo.append(source)
-            digests.append(digest)
-        if not todo:
-            return existing
-        inspected = todo
-        writer = DatasetWriter.append(out, block_rows=block_rows)
-        # another writer may have committed between the check above and taking the lock
-        committed = {s["sha256"] for s in writer.sources}
-        if committed.intersection(digests):
-            writer.abort()
-            raise ValueError(f"a source was ingested into {out} by another writer meanwhile; run this again "
-                             "(with skip_ingested=True / --skip-ingested to skip it)")
-    else:
-        writer = DatasetWriter.create(out, block_rows=block_rows, overwrite=overwrite,
-                                      n_features=None if n_features is None else n_features + (bias is not None),
-                                      n_labels=n_labels)
-    bar = tqdm(total=sum(s.size for s in inspected), unit="B", unit_scale=True, desc="ingest",
-               disable=not progress)
-    with writer, bar:
-        seen_features = 0
-        for source in inspected:
-            rows_before = writer.n_samples
-            reader = _read(source, batch_bytes)
-            done = 0
-            while True:
-                try:
-                    lines, first, done_now = next(reader)
-                except StopIteration as stop:
-                    tap, next_line = stop.value
-                    break
-                batch = parse_batch(lines, first, fmt=source.fmt, one_based=one_based, n_features=n_features,
-                                    n_labels=n_labels, duplicates=duplicates, path=source.path)
-                X = batch.X
-                seen_features = max(seen_features, X.shape[1])
-                if bias is not None:
-                    X.resize((X.shape[0], n_features + 1))
-                if normalize == "sqrt" and X.nnz and X.data.min() < 0:
-                    row = int(X.indptr.searchsorted(int((X.data < 0).argmax()), side="right")) - 1
-                    line = int(batch.line_numbers[row])
-                    raise ParseError("negative feature value: the sqrt (Hellinger) map needs values >= 0",
-                                     path=source.path, line=line, text=lines[line - first])
-                X = transform_rows(X, normalize=normalize, bias=bias)
-                writer.write(X, batch.Y)
-                bar.update(done_now - done)
-                done = done_now
-            rows = writer.n_samples - rows_before
-            if source.header is not None and rows != source.header[0]:
-                raise ParseError(f"the header says {source.header[0]} rows but the file has {rows}",
-                                 path=source.path, line=1, text=" ".join(map(str, source.header)))
-            writer.sources.append({"path": source.path, "format": source.fmt, "sha256": tap.sha256.hexdigest(),
-                                   "bytes": tap.bytes, "rows": rows, "first_row": rows_before,
-                                   "lines": next_line - 1})
-        d = n_features if n_features is not None else seen_features
-        if append:
-            return writer.commit()
-        return writer.commit(n_features=d + (bias is not None), n_labels=n_labels,
-                             transforms={**transforms, "bias_column": d if bias is not None else None})
+def _check_same_encoding(existing: Dataset, normalize: str, bias: float | None) -> None:
+    old = existing.meta.get("transforms", {})
+    if (old.get("normalize"), old.get("bias")) != (normalize, bias):
+        raise ValueError(f"{existing.url} was ingested with normalize={old.get('normalize')!r}, "
+                         f"bias={old.get('bias')!r}; appending with normalize={normalize!r}, bias={bias!r} "
+                         "would mix two encodings")
+
+
+def _not_yet_ingested(existing: Dataset, inspected: list[_Source], skip_ingested: bool) -> list[_Source]:
+    """The sources whose sha256 the dataset does not list yet (one it lists is an error unless skipped)."""
+    known = {s["sha256"]: s for s in existing.meta["sources"]}
+    todo = []
+    for source in inspected:
+        source.sha256 = _sha256(source.path)
+        if source.sha256 in known:
+            if not skip_ingested:
+                raise ValueError(f"{source.path} was already ingested into {existing.url} "
+                                 f"(as {known[source.sha256]['path']}, same sha256); pass skip_ingested=True "
+                                 "(--skip-ingested) to skip such files")
+            logger.info("skipping %s: already ingested", source.path)
+            continue
+        todo.append(source)
+    return todo
+
+
+def _append_writer(out: str, todo: list[_Source], block_rows: int) -> DatasetWriter:
+    writer = DatasetWriter.append(out, block_rows=block_rows)
+    # another writer may have committed between the check above and taking the lock
+    committed = {s["sha256"] for s in writer.sources}
+    if committed.intersection(source.sha256 for source in todo):
+        writer.abort()
+        raise ValueError(f"a source was ingested into {out} by another writer meanwhile; run this again "
+                         "(with skip_ingested=True / --skip-ingested to skip it)")
+    return writer
+
+
+def _write_source(writer: DatasetWriter, source: _Source, opts: _RowOptions, bar) -> int:
+    """Parse, transform and write the rows of one source, and record it in the writer; the widest
+    feature id seen plus one."""
+    rows_before = writer.n_samples
+    reader = _read(source, opts.batch_bytes)
+    seen_features, done = 0, 0
+    while True:
+        try:
+            lines, first, done_now = next(reader)
+        except StopIteration as stop:
+            tap, next_line = stop.value
+            break
+        batch = parse_batch(lines, first, fmt=source.fmt, one_based=opts.one_based, n_features=opts.n_features,
+                            n_labels=opts.n_labels, duplicates=opts.duplicates, path=source.path)
+        X = batch.X
+        seen_features = max(seen_features, X.shape[1])
+        if opts.bias is not None:
+            X.resize((X.shape[0], opts.n_features + 1))
+        if opts.normalize == "sqrt" and X.nnz and X.data.min() < 0:
+            row = int(X.indptr.searchsorted(int((X.data < 0).argmax()), side="right")) - 1
+            line = int(batch.line_numbers[row])
+            raise ParseError("negative feature value: the sqrt (Hellinger) map needs values >= 0",
+                             path=source.path, line=line, text=lines[line - first])
+        writer.write(transform_rows(X, normalize=opts.normalize, bias=opts.bias), batch.Y)
+        bar.update(done_now - done)
+        done = done_now
+    rows = writer.n_samples - rows_before
+    if source.header is not None and rows != source.header[0]:
+        raise ParseError(f"the header says {source.header[0]} rows but the file has {rows}",
+                         path=source.path, line=1, text=" ".join(map(str, source.header)))
+    writer.sources.append({"path": source.path, "format": source.fmt, "sha256": tap.sha256.hexdigest(),
+                           "bytes": tap.bytes, "rows": rows, "first_row": rows_before, "lines": next_line - 1})
+    return seen_features
 
 
 def _dimensions(sources: list[_Source], n_features: int | None, n_labels: int | None):
