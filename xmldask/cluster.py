@@ -81,9 +81,10 @@ DEFAULT_TIMEOUT = 10.0
 #: environment variables read by OpenMP, OpenBLAS and MKL when a process starts
 BLAS_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 #: seconds (one-second cycles) of statistical profile a worker keeps for the dashboard's Profile page.
-#: Dask keeps 1000: measured here, a busy worker's profile history grew by about 140 KB a second, some
-#: 120 MiB after a 17-minute fit, which paused a 256 MiB worker (at 80 % of its limit) with nothing to
-#: spill, for good. Sixty seconds of history cost at most about 9 MiB. (Dask sizes this history, the
+#: Dask keeps 1000. Measured here: after a 56 s fit a worker held 8 MiB more with the profiler than
+#: without (about 140 KB a second, so some 140 MiB at 1000 s); after a 17-minute fit two 256 MiB workers
+#: held ~120 MiB more than idle with 1-3 MiB of managed data, paused at 80 % of their limit with nothing
+#: to spill, and never resumed. Sixty seconds of history cost about 8 MiB. (Dask sizes this history, the
 #: scheduler's transition log and a comm's recent messages by one setting,
 #: ``distributed.admin.low-level-log-length``; its developer logs get shorter too.)
 PROFILE_HISTORY = 60
