@@ -362,8 +362,6 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
     ConnectionError
         No scheduler answered at ``address`` within ``timeout`` seconds.
     """
-    from distributed import Client, LocalCluster
-
     if timeout is None or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, but is {timeout!r}")
     blas_threads = _positive_int("blas_threads", blas_threads)
@@ -373,68 +371,91 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
         source = f"${ENV_SCHEDULER}"
     with contextlib.ExitStack() as stack:
         if address is not None:
-            address = _normalise_address(address)
             local_only = {"n_workers": n_workers, "threads_per_worker": threads_per_worker, "processes": processes}
             ignored = [name for name, value in local_only.items() if value is not None] + sorted(cluster_kwargs)
-            if ignored:
-                logger.warning("connecting to the scheduler at %s (from %s): ignoring the local-cluster options %s",
-                               address, source, ", ".join(ignored))
-            client = stack.enter_context(_connect(address, timeout))
+            client = stack.enter_context(_existing(_normalise_address(address), source, timeout, ignored))
             dashboard_on = True
-            logger.info("connected to the Dask scheduler at %s (%d workers)", address,
-                        len(client.scheduler_info(n_workers=-1).get("workers", {})))
         else:
-            layout = default_layout()
-            n_workers = _positive_int("n_workers", n_workers)
-            threads_per_worker = _positive_int("threads_per_worker", threads_per_worker)
-            processes = layout[2] if processes is None else bool(processes)
-            cores = layout[0] * layout[1]
-            if n_workers is None and threads_per_worker is None:
-                n_workers, threads_per_worker = layout[0], layout[1]
-            elif n_workers is None:
-                n_workers = max(1, cores // threads_per_worker)
-            elif threads_per_worker is None:
-                threads_per_worker = max(1, cores // n_workers)
-            kwargs = dict(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
-                          memory_limit=parse_memory_limit(memory_limit), silence_logs=silence_logs)
+            client = stack.enter_context(_local(
+                n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
+                memory_limit=memory_limit, dashboard_address=dashboard_address, blas_threads=blas_threads,
+                silence_logs=silence_logs, timeout=timeout, cluster_kwargs=cluster_kwargs))
             dashboard_on = dashboard_address is not None
-            if not dashboard_on:
-                # the scheduler serves HTTP (health, metrics) anyway: on a free port, so no clash with 8787
-                kwargs["dashboard_address"] = ":0"
-                kwargs["scheduler_kwargs"] = {"dashboard": False, **cluster_kwargs.pop("scheduler_kwargs", {})}
-            else:
-                kwargs["dashboard_address"] = (f":{dashboard_address}" if isinstance(dashboard_address, int)
-                                               else dashboard_address)
-            if processes and blas_threads is not None:
-                env = {name: str(blas_threads) for name in BLAS_ENV_VARS}
-                kwargs["env"] = {**env, **cluster_kwargs.pop("env", {})}
-            kwargs.update(cluster_kwargs)
-            import dask
-
-            spawn_env = ({f"distributed.nanny.pre-spawn-environ.{name}": blas_threads for name in BLAS_ENV_VARS}
-                         if processes and blas_threads is not None else {})
-            if dask.config.get("distributed.admin.low-level-log-length") > PROFILE_HISTORY:  # a lower one stays
-                spawn_env["distributed.admin.low-level-log-length"] = PROFILE_HISTORY
-            with dask.config.set(spawn_env):
-                local = stack.enter_context(LocalCluster(**kwargs))
-            client = stack.enter_context(Client(local, timeout=timeout, set_as_default=True))
-            limit = kwargs["memory_limit"]
-            logger.info("started a local Dask cluster: %d worker(s) x %d thread(s) (%s), memory limit %s per worker",
-                        n_workers, threads_per_worker, "worker processes" if processes else "threads of this process",
-                        _describe_limit(limit))
         if blas_threads is not None:
             client.register_plugin(BlasThreadLimit(blas_threads), name=BlasThreadLimit.name)
         link = _dashboard(client, dashboard_on)
-        if link:
-            logger.info("Dask dashboard: %s", link)
-        else:
-            logger.info("Dask dashboard: disabled")
+        logger.info("Dask dashboard: %s", link or "disabled")
         if performance_report is not None:
             from distributed import performance_report as report
 
             path = Path(performance_report).expanduser()
             path.parent.mkdir(parents=True, exist_ok=True)
             stack.enter_context(_logged_report(report, path))
+        yield client
+
+
+@contextlib.contextmanager
+def _existing(address: str, source: str, timeout: float, ignored: list[str]):
+    """A client of the scheduler at ``address``; the local-cluster options given (``ignored``) are named in a
+    warning."""
+    if ignored:
+        logger.warning("connecting to the scheduler at %s (from %s): ignoring the local-cluster options %s",
+                       address, source, ", ".join(ignored))
+    with _connect(address, timeout) as client:
+        logger.info("connected to the Dask scheduler at %s (%d workers)", address,
+                    len(client.scheduler_info(n_workers=-1).get("workers", {})))
+        yield client
+
+
+def _worker_layout(n_workers, threads_per_worker) -> tuple[int, int]:
+    """``(n_workers, threads_per_worker)`` of a local cluster: :func:`default_layout`, or the cores shared
+    among the workers given, or as many workers as the threads given fit the cores."""
+    layout = default_layout()
+    n_workers = _positive_int("n_workers", n_workers)
+    threads_per_worker = _positive_int("threads_per_worker", threads_per_worker)
+    cores = layout[0] * layout[1]
+    if n_workers is None and threads_per_worker is None:
+        return layout[0], layout[1]
+    if n_workers is None:
+        return max(1, cores // threads_per_worker), threads_per_worker
+    if threads_per_worker is None:
+        return n_workers, max(1, cores // n_workers)
+    return n_workers, threads_per_worker
+
+
+@contextlib.contextmanager
+def _local(*, n_workers, threads_per_worker, processes, memory_limit, dashboard_address, blas_threads, silence_logs,
+           timeout, cluster_kwargs: dict):
+    """A client of a new ``LocalCluster`` (see :func:`cluster` for the options); both closed on exit."""
+    import dask
+    from distributed import Client, LocalCluster
+
+    n_workers, threads_per_worker = _worker_layout(n_workers, threads_per_worker)
+    processes = default_layout()[2] if processes is None else bool(processes)
+    cluster_kwargs = dict(cluster_kwargs)
+    kwargs = dict(n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
+                  memory_limit=parse_memory_limit(memory_limit), silence_logs=silence_logs)
+    if dashboard_address is None:
+        # the scheduler serves HTTP (health, metrics) anyway: on a free port, so no clash with 8787
+        kwargs["dashboard_address"] = ":0"
+        kwargs["scheduler_kwargs"] = {"dashboard": False, **cluster_kwargs.pop("scheduler_kwargs", {})}
+    else:
+        kwargs["dashboard_address"] = (f":{dashboard_address}" if isinstance(dashboard_address, int)
+                                       else dashboard_address)
+    spawn_env = {}
+    if processes and blas_threads is not None:
+        env = {name: str(blas_threads) for name in BLAS_ENV_VARS}
+        kwargs["env"] = {**env, **cluster_kwargs.pop("env", {})}
+        spawn_env = {f"distributed.nanny.pre-spawn-environ.{name}": blas_threads for name in BLAS_ENV_VARS}
+    kwargs.update(cluster_kwargs)
+    if dask.config.get("distributed.admin.low-level-log-length") > PROFILE_HISTORY:  # a lower one stays
+        spawn_env["distributed.admin.low-level-log-length"] = PROFILE_HISTORY
+    with dask.config.set(spawn_env):
+        local = LocalCluster(**kwargs)
+    with local, Client(local, timeout=timeout, set_as_default=True) as client:
+        logger.info("started a local Dask cluster: %d worker(s) x %d thread(s) (%s), memory limit %s per worker",
+                    n_workers, threads_per_worker, "worker processes" if processes else "threads of this process",
+                    _describe_limit(kwargs["memory_limit"]))
         yield client
 
 
