@@ -15,7 +15,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from ..linalg import dense_operand
+from ..linalg import ROWS, WHOLE, dense_operand, per_block
 from . import _kernels as K
 
 __all__ = ["HeldOut", "decision_scores", "decoder_features", "document_counts", "ensemble_probabilities",
@@ -57,30 +57,14 @@ def _training_weights(seed: int, fraction: float, out_dtype, block_info=None) ->
     return (~mask).astype(out_dtype)
 
 
-def _call(*args, _func, _names, **static):
-    """Call a kernel on one row block's operands (blockwise passes contracted axes as 1-item lists)."""
-    kwargs = dict(static)
-    for name, value in zip(_names, args):
-        while isinstance(value, list):
-            if len(value) != 1:
-                raise RuntimeError(f"expected one chunk of {name}, got {len(value)}")
-            value = value[0]
-        kwargs[name] = value
-    return _func(**kwargs)
-
-
 def _map_rows(func, X: da.Array, *, whole: dict, out_cols: int, dtype, token: str, static: dict | None = None):
-    """``func(Xb=block, **whole, **static)`` for every row block; result ``(n_samples, out_cols)`` chunked like X."""
-    args, names = [X, ("i", "x1")], ["Xb"]
-    for j, (name, value) in enumerate(whole.items()):
-        if value is None:
-            continue
-        value = dense_operand(value, name=name)
-        args += [value, tuple(f"w{j}_{t}" for t in range(value.ndim))]
-        names.append(name)
-    return da.blockwise(_call, ("i", "out"), *args, new_axes={"out": out_cols}, concatenate=False, dtype=dtype,
-                        meta=np.empty((0, 0), dtype=dtype), token=token, _func=func, _names=names,
-                        **(static or {}))
+    """``func(Xb=block, **whole, **static)`` for every row block; result ``(n_samples, out_cols)`` chunked like X.
+
+    One :func:`xmldask.linalg.per_block` task per block: a store-backed ``X`` is read inside it.
+    """
+    operands = [("Xb", X, ROWS)] + [(name, dense_operand(value, name=name), WHOLE)
+                                   for name, value in whole.items() if value is not None]
+    return per_block(func, operands, tail=(out_cols,), dtype=dtype, token=token, stack=False, static=static)
 
 
 def _transform_block(Xb, idf, normalize):
