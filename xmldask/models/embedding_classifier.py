@@ -26,7 +26,6 @@ preconditioning of the log-loss gradient.
 
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import numbers
@@ -42,6 +41,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from ..base import NotFittedError, ParamsMixin, as_rows
+from ..embedding import PLST, CompressedSensing, PCAEmbedding, Rembrandt
 from ..linalg import ridge_lstsq, x_q
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
@@ -57,7 +57,7 @@ MODEL_VERSION = 1
 _TASKS = ("auto", "multiclass", "multilabel")
 _STOP_METRICS = ("loss", "p@1")
 #: names accepted for ``embedding=`` and the class looked up in :mod:`xmldask.embedding` at fit time
-_EMBEDDING_CLASSES = {"rembrandt": "Rembrandt", "cs": "CompressedSensing", "plst": "PLST", "pca": "PCAEmbedding"}
+_EMBEDDING_CLASSES = {"rembrandt": Rembrandt, "cs": CompressedSensing, "plst": PLST, "pca": PCAEmbedding}
 #: fitted arrays written by :meth:`EmbeddingClassifier.save`
 _ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
 _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
@@ -365,14 +365,7 @@ class EmbeddingClassifier(ParamsMixin):
             if emb.lower() not in _EMBEDDING_CLASSES:
                 raise ValueError(f"unknown embedding name {emb!r}; known names: "
                                  f"{', '.join(map(repr, _EMBEDDING_CLASSES))} (or pass an array or an estimator)")
-            cls_name = _EMBEDDING_CLASSES[emb.lower()]
-            try:
-                module = importlib.import_module("xmldask.embedding")
-                cls = getattr(module, cls_name)
-            except (ImportError, AttributeError) as exc:
-                raise ValueError(f"embedding={emb!r} needs xmldask.embedding.{cls_name}, which is not available "
-                                 f"({exc}); pass an (n_labels, k) array or a fitted estimator instead") from exc
-            emb = cls(n_components=p["n_components"], random_state=self._seed)
+            emb = _EMBEDDING_CLASSES[emb.lower()](n_components=p["n_components"], random_state=self._seed)
         if isinstance(emb, np.ndarray) or (not hasattr(emb, "fit") and np.ndim(emb) == 2):
             R = np.asarray(emb, dtype=p["dtype"])
             if R.ndim != 2 or R.shape[0] != Y.shape[1]:
