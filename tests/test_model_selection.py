@@ -277,3 +277,61 @@ def test_screen_repeats_score_a_setting_by_the_mean_over_splits(data):
         assert len({k["val_p@1"] for k in kept}) > 1  # the splits differ
     full = [r for r in search.results_ if not r["screened"]]
     assert len(full) == 1 and search.best_estimator_.random_state == 3
+
+
+@pytest.fixture(scope="module")
+def multiclass_data(tmp_path_factory):
+    url = str(tmp_path_factory.mktemp("search-mc") / "train.zarr")
+    return make_synthetic(url, n_samples=1900, n_features=120, n_labels=12, multiclass=True, rank=6, seed=4,
+                          block_rows=450).url
+
+
+@pytest.mark.parametrize("features", ["raw", "l2", "tfidf"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("which", ["multilabel", "multiclass"])
+def test_screener_gives_the_figures_of_the_screened_fit(data, multiclass_data, features, dtype, which):
+    """A screened setting's held-out figures from the shared statistics equal those of its fit (uneven
+    row blocks; every k, alpha and seed on the same statistics)."""
+    ds = open_dataset(data[1] if which == "multilabel" else multiclass_data)
+    template = _template(features=features, dtype=dtype)
+    screener = template.screener(ds.X, ds.Y)
+    for k, alpha, seed in [(8, 1e-3, 3), (5, 1.0, 3), (8, 1e-3, 11)]:
+        params = {**template.get_params(deep=False), "max_epochs": 0, "n_components": k, "alpha": alpha,
+                  "random_state": seed}
+        assert screener.applies(params)
+        got = screener.score(params)
+        fit = EmbeddingClassifier(**params).fit(ds.X, ds.Y)
+        want = fit.history_[0]
+        assert got["val_p@1"] == want["val_p@1"]
+        assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-4 if dtype == np.float32 else 1e-6)
+    # one pass per input normalisation and held-out split (a tf-idf's document counts: one more)
+    assert screener.n_passes == 2 + (features == "tfidf")
+
+
+def test_screener_refuses_what_it_does_not_compute(data, monkeypatch):
+    from xmldask.models import _screen
+
+    ds = open_dataset(data[1])
+    screener = _template().screener(ds.X, ds.Y)
+    base = {**_template().get_params(deep=False), "max_epochs": 0}
+    assert screener.applies(base)
+    for change in ({"max_epochs": 1}, {"kernel": "gaussian"}, {"embedding": "cs"}, {"validation_fraction": 0.0}):
+        assert not screener.applies({**base, **change})
+    with pytest.raises(ValueError, match="fit it instead"):
+        screener.score({**base, "kernel": "gaussian"})
+    monkeypatch.setattr(_screen, "MAX_GRAM_FEATURES", ds.X.shape[1] - 1)  # too many features for a Gram
+    assert not screener.applies(base)
+
+
+def test_search_chooses_the_same_with_and_without_the_screener(data, monkeypatch):
+    """The screener changes how a screened setting is computed, not the search: same settings, same figures."""
+    ds = open_dataset(data[1])
+    grid = {"features": ["raw", "tfidf"], "n_components": [4, 16], "alpha": [1e-3, 1.0], "kernel": ["identity"]}
+    kw = dict(screen={"max_epochs": 0, "kernel": "identity"}, screen_repeats=2, max_extensions=1)
+    shared = HeldOutSearch(_template(), grid, **kw).fit(ds.X, ds.Y)
+    monkeypatch.setattr(EmbeddingClassifier, "screener", lambda self, X, Y: None)
+    fitted = HeldOutSearch(_template(), grid, **kw).fit(ds.X, ds.Y)
+    assert [r["params"] for r in shared.results_] == [r["params"] for r in fitted.results_]
+    for a, b in zip(shared.results_, fitted.results_):
+        assert a["val_p@1"] == b["val_p@1"] and a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-4)
+    assert shared.best_params_ == fitted.best_params_

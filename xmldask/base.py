@@ -41,6 +41,39 @@ def as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
     return da.from_array(A, chunks=(rows, -1), asarray=False, fancy=False)
 
 
+def check_int(value, name: str, minimum: int, maximum: int | None = None) -> int:
+    """``value`` as an int in ``[minimum, maximum]``, or a ValueError naming the parameter ``name``."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum or \
+            (maximum is not None and value > maximum):
+        bound = f"of at least {minimum}" + (f" and at most {maximum}" if maximum is not None else "")
+        raise ValueError(f"{name} must be an integer {bound}, but is {value!r}")
+    return int(value)
+
+
+def check_float(value, name: str, *, low: float = 0.0, high: float = math.inf, low_open: bool = False) -> float:
+    """``value`` as a finite float in ``[low, high]`` (``(low, high]`` when ``low_open``), or a ValueError."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (value > low if low_open else value >= low) and value <= high
+    if not ok:
+        bound = f"{'>' if low_open else '>='} {low}" + ("" if high == math.inf else f" and <= {high}")
+        raise ValueError(f"{name} must be a finite number {bound}, but is {value!r}")
+    return float(value)
+
+
+def seed_of(random_state) -> int:
+    """An integer seed from ``None``, an int, a ``SeedSequence`` or a ``Generator`` (normalised once)."""
+    if random_state is None:
+        return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
+    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
+        return int(random_state)
+    if isinstance(random_state, np.random.Generator):
+        return int(random_state.integers(0, 2**62))
+    if isinstance(random_state, np.random.SeedSequence):
+        return int(random_state.generate_state(1, np.uint64)[0] >> 1)
+    raise ValueError(f"random_state must be None, an int, a SeedSequence or a numpy Generator, "
+                     f"but is {random_state!r}")
+
+
 #: every estimator class by name, as its saved stores record it (filled as the classes are defined):
 #: what :func:`xmldask.models.load_model` reads
 MODEL_CLASSES: dict[str, type] = {}

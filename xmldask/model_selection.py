@@ -211,12 +211,16 @@ class HeldOutSearch:
             return self._done[key]
         params = {**self.estimator.get_params(deep=False), **setting}
         start = time.perf_counter()
-        model = type(self.estimator)(**params).fit(X, Y)
-        kept = [kept_epoch(model)]
-        # a screened setting is judged on more held-out rows: refitted on other random splits
-        for i in range(1, self.screen_repeats if overrides else 1):
-            seed = np.random.SeedSequence([_seed(params.get("random_state")), i]).generate_state(1)[0]
-            kept.append(kept_epoch(type(self.estimator)(**{**params, "random_state": int(seed)}).fit(X, Y)))
+        # a screened setting is judged on more held-out rows: fitted on other random splits too
+        repeats = [params] + [{**params, "random_state": int(np.random.SeedSequence(
+            [_seed(params.get("random_state")), i]).generate_state(1)[0])}
+            for i in range(1, self.screen_repeats if overrides else 1)]
+        if overrides and self._screener is not None and self._screener.applies(params):
+            model, kept = None, [self._screener.score(repeat) for repeat in repeats]
+        else:
+            model = type(self.estimator)(**params).fit(X, Y)
+            kept = [kept_epoch(model)]
+            kept += [kept_epoch(type(self.estimator)(**repeat).fit(X, Y)) for repeat in repeats[1:]]
         figures = {key: float(np.mean([k[key] for k in kept])) for key in ("val_p@1", "val_loss")}
         score = figures["val_p@1"] if self.scoring == "p@1" else -figures["val_loss"]
         self.results_.append({"params": dict(setting), "score": score, **figures,
@@ -240,6 +244,8 @@ class HeldOutSearch:
         grid = self._validated()
         self.results_, self._done, self._best = [], {}, None
         screen = dict(self.screen or {})
+        # screened settings from statistics every candidate shares, where the estimator offers it
+        self._screener = self.estimator.screener(X, Y) if screen and hasattr(self.estimator, "screener") else None
         # the parameters searched under the screen's overrides, then those searched by full fits
         cheap = {name: values for name, values in grid.items() if name not in screen}
         full = {name: values for name, values in grid.items() if name in screen}
@@ -255,7 +261,7 @@ class HeldOutSearch:
             self._search(full or {}, X, Y, start=best)
         score, model, setting = self._best
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
-        del self._done, self._best
+        del self._done, self._best, self._screener
         return self
 
     def _search(self, grid: dict, X, Y, *, overrides: dict | None = None, start: dict | None = None) -> dict:

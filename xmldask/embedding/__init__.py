@@ -19,7 +19,7 @@ from .hierarchy import (
     sibling_fraction,
 )
 from .pca import PLST, PCAEmbedding, RandomizedPCA
-from .rembrandt import CompressedSensing, Rembrandt, RembrandtResult, rembrandt
+from .rembrandt import CompressedSensing, Rembrandt, RembrandtMoments, RembrandtResult, rembrandt
 
 __all__ = [
     "MODEL_VERSION",
@@ -31,6 +31,7 @@ __all__ = [
     "PCAEmbedding",
     "RandomizedPCA",
     "Rembrandt",
+    "RembrandtMoments",
     "RembrandtResult",
     "load_model",
     "most_fraternal_fraction",

@@ -38,7 +38,8 @@ from ..linalg.passes import column_mean, column_sums, dense_operand, gram, x_q, 
 from ..linalg.randomized import check_random_state, randomized_eigh
 from ._base import EmbeddingModel, check_columns, project
 
-__all__ = ["MAX_CROSS_ENTRIES", "CompressedSensing", "Rembrandt", "RembrandtResult", "rembrandt"]
+__all__ = ["MAX_CROSS_ENTRIES", "CompressedSensing", "Rembrandt", "RembrandtResult", "rembrandt",
+           "RembrandtMoments"]
 
 logger = logging.getLogger(__name__)
 
@@ -183,8 +184,8 @@ def rembrandt(X, Y, n_components: int, *, oversample: int = 20, n_iter: int = 1,
     d, n_labels = X.shape[1], Y.shape[1]
     cholesky = solver == "cholesky" or (solver == "auto" and d <= solvers.MAX_GRAM_FEATURES)
     if cholesky and d * n_labels <= MAX_CROSS_ENTRIES:
-        in_memory = _InMemoryNormal(X, Y, alpha=alpha, scale_alpha=scale_alpha, center=center,
-                                    split_every=split_every)
+        in_memory = _InMemoryNormal.from_data(X, Y, alpha=alpha, scale_alpha=scale_alpha, center=center,
+                                              split_every=split_every)
         state.update(passes=1, solver_passes=[1], alpha=in_memory.lam)
         solve, apply = in_memory.solve, in_memory.apply
 
@@ -207,6 +208,37 @@ def rembrandt(X, Y, n_components: int, *, oversample: int = 20, n_iter: int = 1,
                            feature_map=W, intercept=intercept, start=start)
 
 
+class RembrandtMoments:
+    """Rembrandt's embeddings, of any size and seed, from the uncentred ``X^T X``, ``X^T Y`` and ``Y^T 1`` in memory.
+
+    The same embedding as :func:`rembrandt` (``center=False``) computes from the data when its solve is by
+    Cholesky and ``X^T Y`` is small (same statistics and ``random_state``: the same ``V``), without a pass,
+    and with one factorisation for every ``embedding(k, random_state=...)``: what a search uses to embed
+    each candidate from the statistics its candidates share.
+
+    Parameters
+    ----------
+    G, C, label_sums : array_like
+        ``X^T X`` (d, d), ``X^T Y`` (d, n_labels) and ``Y^T 1`` (n_labels,).
+    n_samples : int
+    alpha, scale_alpha
+        As :func:`rembrandt`.
+    """
+
+    def __init__(self, G, C, label_sums, n_samples: int, *, alpha: float = 1e-3, scale_alpha: bool = True):
+        f64 = np.float64
+        self._normal = _InMemoryNormal(np.asarray(G, f64), np.asarray(C, f64), np.asarray(label_sums, f64), n_samples,
+                                       alpha=alpha, scale_alpha=scale_alpha)
+
+    def embedding(self, n_components: int, *, oversample: int = 20, n_iter: int = 1, random_state=None,
+                  dtype=np.float32) -> np.ndarray:
+        """``V`` (n_labels, n_components) as :func:`rembrandt` with these options computes it."""
+        V, _, _ = randomized_eigh(self._normal.apply, self._normal.C.shape[1], n_components, oversample=oversample,
+                                  n_iter=n_iter, random_state=check_random_state(random_state), dtype=dtype,
+                                  orthonormalize_start=False)
+        return V
+
+
 class _InMemoryNormal:
     """``X^T X``, ``X^T Y`` and the label sums from one pass; least squares and products in memory.
 
@@ -215,15 +247,8 @@ class _InMemoryNormal:
     touching the data again (float64 throughout).
     """
 
-    def __init__(self, X, Y, *, alpha, scale_alpha, center, split_every):
-        f64 = np.float64
-        lazy = [gram(X, center=center, dtype=f64, split_every=split_every),
-                xt_b(X, Y, center=center, split_every=split_every), column_sums(Y, split_every=split_every)]
-        if center:
-            lazy.append(column_mean(X, split_every=split_every))
-        computed = [np.asarray(a, dtype=f64) for a in dask.compute(*lazy)]
-        G, self.C, self.label_sums = computed[:3]
-        self.mean = computed[3] if center else None
+    def __init__(self, G, C, label_sums, n_samples: int, *, mean=None, alpha: float, scale_alpha: bool):
+        self.C, self.label_sums, self.mean = C, label_sums, mean
         d = G.shape[0]
         self.lam = float(alpha * np.trace(G) / d if scale_alpha else alpha)
         try:
@@ -231,7 +256,19 @@ class _InMemoryNormal:
         except np.linalg.LinAlgError:
             raise ValueError(f"X^T X + lam I ({d} x {d}, lam = {self.lam:.3g}) is not positive definite: the "
                              f"features are collinear or empty; fix: pass alpha > 0 (e.g. alpha=1e-6)") from None
-        self.label_means = self.label_sums / X.shape[0]
+        self.label_means = self.label_sums / n_samples
+
+    @classmethod
+    def from_data(cls, X, Y, *, alpha, scale_alpha, center, split_every) -> _InMemoryNormal:
+        """The statistics of ``X`` and ``Y`` from one pass (``X`` centred when ``center``)."""
+        f64 = np.float64
+        lazy = [gram(X, center=center, dtype=f64, split_every=split_every),
+                xt_b(X, Y, center=center, split_every=split_every), column_sums(Y, split_every=split_every)]
+        if center:
+            lazy.append(column_mean(X, split_every=split_every))
+        computed = [np.asarray(a, dtype=f64) for a in dask.compute(*lazy)]
+        return cls(*computed[:3], X.shape[0], mean=computed[3] if center else None, alpha=alpha,
+                   scale_alpha=scale_alpha)
 
     def solve(self, Q):
         from types import SimpleNamespace

@@ -8,7 +8,7 @@ of :mod:`xmldask.linalg` (:func:`~xmldask.linalg.gram`, :func:`~xmldask.linalg.x
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import dask
 import dask.array as da
@@ -49,6 +49,26 @@ class HeldOut:
         return da.map_blocks(_training_weights, seed=self.seed, fraction=self.fraction, out_dtype=dtype, dtype=dtype,
                              chunks=(self.chunks,), meta=np.empty(0, dtype),
                              name=f"training-weights-{dask.base.tokenize(self, dtype)}")
+
+
+@dataclass
+class DecoderData:
+    """What the decoder's steps share: the data, the held-out split, the feature map's state, the
+    normal equations of the training rows, the held-out rows' features and the history so far."""
+
+    X: da.Array
+    Y: da.Array
+    split: HeldOut
+    state: dict
+    G: np.ndarray
+    FtY: np.ndarray
+    n_train: int
+    task: str
+    loss_fn: object
+    Fh: np.ndarray | None
+    Yh: sp.csr_matrix | None
+    t_start: float
+    history: list = field(default_factory=list)
 
 
 def _training_weights(seed: int, fraction: float, out_dtype, block_info=None) -> np.ndarray:

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import logging
 import math
-import numbers
 import queue
 import threading
 import time
-from dataclasses import dataclass, field
 
 import dask
 import dask.array as da
@@ -40,12 +38,13 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from ..base import NotFittedError, ParamsMixin, as_rows
+from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..embedding import PLST, CompressedSensing, PCAEmbedding, Rembrandt
 from ..linalg import ridge_lstsq, x_q
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
 from . import _kernels as K
+from ._screen import Screener
 
 __all__ = ["MODEL_VERSION", "EmbeddingClassifier", "NotFittedError"]
 
@@ -74,26 +73,6 @@ RESCALE_OFFSETS = (0.0, -1.0, -2.0, -4.0, -6.0, -8.0)
 BANDWIDTH_BLOCKS = 8
 
 
-@dataclass
-class _DecoderData:
-    """What the decoder's steps share: the data, the held-out split, the feature map's state, the
-    normal equations of the training rows, the held-out rows' features and the history so far."""
-
-    X: da.Array
-    Y: da.Array
-    split: _graph.HeldOut
-    state: dict
-    G: np.ndarray
-    FtY: np.ndarray
-    n_train: int
-    task: str
-    loss_fn: object
-    Fh: np.ndarray | None
-    Yh: sp.csr_matrix | None
-    t_start: float
-    history: list = field(default_factory=list)
-
-
 def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
     """``out.put(item)`` unless ``stop`` is set first (checked every 0.1 s); whether it was put."""
     while not stop.is_set():
@@ -103,37 +82,6 @@ def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
-
-
-def _check_int(value, name: str, minimum: int, maximum: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum or \
-            (maximum is not None and value > maximum):
-        bound = f"of at least {minimum}" + (f" and at most {maximum}" if maximum is not None else "")
-        raise ValueError(f"{name} must be an integer {bound}, but is {value!r}")
-    return int(value)
-
-
-def _check_float(value, name: str, *, low: float = 0.0, high: float = math.inf, low_open: bool = False) -> float:
-    ok = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (value > low if low_open else value >= low) and value <= high
-    if not ok:
-        bound = f"{'>' if low_open else '>='} {low}" + ("" if high == math.inf else f" and <= {high}")
-        raise ValueError(f"{name} must be a finite number {bound}, but is {value!r}")
-    return float(value)
-
-
-def _seed_of(random_state) -> int:
-    """An integer seed from ``None``, an int, a ``SeedSequence`` or a ``Generator`` (normalised once)."""
-    if random_state is None:
-        return int(np.random.SeedSequence().generate_state(1, np.uint64)[0] >> 1)
-    if isinstance(random_state, numbers.Integral) and not isinstance(random_state, bool):
-        return int(random_state)
-    if isinstance(random_state, np.random.Generator):
-        return int(random_state.integers(0, 2**62))
-    if isinstance(random_state, np.random.SeedSequence):
-        return int(random_state.generate_state(1, np.uint64)[0] >> 1)
-    raise ValueError(f"random_state must be None, an int, a SeedSequence or a numpy Generator, "
-                     f"but is {random_state!r}")
 
 
 class EmbeddingClassifier(ParamsMixin):
@@ -301,6 +249,14 @@ class EmbeddingClassifier(ParamsMixin):
             most = min(most, X.shape[1])
         return {"n_components": (1, int(most)), "n_random_features": (1, math.inf)}
 
+    def screener(self, X, Y):
+        """What a search's screen uses instead of a fit per screened setting on ``X``, ``Y``: a
+        :class:`~xmldask.models._screen.Screener` (statistics shared by every candidate, one pass per input
+        normalisation), whose ``score(params)`` is the fit's held-out figures for the settings it
+        ``applies(params)`` to."""
+        X, Y = self._check_xy(X, Y)
+        return Screener(X, Y, type(self))
+
     def __repr__(self) -> str:
         shown = [f"{k}={v!r}" for k, v in self.get_params(deep=False).items()
                  if not isinstance(v, np.ndarray) and k in ("embedding", "kernel", "n_random_features", "task")]
@@ -322,20 +278,20 @@ class EmbeddingClassifier(ParamsMixin):
         if dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, but is {dtype}")
         return dict(
-            n_components=_check_int(self.n_components, "n_components", 1),
-            n_random_features=_check_int(self.n_random_features, "n_random_features", 1),
-            bandwidth_scale=_check_float(self.bandwidth_scale, "bandwidth_scale", low_open=True),
-            alpha=_check_float(self.alpha, "alpha"),
-            decoder_alpha=_check_float(self.decoder_alpha, "decoder_alpha", low_open=True),
-            max_epochs=_check_int(self.max_epochs, "max_epochs", 0),
-            batch_size=_check_int(self.batch_size, "batch_size", 1),
-            learning_rate=_check_float(self.learning_rate, "learning_rate", low_open=True),
-            momentum=_check_float(self.momentum, "momentum", high=0.999),
-            l2=_check_float(self.l2, "l2"),
-            validation_fraction=_check_float(self.validation_fraction, "validation_fraction", high=0.5),
-            max_validation_rows=_check_int(self.max_validation_rows, "max_validation_rows", 0),
-            n_iter_no_change=_check_int(self.n_iter_no_change, "n_iter_no_change", 1),
-            bandwidth_sample=_check_int(self.bandwidth_sample, "bandwidth_sample", 2),
+            n_components=check_int(self.n_components, "n_components", 1),
+            n_random_features=check_int(self.n_random_features, "n_random_features", 1),
+            bandwidth_scale=check_float(self.bandwidth_scale, "bandwidth_scale", low_open=True),
+            alpha=check_float(self.alpha, "alpha"),
+            decoder_alpha=check_float(self.decoder_alpha, "decoder_alpha", low_open=True),
+            max_epochs=check_int(self.max_epochs, "max_epochs", 0),
+            batch_size=check_int(self.batch_size, "batch_size", 1),
+            learning_rate=check_float(self.learning_rate, "learning_rate", low_open=True),
+            momentum=check_float(self.momentum, "momentum", high=0.999),
+            l2=check_float(self.l2, "l2"),
+            validation_fraction=check_float(self.validation_fraction, "validation_fraction", high=0.5),
+            max_validation_rows=check_int(self.max_validation_rows, "max_validation_rows", 0),
+            n_iter_no_change=check_int(self.n_iter_no_change, "n_iter_no_change", 1),
+            bandwidth_sample=check_int(self.bandwidth_sample, "bandwidth_sample", 2),
             dtype=dtype,
         )
 
@@ -442,7 +398,7 @@ class EmbeddingClassifier(ParamsMixin):
         """
         t_start = time.perf_counter()
         p = self._validated()
-        self._seed = _seed_of(self.random_state)
+        self._seed = seed_of(self.random_state)
         X, Y = self._check_xy(X, Y)
         self._check_worker_memory(X, Y, p)
         passes = self._fit_idf(X, p["dtype"])
@@ -532,7 +488,7 @@ class EmbeddingClassifier(ParamsMixin):
         state.update(omega=omega, phase=phase, bandwidth=bandwidth)
         logger.info("random features: %s kernel, m=%d, bandwidth %.4g", self.kernel, omega.shape[1], bandwidth)
 
-    def _decoder_data(self, X, Y, split, state, p, t_start) -> _DecoderData:
+    def _decoder_data(self, X, Y, split, state, p, t_start) -> _graph.DecoderData:
         """One pass: ``F^T F`` and ``F^T Y`` of the training rows, the held-out rows' features, the task."""
         out = dask.compute(_graph.normal_equations(X, Y, split, state))[0]
         held = out["held"]
@@ -546,10 +502,10 @@ class EmbeddingClassifier(ParamsMixin):
             Fh = K.decoder_features(Xh, state["W"], state["intercept"], state["omega"], state["phase"],
                                     state["bandwidth"] or 1.0)
         loss_fn = K.softmax_loss if task == "multiclass" else K.logistic_loss
-        return _DecoderData(X=X, Y=Y, split=split, state=state, G=out["G"], FtY=out["FtY"], n_train=split.n_train(),
-                            task=task, loss_fn=loss_fn, Fh=Fh, Yh=Yh, t_start=t_start)
+        return _graph.DecoderData(X=X, Y=Y, split=split, state=state, G=out["G"], FtY=out["FtY"],
+                                  n_train=split.n_train(), task=task, loss_fn=loss_fn, Fh=Fh, Yh=Yh, t_start=t_start)
 
-    def _warm_start(self, d: _DecoderData, p) -> tuple[np.ndarray, np.ndarray]:
+    def _warm_start(self, d: _graph.DecoderData, p) -> tuple[np.ndarray, np.ndarray]:
         """The ridge decoder (rescaled on the held-out rows) and SGD's preconditioner ``(F^T F / n + lam I)^{-1}``."""
         m1 = d.G.shape[0]
         H = d.G / d.n_train
@@ -629,7 +585,7 @@ class EmbeddingClassifier(ParamsMixin):
         return Q
 
     @staticmethod
-    def _minibatches(d: _DecoderData, order, batch_size, rng, out, stop):
+    def _minibatches(d: _graph.DecoderData, order, batch_size, rng, out, stop):
         """Producer: put ``(F_mb, Y_mb)`` of the training rows of the blocks in ``order`` into ``out``.
 
         Runs in a background thread: the next block is read (by Dask) and the next minibatch's
@@ -652,7 +608,7 @@ class EmbeddingClassifier(ParamsMixin):
         except BaseException as exc:  # hand the error to the consumer
             _put(out, exc, stop)
 
-    def _sgd(self, d: _DecoderData, Q, P, p, rng) -> tuple[np.ndarray, int]:
+    def _sgd(self, d: _graph.DecoderData, Q, P, p, rng) -> tuple[np.ndarray, int]:
         """Preconditioned minibatch SGD with momentum from ``Q``, early-stopped on the held-out rows;
         the best decoder and the epochs (passes) made."""
         dtype = p["dtype"]

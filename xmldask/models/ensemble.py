@@ -18,10 +18,10 @@ import numbers
 import dask.array as da
 import numpy as np
 
-from ..base import NotFittedError, ParamsMixin, as_rows, kept_epoch
+from ..base import NotFittedError, ParamsMixin, as_rows, kept_epoch, seed_of
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
-from .embedding_classifier import EmbeddingClassifier, _seed_of
+from .embedding_classifier import EmbeddingClassifier
 
 __all__ = ["ENSEMBLE_VERSION", "EnsembleClassifier"]
 
@@ -89,7 +89,7 @@ class EnsembleClassifier(ParamsMixin):
         n = self.n_estimators
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"n_estimators must be an integer of at least 1, but is {n!r}")
-        seed = _seed_of(self.random_state)
+        seed = seed_of(self.random_state)
         params = self.estimator.get_params(deep=False)
         return [EmbeddingClassifier(**{**params, "random_state": member_seed(seed, i)}) for i in range(int(n))]
 

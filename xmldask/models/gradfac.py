@@ -51,13 +51,12 @@ import numpy as np
 import scipy.sparse as sp
 import zarr
 
-from ..base import NotFittedError, ParamsMixin, as_rows
+from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg import dense_operand
 from ..linalg.passes import ROWS, WHOLE, per_block, tree_sum
 from ..store import remove, zarr_store
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _boost_kernels as BK
-from .embedding_classifier import _check_float, _check_int, _seed_of
 
 __all__ = ["BOOSTING_VERSION", "GradFac", "GradFacEN", "MultinomialBoosting", "OneVsRestBoosting"]
 
@@ -204,14 +203,14 @@ class _Boosting(ParamsMixin):
             raise ValueError(f"backend must be 'auto', 'local' or 'dask', but is {self.backend!r}")
         if self.leaf_estimation not in ("newton", "gradient"):
             raise ValueError(f"leaf_estimation must be 'newton' or 'gradient', but is {self.leaf_estimation!r}")
-        return dict(rounds=_check_int(self.rounds, "rounds", 1),
-                    learning_rate=_check_float(self.learning_rate, "learning_rate", low_open=True),
-                    max_depth=_check_int(self.max_depth, "max_depth", 1, 16),
-                    max_bins=_check_int(self.max_bins, "max_bins", 2, 255),
-                    l2_leaf_reg=_check_float(self.l2_leaf_reg, "l2_leaf_reg"),
-                    validation_fraction=_check_float(self.validation_fraction, "validation_fraction", high=0.5),
-                    n_iter_no_change=_check_int(self.n_iter_no_change, "n_iter_no_change", 1),
-                    block_rows=_check_int(self.block_rows, "block_rows", 1),
+        return dict(rounds=check_int(self.rounds, "rounds", 1),
+                    learning_rate=check_float(self.learning_rate, "learning_rate", low_open=True),
+                    max_depth=check_int(self.max_depth, "max_depth", 1, 16),
+                    max_bins=check_int(self.max_bins, "max_bins", 2, 255),
+                    l2_leaf_reg=check_float(self.l2_leaf_reg, "l2_leaf_reg"),
+                    validation_fraction=check_float(self.validation_fraction, "validation_fraction", high=0.5),
+                    n_iter_no_change=check_int(self.n_iter_no_change, "n_iter_no_change", 1),
+                    block_rows=check_int(self.block_rows, "block_rows", 1),
                     scratch=None if self.scratch is None else str(self.scratch))
 
     # ---------------------------------------------------------------- inputs
@@ -302,7 +301,7 @@ class _Boosting(ParamsMixin):
         p = self._validated()
         extra = self._validated_extra()
         start = time.perf_counter()
-        rows, n_bins = self._state(X, Y, p, _seed_of(self.random_state))
+        rows, n_bins = self._state(X, Y, p, seed_of(self.random_state))
         self.n_bins_ = n_bins
         try:
             trees, history, best = self._boost(rows, p, extra)
@@ -417,7 +416,7 @@ class _Boosting(ParamsMixin):
         dask.array.Array, shape (n_samples, n_classes)
         """
         X = self._rows(X)
-        T = len(self.values_) if trees is None else _check_int(trees, "trees", 0, len(self.values_))
+        T = len(self.values_) if trees is None else check_int(trees, "trees", 0, len(self.values_))
         factor = len(self.vectors_) > 0
         whole = [np.concatenate(self.borders_ + [np.zeros(0)]), np.array([len(b) for b in self.borders_]),
                  self.features_[:T], self.tree_borders_[:T], self.values_[:T],
@@ -547,7 +546,7 @@ class GradFac(_Boosting):
         self.power_iter = power_iter
 
     def _validated_extra(self) -> dict:
-        return {"power_iter": _check_int(self.power_iter, "power_iter", 1)}
+        return {"power_iter": check_int(self.power_iter, "power_iter", 1)}
 
     def _start(self, v_prev):
         """The start of the power steps: the last round's ``v``, a fixed random vector at first."""
@@ -606,8 +605,8 @@ class GradFacEN(GradFac):
         self.en_iter = en_iter
 
     def _validated_extra(self) -> dict:
-        return {**super()._validated_extra(), "en_iter": _check_int(self.en_iter, "en_iter", 1),
-                **{name: _check_float(getattr(self, name), name, high=1.0 if "l1" in name else math.inf)
+        return {**super()._validated_extra(), "en_iter": check_int(self.en_iter, "en_iter", 1),
+                **{name: check_float(getattr(self, name), name, high=1.0 if "l1" in name else math.inf)
                    for name in ("en_l1_u", "en_l2_u", "en_l1_v", "en_l2_v")}}
 
     def _u_step(self, rows, v, extra, scale=1.0):

@@ -51,14 +51,13 @@ import scipy.optimize
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
-from ..base import ParamsMixin, as_rows
+from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg import dense_operand, x_q, xt_x_q, yt_x_z
 from ..linalg.passes import per_block, tree_sum
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
 from . import _kernels as K
 from . import _leml_kernels as LK
-from .embedding_classifier import NotFittedError, _check_float, _check_int, _seed_of
 
 __all__ = ["LEML", "LEML_VERSION", "BinaryRelevance"]
 
@@ -383,15 +382,15 @@ class LEML(_LowRankLinear):
 
     def _validated(self, n_labels: int) -> dict:
         loss = _check_loss(self.loss)
-        k = _check_int(self.k, "k", 1)
+        k = check_int(self.k, "k", 1)
         if k > n_labels:
             raise ValueError(f"k must be at most the number of labels ({n_labels}), but is {k}; a rank-k Z = W H^T "
                              f"with k > n_labels is not low rank: pass k <= {n_labels}")
-        return dict(loss=loss, k=k, lam=_check_float(self.lam, "lam"), n_iter=_check_int(self.n_iter, "n_iter", 1),
-                    tol=_check_float(self.tol, "tol", low_open=True, high=1.0),
-                    max_cg_iter=_check_int(self.max_cg_iter, "max_cg_iter", 1),
-                    max_newton_iter=_check_int(self.max_newton_iter, "max_newton_iter", 1),
-                    init_scale=_check_float(self.init_scale, "init_scale", low_open=True))
+        return dict(loss=loss, k=k, lam=check_float(self.lam, "lam"), n_iter=check_int(self.n_iter, "n_iter", 1),
+                    tol=check_float(self.tol, "tol", low_open=True, high=1.0),
+                    max_cg_iter=check_int(self.max_cg_iter, "max_cg_iter", 1),
+                    max_newton_iter=check_int(self.max_newton_iter, "max_newton_iter", 1),
+                    init_scale=check_float(self.init_scale, "init_scale", low_open=True))
 
     def fit(self, X, Y, observed=None) -> LEML:
         """Alternating minimisation of eq. (4): ``n_iter`` times an H-step, then a W-step.
@@ -418,7 +417,7 @@ class LEML(_LowRankLinear):
             raise ValueError("lam must be positive except for the full-label squared loss (the closed form of Claim 1)")
         counter = _Counter()
         self._common_fit_state(X, Y, O, p["loss"], counter)
-        rng = np.random.default_rng(_seed_of(self.random_state))
+        rng = np.random.default_rng(seed_of(self.random_state))
         d, L, k = X.shape[1], Y.shape[1], p["k"]
         W = rng.standard_normal((d, k)) * (p["init_scale"] / math.sqrt(max(d, 1)))
         H = np.zeros((L, k))
@@ -571,8 +570,8 @@ class BinaryRelevance(_LowRankLinear):
         """Fit ``W`` (``n_features x n_labels``); arguments as :meth:`LEML.fit`."""
         X, Y, O = self._inputs(X, Y, observed)
         loss = _check_loss(self.loss)
-        lam = _check_float(self.lam, "lam", low_open=True)
-        tol = _check_float(self.tol, "tol", low_open=True, high=1.0)
+        lam = check_float(self.lam, "lam", low_open=True)
+        tol = check_float(self.tol, "tol", low_open=True, high=1.0)
         counter = _Counter()
         self._common_fit_state(X, Y, O, loss, counter)
         d, L = X.shape[1], Y.shape[1]
@@ -580,10 +579,10 @@ class BinaryRelevance(_LowRankLinear):
         problem = _WProblem(X, Y, O, H, lam, loss, self.full_sq_, counter)
         W0 = np.zeros((d, L))
         if loss == "squared":
-            W, info = _solve_quadratic(problem, W0, tol=tol, max_iter=_check_int(self.max_cg_iter, "max_cg_iter", 1))
+            W, info = _solve_quadratic(problem, W0, tol=tol, max_iter=check_int(self.max_cg_iter, "max_cg_iter", 1))
         else:
             w, info = _solve_newton(problem.fun_grad, problem.hessp, W0.ravel(), tol=tol,
-                                    max_iter=_check_int(self.max_newton_iter, "max_newton_iter", 1))
+                                    max_iter=check_int(self.max_newton_iter, "max_newton_iter", 1))
             W = w.reshape(d, L)
         self.W_, self.H_ = W, H
         self.history_, self.n_passes_ = [info], counter.n

@@ -1,0 +1,207 @@
+"""Screened fits of :class:`~xmldask.models.EmbeddingClassifier` from statistics every candidate shares.
+
+A screened candidate of a search (``HeldOutSearch(screen=...)``: the ridge decoder alone, on the linear
+feature map) is three least-squares problems: Rembrandt's embedding ``R``, the map ``W`` onto it and the
+decoder ``Q``. The data enter all three only through ``X^T X``, ``X^T 1``, ``X^T Y`` and ``Y^T 1`` and
+the held-out rows. One pass per input normalisation (``features``) computes them over all rows and
+gathers the held-out rows of every split asked for; the training rows' statistics are those minus the
+held-out rows' (a few hundred to ten thousand rows, in memory). Every ``(k, alpha, split)`` is then
+solved in memory:
+
+- ``R``: :class:`xmldask.embedding.RembrandtMoments` (the same ``R`` as the fit's Rembrandt);
+- ``W``: ``(X_c^T X_c + lam I)^{-1} X_c^T Y R`` on the training rows, ``X_c`` centred (the fit's ridge,
+  Cholesky);
+- ``Q``: the fit's own warm start (:meth:`EmbeddingClassifier._warm_start`) on ``F = [X W + c, 1]``,
+  whose ``F^T F`` and ``F^T Y`` are ``W^T (X^T X) W``, ``W^T X^T Y`` and their sums;
+
+so a candidate costs a few small dense factorisations instead of three passes, and the held-out
+figures are those of ``EmbeddingClassifier(**params).fit(X, Y)`` (to rounding).
+
+It applies when the fit would take Rembrandt's one-pass route (at most
+:data:`~xmldask.linalg.MAX_GRAM_FEATURES` features, ``X^T Y`` at most
+:data:`~xmldask.embedding.rembrandt.MAX_CROSS_ENTRIES` entries) and to the screened settings only
+(``embedding="rembrandt"``, ``kernel="identity"``, ``max_epochs=0``); :meth:`Screener.applies` says.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import dask
+import numpy as np
+import scipy.linalg
+import scipy.sparse as sp
+
+from ..base import seed_of
+from ..embedding import Rembrandt, RembrandtMoments
+from ..embedding.rembrandt import MAX_CROSS_ENTRIES
+from ..linalg import MAX_GRAM_FEATURES, column_sums, gram, working_dtype, x_q, xt_b
+from . import _kernels as K
+from ._graph import DecoderData
+
+__all__ = ["Screener"]
+
+
+@dataclass
+class _Moments:
+    """One input normalisation's statistics over all rows (float64) and the held-out rows by split seed."""
+
+    X: object  # the transformed rows (lazy)
+    idf: np.ndarray | None
+    G: np.ndarray  # X^T X
+    s: np.ndarray  # X^T 1
+    C: np.ndarray  # X^T Y (as Rembrandt accumulates it)
+    y: np.ndarray  # Y^T 1
+    task: str
+    held: dict  # split seed -> (X_h, Y_h)
+    features: str
+    rembrandt: RembrandtMoments | None = None
+
+
+def _held_rows(Xb, Yb, splits: tuple, block: int) -> list:
+    """The held-out rows ``(X_b[mask], Y_b[mask])`` of one row block for every ``(seed, fraction)``."""
+    Yb = sp.csr_matrix(Yb, dtype=np.float32)
+    out = []
+    for seed, fraction in splits:
+        rows = np.flatnonzero(K.holdout_mask(seed, block, Xb.shape[0], fraction))
+        out.append((Xb[rows], Yb[rows]))
+    return out
+
+
+def _stack(parts: list):
+    return sp.vstack(parts).tocsr() if sp.issparse(parts[0]) else np.vstack(parts)
+
+
+class Screener:
+    """Held-out figures of screened :class:`EmbeddingClassifier` fits on ``X``, ``Y``, without a pass each.
+
+    Parameters
+    ----------
+    X, Y : dask.array.Array
+        The training rows, as given to the fits.
+    estimator_class : type
+        :class:`~xmldask.models.EmbeddingClassifier` (or a subclass): whose parameters, held-out split and
+        decoder warm start the screener uses.
+
+    ``score(params)`` returns the ``history_[0]`` entry (``val_p@1``, ``val_loss``) that
+    ``EmbeddingClassifier(**params).fit(X, Y)`` records, for the ``params`` that :meth:`applies` to.
+    """
+
+    def __init__(self, X, Y, estimator_class):
+        self.X, self.Y, self.estimator_class = X, Y, estimator_class
+        self._moments: dict[str, _Moments] = {}
+        self._embeddings: dict[tuple, np.ndarray] = {}
+        self.n_passes = 0
+
+    @staticmethod
+    def _rembrandt() -> Rembrandt:
+        return Rembrandt()  # the fit's: EmbeddingClassifier makes Rembrandt(n_components, random_state)
+
+    def applies(self, params: dict) -> bool:
+        """Whether ``params`` is a screened setting this screener computes as the fit would."""
+        emb = self._rembrandt()
+        d, n_labels = self.X.shape[1], self.Y.shape[1]
+        return (isinstance(params.get("embedding"), str) and params["embedding"].lower() == "rembrandt"
+                and params.get("kernel") == "identity" and params.get("max_epochs") == 0
+                and d <= MAX_GRAM_FEATURES and d * n_labels <= MAX_CROSS_ENTRIES
+                and not emb.center and emb.solver == "auto" and params.get("validation_fraction", 0) > 0)
+
+    def score(self, params: dict) -> dict:
+        """The held-out figures of the fit of ``params`` (``val_p@1``, ``val_loss``, ``seconds``)."""
+        if not self.applies(params):
+            raise ValueError(f"the screener does not compute {params}; fit it instead")
+        start = time.perf_counter()
+        est = self.estimator_class(**params)
+        p = est._validated()
+        seed = seed_of(params.get("random_state"))
+        rng_split = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[0])
+        split = est._held_out(self.X, p, rng_split)
+        m = self._statistics(est, p, split)
+        Xh, Yh = m.held[split.seed]
+        R = self._embedding(m, p, seed)
+        W, c, (G_t, s_t, C_t, y_t, n_t) = self._feature_map(m, Xh, Yh, R, p)
+        # the decoder's normal equations of F = [X W + c, 1] over the training rows, from the statistics
+        W64, c64 = W.astype(np.float64), c.astype(np.float64)
+        Ws = W64.T @ s_t
+        A = np.empty((W.shape[1] + 1,) * 2)
+        A[:-1, :-1] = W64.T @ G_t @ W64 + np.outer(Ws, c64) + np.outer(c64, Ws) + n_t * np.outer(c64, c64)
+        A[:-1, -1] = A[-1, :-1] = Ws + n_t * c64
+        A[-1, -1] = n_t
+        FtY = np.vstack([W64.T @ C_t + np.outer(c64, y_t), y_t[None, :]])
+        task = m.task if est.task == "auto" else est.task
+        Fh = K.decoder_features(Xh, W, c) if Xh.shape[0] else None
+        d = DecoderData(X=None, Y=None, split=split, state={}, G=A, FtY=FtY, n_train=int(round(n_t)), task=task,
+                         loss_fn=K.softmax_loss if task == "multiclass" else K.logistic_loss, Fh=Fh,
+                         Yh=Yh if Fh is not None else None, t_start=start)
+        est._warm_start(d, p)
+        return {**d.history[0], "seconds": time.perf_counter() - start}
+
+    # -- the shared statistics ------------------------------------------------------------------
+
+    def _statistics(self, est, p, split) -> _Moments:
+        """The statistics of ``est``'s input normalisation, with ``split``'s held-out rows (a pass if new)."""
+        features = est.features
+        m = self._moments.get(features)
+        if m is not None and split.seed in m.held:
+            return m
+        if m is None:
+            est._fit_idf(self.X, p["dtype"])
+            self.n_passes += est.features == "tfidf"
+            X = est._input_features(self.X)
+        else:
+            X = m.X
+        Y = self.Y
+        splits = ((split.seed, split.fraction),)
+        held = [dask.delayed(_held_rows)(X.blocks[b], Y.blocks[b], splits, b) for b in range(X.numblocks[0])]
+        if m is None:
+            f64 = np.float64
+            counts = x_q(Y, np.ones((Y.shape[1], 1), dtype=np.float32))
+            lazy = [gram(X, dtype=f64), column_sums(X), xt_b(X, Y), column_sums(Y), counts.min(), counts.max()]
+            out = dask.compute(lazy, held)
+            G, s, C, y, low, high = out[0]
+            task = "multiclass" if (int(low), int(high)) == (1, 1) else "multilabel"
+            m = _Moments(X=X, idf=est.idf_, G=np.asarray(G, f64), s=np.asarray(s, f64), C=np.asarray(C, f64),
+                         y=np.asarray(y, f64), task=task, held={},
+                         features=features)
+            self._moments[features] = m
+            blocks = out[1]
+        else:
+            blocks = dask.compute(held)[0]
+        self.n_passes += 1
+        m.held[split.seed] = (_stack([b[0][0] for b in blocks]), _stack([b[0][1] for b in blocks]).tocsr())
+        return m
+
+    def _embedding(self, m: _Moments, p: dict, seed: int) -> np.ndarray:
+        """Rembrandt's ``R`` as the fit makes it (all rows, the fit's seed), by ``(features, k, seed)``."""
+        key = (m.features, p["n_components"], seed)
+        if key not in self._embeddings:
+            emb = self._rembrandt()
+            if m.rembrandt is None:
+                m.rembrandt = RembrandtMoments(m.G, m.C, m.y, self.X.shape[0], alpha=emb.alpha,
+                                               scale_alpha=emb.scale_alpha)
+            V = m.rembrandt.embedding(p["n_components"], oversample=emb.oversample, n_iter=emb.n_iter,
+                                      random_state=seed, dtype=working_dtype(m.X.dtype, self.Y.dtype))
+            self._embeddings[key] = V.astype(p["dtype"])
+        return self._embeddings[key]
+
+    def _feature_map(self, m: _Moments, Xh, Yh, R: np.ndarray, p: dict):
+        """``W``, ``c`` of the ridge onto ``Y R`` over the training rows (centred, ``lam = alpha tr / d``), and the
+        training rows' statistics ``(X^T X, X^T 1, X^T Y, Y^T 1, n)``."""
+        f64 = np.float64
+        Xh64 = sp.csr_matrix(Xh, dtype=f64) if sp.issparse(Xh) else np.asarray(Xh, dtype=f64)
+        Yh64 = sp.csr_matrix(Yh, dtype=f64)
+        G_t = m.G - K._dense(Xh64.T @ Xh64)
+        s_t = m.s - np.asarray(Xh64.sum(axis=0), dtype=f64).ravel()
+        C_t = m.C - K._dense(Xh64.T @ Yh64)
+        y_t = m.y - np.asarray(Yh64.sum(axis=0), dtype=f64).ravel()
+        n_t = float(self.X.shape[0] - Xh.shape[0])
+        mu = s_t / n_t
+        Gc = G_t - n_t * np.outer(mu, mu)
+        R64 = np.asarray(R, dtype=f64)
+        B = C_t @ R64 - np.outer(mu, y_t @ R64)
+        d = Gc.shape[0]
+        lam = p["alpha"] * np.trace(Gc) / d
+        Z = scipy.linalg.cho_solve(scipy.linalg.cho_factor(Gc + lam * np.eye(d), lower=True), B)
+        c = (y_t @ R64) / n_t - mu @ Z
+        return Z.astype(p["dtype"]), c.astype(p["dtype"]), (G_t, s_t, C_t, y_t, n_t)
