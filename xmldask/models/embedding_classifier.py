@@ -62,8 +62,11 @@ _ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
 _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
 
 
-#: held-out rows on which the ridge warm start is rescaled to the log-loss scale (:meth:`_rescale`)
+#: held-out rows on which the ridge warm start is rescaled to the log-loss scale (:meth:`_rescale`) at most,
 RESCALE_ROWS = 2000
+#: and score entries (rows x labels) at most: two scalars are fitted on them by up to 54 evaluations of the loss,
+#: which on 2000 rows of 983 labels (delicious) took 1 s, more than the rest of a screened setting
+RESCALE_ENTRIES = 1 << 18
 #: scales ``c`` tried by the rescaling: 1, 2, 4, ..., 256 (ridge scores of 0/1 targets are near
 #: probabilities; as logits they need a factor of this order)
 RESCALE_FACTORS = 2.0 ** np.arange(0, 9)
@@ -568,7 +571,7 @@ class EmbeddingClassifier(ParamsMixin):
         """
         if Fh is None:
             return Q
-        sub = slice(0, min(Fh.shape[0], RESCALE_ROWS))
+        sub = slice(0, min(Fh.shape[0], RESCALE_ROWS, max(1, RESCALE_ENTRIES // Q.shape[1])))
         S0 = Fh[sub] @ Q
         Ys = Yh[sub]
         offsets = (0.0,) if task == "multiclass" else RESCALE_OFFSETS
