@@ -23,7 +23,8 @@ def data(tmp_path_factory):
 def test_train_predict_evaluate(data):
     root, train, test = data
     model_url, pred_url = str(root / "model.zarr"), str(root / "pred.zarr")
-    info = jobs.train(train, model_url, embedding="rembrandt", k=12, kernel="none", seed=5, max_epochs=3)
+    info = jobs.train(train, model_url, embedding="rembrandt", k=12, kernel="none", seed=5, max_epochs=3,
+                      n_estimators=1)
     assert info["model"] == model_url and info["task"] == "multilabel" and info["n_passes"] > 0
     pinfo = jobs.predict(model_url, test, pred_url, top_k=7)
     assert (pinfo["n_samples"], pinfo["top_k"], pinfo["n_labels"]) == (900, 7, 80)

@@ -81,3 +81,19 @@ def test_auto_search_chooses_what_is_not_given():
     assert TrainParams(**TrainParams(k=8).model_dump()) == TrainParams(k=8)  # resolved once: dumps round-trip
     no_search = cli.build_parser().parse_args(["train", "d", "--out", "m", "--no-search"])
     assert from_args(no_search) == {"search": None}
+
+
+def test_auto_ensemble_follows_the_search():
+    """n_estimators="auto": an ensemble of AUTO_ESTIMATORS after a search, one model without one (--no-search,
+    every searched parameter given, or a model family without ensembles); a given number is kept."""
+    from xmldask.params import AUTO_ESTIMATORS
+
+    assert AUTO_ESTIMATORS > 1 and TrainParams().n_estimators == AUTO_ESTIMATORS
+    assert TrainParams(search=None).n_estimators == 1
+    assert TrainParams(kernel="gaussian", features="raw", k=8, alpha=0.1).n_estimators == 1
+    assert TrainParams(model="leml").n_estimators == 1 and TrainParams(tree="t.zarr").n_estimators == 1
+    assert TrainParams(n_estimators=2).n_estimators == 2 and TrainParams(search=None, n_estimators=5).n_estimators == 5
+    parser = cli.build_parser()
+    assert TrainParams(**from_args(parser.parse_args(["train", "d", "--out", "m", "--no-search"]))).n_estimators == 1
+    with pytest.raises(ValueError, match="n_estimators"):
+        TrainParams(model="leml", n_estimators=3)

@@ -383,6 +383,11 @@ def test_candidate_scorer_is_the_classifier_restricted_to_the_leaf():
         best = cands[np.argsort(-S[i, cands], kind="stable")[:2]]
         np.testing.assert_array_equal(labels[i, :len(best)], best)
         np.testing.assert_allclose(scores[i, :len(best)], S[i, best], rtol=1e-4, atol=1e-5)
+    from xmldask.models import EnsembleClassifier
+
+    ensemble = EnsembleClassifier(clf, n_estimators=2, random_state=0).fit(X, Y)
+    with pytest.raises(TypeError, match="pass one of its estimators_"):
+        CandidateScorer(tree, ensemble).predict_topk(X, k=2)
 
 
 def test_job_refuses_a_label_without_training_rows_before_any_pass(tmp_path):

@@ -26,8 +26,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["AUTO_SEARCH", "BOOSTING_MODELS", "DEFAULTS", "TrainParams", "add_arguments", "from_args", "parse_grid",
-           "validated"]
+__all__ = ["AUTO_ESTIMATORS", "AUTO_SEARCH", "BOOSTING_MODELS", "DEFAULTS", "TrainParams", "add_arguments", "from_args",
+           "parse_grid", "validated"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -46,6 +46,11 @@ SCREEN = {"max_epochs": 0, "kernel": "none"}
 SCREEN_ROWS = 1000
 #: ``search_repeats="auto"``: at most this many splits per screened setting
 MAX_SCREEN_REPEATS = 5
+#: ``n_estimators="auto"`` after a search: the chosen setting is fitted this many times with other seeds (each
+#: holding out its own rows) and the probabilities averaged, as Omikuji's default averages 3 trees. Measured
+#: (test P@1, one model -> 3): yeast 75.35 -> 76.12, bibtex 64.49 -> 65.92, delicious 68.76 -> 68.70
+#: (P@3 62.10 -> 62.27), for two more fits of the chosen setting. Without a search (``--no-search``): 1
+AUTO_ESTIMATORS = 3
 #: passes of the tree classifier (``tree=``) unless ``max_epochs`` is given: its
 #: :class:`~xmldask.models.tree_classifier.TreeClassifier` default (the reference code trains 200-250)
 TREE_PASSES = 200
@@ -59,14 +64,16 @@ _BOOSTING_PARAMS = {"model", "rounds", "learning_rate", "depth", "seed", *_SEARC
 
 
 def _resolve_for(cls, data: dict, what: str, applicable: set) -> dict:
-    """``data`` without a search, after refusing the parameters given (not at their defaults) that do not apply."""
+    """``data`` without a search or an ensemble, after refusing the parameters given (not at their defaults) that
+    do not apply."""
     fields = cls.model_fields
     ignored = sorted(name for name, value in data.items()
-                     if name in fields and name not in applicable and value != fields[name].default)
+                     if name in fields and name not in applicable and value != fields[name].default
+                     and not (name == "n_estimators" and value == 1))  # 1: what "auto" resolves to here
     if ignored or data.get("search") not in (None, "auto"):
         raise ValueError(f"{', '.join(ignored) or 'search'} do(es) not apply with {what} (it takes "
                          f"{', '.join(sorted(applicable - _SEARCH_PARAMS))})")
-    return {**data, "search": None}
+    return {**data, "search": None, "n_estimators": 1}
 
 
 class TrainParams(BaseModel):
@@ -90,8 +97,9 @@ class TrainParams(BaseModel):
     max_epochs: Annotated[int, Field(ge=0)] = Field(10, description="decoder epochs at most (early-stopped on "
                                                                      "held-out training rows)")
     seed: int = Field(0, description="seed of every random step (same seed, same model)")
-    n_estimators: PositiveInt = Field(1, description="an ensemble of N models with different seeds, each holding "
-                                                     "out its own rows, predicting their mean probability")
+    n_estimators: PositiveInt | Literal["auto"] = Field(
+        "auto", description="an ensemble of N models with different seeds, each holding out its own rows, predicting "
+                            f"their mean probability; auto: {AUTO_ESTIMATORS} after a search, 1 without")
     search: dict[str, list[int | float | str]] | Literal["auto"] | None = Field(
         "auto", description="parameters chosen by held-out P@1 on the training rows: NAME to the values to try, "
                             "e.g. {'alpha': [0.001, 1], 'k': [50, 150]} (--search alpha=0.001,1 --search k=50,150); "
@@ -150,6 +158,8 @@ class TrainParams(BaseModel):
         if data.get("search", "auto") == "auto":
             data = {**data, "search": {name: list(values) for name, values in AUTO_SEARCH.items()
                                        if name not in data} or None}
+        if data.get("n_estimators", "auto") == "auto":
+            data = {**data, "n_estimators": AUTO_ESTIMATORS if data["search"] else 1}
         return data
 
 

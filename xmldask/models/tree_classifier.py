@@ -311,6 +311,10 @@ class CandidateScorer(ParamsMixin):
 
     def _check_fitted(self) -> None:
         self.tree._check_fitted()
+        if not hasattr(self.classifier, "transform"):
+            raise TypeError(f"CandidateScorer scores with one fitted EmbeddingClassifier (its decoder features and "
+                            f"Q_), not a {type(self.classifier).__name__}; of an ensemble, pass one of its "
+                            f"estimators_")
         self.classifier._check_fitted()
         if (self.tree.n_features_in_, self.tree.n_labels_) != (self.classifier.n_features_in_,
                                                                 self.classifier.n_labels_):
