@@ -158,3 +158,22 @@ def test_members_with_different_input_transforms(data):
     ref = _reference(members, X, "multiclass")
     Xd = da.from_array(X, chunks=(500, -1), asarray=False, fancy=False)
     np.testing.assert_allclose(_graph.ensemble_probabilities(Xd, states, "multiclass").compute(), ref, atol=1e-5)
+
+
+def test_members_share_the_first_members_label_embedding(data, tmp_path):
+    """share_embedding (default): the members after the first embed with member 0's fitted Rembrandt (fitted on all
+    rows, the same data), so the embedding's passes are made once; without it each member embeds again."""
+    X, Y = data["multilabel"]
+    shared = EnsembleClassifier(_template(kernel="identity"), n_estimators=3, random_state=4).fit(X, Y)
+    own = EnsembleClassifier(_template(kernel="identity"), n_estimators=3, random_state=4,
+                             share_embedding=False).fit(X, Y)
+    first = shared.estimators_[0]
+    assert all(np.array_equal(m.R_, first.R_) for m in shared.estimators_[1:])
+    assert not np.array_equal(own.estimators_[1].R_, first.R_)  # another seed, another sketch
+    np.testing.assert_array_equal(own.estimators_[0].Q_, first.Q_)  # member 0 is the same fit either way
+    assert sum(m.n_passes_ for m in shared.estimators_) < sum(m.n_passes_ for m in own.estimators_)
+    # still an ensemble of different members, saved and loaded as one
+    assert not np.array_equal(shared.estimators_[1].Q_, first.Q_)
+    url = shared.save(str(tmp_path / "shared.zarr"))
+    a, b = dask.compute(shared.predict_topk(X, k=3), load_model(url).predict_topk(X, k=3))
+    np.testing.assert_array_equal(a[0], b[0])

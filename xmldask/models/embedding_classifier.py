@@ -315,7 +315,9 @@ class EmbeddingClassifier(ParamsMixin):
     # -- the embedding --------------------------------------------------------------------------
 
     def _resolve_embedding(self, X: da.Array, Y: da.Array, p: dict):
-        """``("label", R)`` or ``("feature", (V, mean))`` from the ``embedding`` parameter."""
+        """``("label", R)`` or ``("feature", (V, mean))`` from the ``embedding`` parameter; the passes of an
+        embedding fitted here are in ``self._embedding_passes``."""
+        self._embedding_passes = 0
         emb = self.embedding
         if emb is None:
             raise ValueError("embedding is required: an (n_labels, k) array, an estimator with fit(X, Y) and "
@@ -336,6 +338,7 @@ class EmbeddingClassifier(ParamsMixin):
         if getattr(emb, "embedding_", None) is None and getattr(emb, "components_", None) is None:
             logger.info("fitting the embedding %r", emb)
             emb.fit(X, Y)
+            self._embedding_passes = int(getattr(emb, "n_passes_", 0))
         if getattr(emb, "embedding_", None) is not None:
             R = np.asarray(emb.embedding_, dtype=p["dtype"])
             if R.ndim != 2 or R.shape[0] != Y.shape[1]:
@@ -472,11 +475,12 @@ class EmbeddingClassifier(ParamsMixin):
         if kind == "label":
             self.R_ = emb
             res = ridge_lstsq(X, x_q(Y, emb), p["alpha"], center=True, weights=split.weights(dtype))
-            return {"W": res.coef.astype(dtype), "intercept": np.asarray(res.intercept, dtype=dtype)}, res.n_passes
+            state = {"W": res.coef.astype(dtype), "intercept": np.asarray(res.intercept, dtype=dtype)}
+            return state, self._embedding_passes + res.n_passes
         V, mean = emb
         self.R_ = None
         intercept = -(mean @ V) if mean is not None else np.zeros(V.shape[1])
-        return {"W": V, "intercept": intercept.astype(dtype)}, 0
+        return {"W": V, "intercept": intercept.astype(dtype)}, self._embedding_passes
 
     def _fit_random_features(self, X, split, state, p, rng_feat, rng_bw) -> None:
         """Frequencies, phases and the median-heuristic bandwidth of the kernel's random features into

@@ -48,6 +48,10 @@ class EnsembleClassifier(ParamsMixin):
     n_estimators : int, default 3
     random_state : int or None
         Seed of member 0 and, through :func:`member_seed`, of the others.
+    share_embedding : bool, default True
+        The members after the first embed the labels with the first member's fitted embedding (an
+        embedding given by name is fitted on all rows, the same data for every member) instead of
+        fitting it again: Rembrandt's passes are made once per ensemble, not once per member.
 
     Attributes
     ----------
@@ -75,10 +79,11 @@ class EnsembleClassifier(ParamsMixin):
     """
 
 
-    def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None):
+    def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None, share_embedding: bool = True):
         self.estimator = estimator
         self.n_estimators = n_estimators
         self.random_state = random_state
+        self.share_embedding = share_embedding
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.estimator!r}, n_estimators={self.n_estimators!r})"
@@ -120,7 +125,13 @@ class EnsembleClassifier(ParamsMixin):
             if differ or getattr(model, "Q_", None) is None:
                 raise ValueError(f"fitted member {i} is not the template fitted with seed {want['random_state']} "
                                  f"(differs in {', '.join(differ) or 'being unfitted'})")
-        self.estimators_ = fitted + [member.fit(X, Y) for member in members[len(fitted):]]
+        self.estimators_ = list(fitted)
+        for member in members[len(fitted):]:
+            first = self.estimators_[0] if self.estimators_ else None
+            if (self.share_embedding and first is not None and isinstance(member.embedding, str)
+                    and getattr(first, "embedding_kind_", None) == "label"):
+                member.set_params(embedding=first.R_)  # the same data: embed once per ensemble
+            self.estimators_.append(member.fit(X, Y))
         return self._fitted()
 
     def _fitted(self) -> EnsembleClassifier:
