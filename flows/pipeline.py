@@ -117,8 +117,8 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
              format: Format = "auto", one_based: bool = False, normalize: Normalize = "none",
              model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
              spectrum_components: PositiveInt = 50, tree: TreeOptions | None = None,
-             synthetic_samples: PositiveInt = 20_000, synthetic_features: PositiveInt = 20_000,
-             synthetic_labels: PositiveInt = 2_000) -> dict:
+             synthetic_samples: PositiveInt = 20_000, synthetic_features: PositiveInt = 2_000,
+             synthetic_labels: PositiveInt = 500) -> dict:
     """The whole pipeline: ingest -> spectrum -> [tree] -> train -> predict -> evaluate -> report.
 
     Parameters
@@ -206,8 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     tree.add_argument("--tree-leaf-labels", type=int, default=25, metavar="N", help="candidates per leaf (default 25)")
     tree.add_argument("--tree-routing", default="fractional", choices=["fractional", "deterministic"])
     parser.add_argument("--synthetic-samples", type=int, default=20_000)
-    parser.add_argument("--synthetic-features", type=int, default=20_000)
-    parser.add_argument("--synthetic-labels", type=int, default=2_000)
+    parser.add_argument("--synthetic-features", type=int, default=2_000)
+    parser.add_argument("--synthetic-labels", type=int, default=500)
     parser.add_argument("-v", "--verbose", action="store_true", help="also show the log lines of Dask and xmldask")
     add_arguments(parser)
     return parser
