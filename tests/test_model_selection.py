@@ -109,7 +109,7 @@ def test_train_job_and_command_line_search(data, capsys):
     assert not any(r["screened"] for r in info["search"])
     # screened (the default): alpha by the ridge decoder on the linear map, then each kernel in full
     info = jobs.train(train, url, k=8, kernel="none", seed=3, max_epochs=1, search=grid, search_extensions=0,
-                      overwrite=True)
+                      overwrite=True, n_estimators=1)  # one model: its store holds the search's record
     assert [r["screened"] for r in info["search"]] == [True, True, False, False]
     screened = {"alpha", "kernel", "max_epochs"}
     assert [set(r["params"]) for r in info["search"]] == [screened] * 2 + [{"alpha", "kernel"}] * 2
