@@ -161,15 +161,57 @@ def route_pairs(Xb, table: np.ndarray, W: np.ndarray, *, deterministic: bool = F
     return rows[order], nodes[order], p[order]
 
 
-def _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff):
-    """The block's pairs at the group's nodes: ``X`` (CSR), rows, local node index ``j``, ``p``."""
-    X = as_csr(Xb)
-    rows, at, p = route_pairs(X, table, W, deterministic=deterministic, form=form, cutoff=cutoff)
-    local = np.full(table.shape[0], -1, dtype=np.int64)
-    local[np.asarray(nodes, dtype=np.int64)] = np.arange(len(nodes))
+#: most pairs one step of a level kernel holds at once (a task's memory is bounded whatever the
+#: number of frontier nodes a row reaches under fractional routing)
+PAIR_CHUNK = 1 << 19
+def root_pairs(n_rows: int):
+    """The frontier of an unsplit tree: every row at the root with path probability 1."""
+    return np.arange(n_rows, dtype=np.int64), np.zeros(n_rows, dtype=np.int64), np.ones(n_rows)
+
+
+def frontier(pairs, n_rows: int):
+    """``(rows, nodes, p)`` of a block's frontier pairs, sorted by node then row (the root's when ``pairs`` is
+    None; a level-state operand arrives as a one-item object array)."""
+    if pairs is None:
+        return root_pairs(n_rows)
+    return pairs[0] if isinstance(pairs, np.ndarray) and pairs.dtype == object else pairs
+
+
+def _local_pairs(pairs, n_rows, nodes):
+    """The frontier pairs at the group's nodes: rows, local node index ``j`` (sorted), ``p``."""
+    rows, at, p = frontier(pairs, n_rows)
+    nodes = np.asarray(nodes, dtype=np.int64)
+    local = np.full(int(max(at.max(initial=0), nodes.max(initial=0))) + 1, -1, dtype=np.int64)
+    local[nodes] = np.arange(len(nodes))
     j = local[at]
     keep = j >= 0
-    return X, rows[keep], j[keep], p[keep]
+    return rows[keep], j[keep], p[keep]
+
+
+def _pair_chunks(m: int):
+    return [slice(a, min(a + PAIR_CHUNK, m)) for a in range(0, m, PAIR_CHUNK)] if m else []
+
+
+def _segments(key: np.ndarray):
+    """``(key, start, stop)`` of every run of equal values in ``key`` (pairs sorted by it)."""
+    if not len(key):
+        return []
+    cuts = np.flatnonzero(np.diff(key)) + 1
+    starts, stops = np.concatenate([[0], cuts]), np.concatenate([cuts, [len(key)]])
+    return zip(key[starts].tolist(), starts.tolist(), stops.tolist())
+
+
+def node_products(X: sp.csr_matrix, rows: np.ndarray, key: np.ndarray, M: np.ndarray) -> np.ndarray:
+    """``x_rows[i] @ M[key[i]]`` for pairs sorted by ``key``: one sparse product per run of equal keys,
+    float64, shape ``(m,)`` for ``M`` of shape ``(g, d)`` or ``(m, r)`` for ``(g, d, r)``.
+
+    (Measured on ALOI's row blocks, 24 % filled: as fast as dense BLAS products on gathered rows,
+    without the dense copy.)
+    """
+    out = np.empty((len(rows),) + M.shape[2:])
+    for k, a, b in _segments(key):
+        out[a:b] = np.asarray(X[rows[a:b]] @ M[k]).reshape(out[a:b].shape)
+    return out
 
 
 def _label_pairs(Yb, rows: np.ndarray, j: np.ndarray, p: np.ndarray):
@@ -181,113 +223,131 @@ def _label_pairs(Yb, rows: np.ndarray, j: np.ndarray, p: np.ndarray):
     return pair, j[pair], sub.indices.astype(np.int64), p[pair]
 
 
-def level_stats(Xb, Yb, table, W, nodes, *, form="code", deterministic=False, cutoff=CUTOFF):
+def level_stats(Xb, Yb, nodes, pairs=None):
     """Per node of the group: ``m = sum p``, ``mu = sum p x`` and the label masses ``n_c = sum p y_c``.
 
-    Returns
-    -------
-    ndarray of float64, shape (g, 1 + d + L)
-        ``[m, mu (d), n (L)]`` per node (one block's partial sum).
+    ``pairs`` is the block's frontier (:func:`frontier`). Returns an array of float64, shape
+    ``(g, 1 + d + L)``: ``[m, mu (d), n (L)]`` per node (one block's partial sum).
     """
-    g, d, L = len(nodes), Xb.shape[1], Yb.shape[1]
-    X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
+    g, (b, d), L = len(nodes), Xb.shape, Yb.shape[1]
+    X = as_csr(Xb)
+    rows, j, p = _local_pairs(pairs, b, nodes)
     out = np.zeros((g, 1 + d + L))
     out[:, 0] = np.bincount(j, weights=p, minlength=g)
-    for c in pair_chunks(X, rows):
-        sub = X[rows[c]]
-        counts = np.diff(sub.indptr)
-        jn = np.repeat(j[c], counts)
-        flat = np.bincount(jn * d + sub.indices, weights=sub.data * np.repeat(p[c], counts), minlength=g * d)
-        out[:, 1:1 + d] += flat.reshape(g, d)
+    for c in _pair_chunks(len(rows)):
+        P = sp.csr_matrix((p[c], (j[c], rows[c])), shape=(g, b))
+        mu = P @ X
+        out[:, 1:1 + d] += mu.toarray() if sp.issparse(mu) else mu
     _, jl, labels, pl = _label_pairs(Yb, rows, j, p)
     out[:, 1 + d:] = np.bincount(jl * L + labels, weights=pl, minlength=g * L).reshape(g, L)
     return out
 
 
-def level_yt_x(Xb, Yb, table, W, Omega, nodes, *, form="code", deterministic=False, cutoff=CUTOFF):
-    """``T_j = Y^T D_j X Omega_j`` for every node ``j`` of the group.
-
-    Parameters
-    ----------
-    Omega : ndarray, shape (g, d, r)
-
-    Returns
-    -------
-    ndarray of float64, shape (g, L, r)
-    """
-    g, L, r = len(nodes), Yb.shape[1], Omega.shape[2]
-    X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
-    xo = pair_dots(X, rows, Omega, j)  # (m, r)
+def _slot_pairs(Yb, rows, j, p, slots):
+    """Expand pairs by their row's labels: pair index, slot (position of ``j L + label`` in ``slots``), ``p``."""
     pair, jl, labels, pl = _label_pairs(Yb, rows, j, p)
-    scatter = sp.csr_matrix((pl, (jl * L + labels, pair)), shape=(g * L, len(rows)))
-    return np.asarray(scatter @ xo).reshape(g, L, r)
+    return pair, np.searchsorted(slots, jl * Yb.shape[1] + labels), pl
 
 
-def _pairs_times_v(Yb, rows, j, p, V):
-    """``p_i (Y_i V_j)`` per pair, shape (m, r)."""
-    g, L, r = V.shape
-    pair, jl, labels, _ = _label_pairs(Yb, rows, j, p)
-    gather = sp.csr_matrix((np.ones(len(pair)), (pair, jl * L + labels)), shape=(len(rows), g * L))
-    return np.asarray(gather @ V.reshape(g * L, r)) * p[:, None]
+def level_yt_x(Xb, Yb, Omega, slots, nodes, pairs=None):
+    """``T_j = Y^T D_j X Omega_j`` for every node ``j`` of the group, at its slots.
 
-
-def level_xt_y(Xb, Yb, table, W, V, nodes, *, form="code", deterministic=False, cutoff=CUTOFF):
-    """``Z_j = X^T D_j Y V_j`` for every node ``j`` of the group.
-
-    Parameters
-    ----------
-    V : ndarray, shape (g, L, r)
-
-    Returns
-    -------
-    ndarray of float64, shape (g, d, r)
+    ``Omega`` has shape ``(g, d, r)``; ``slots`` (sorted ``j L + label``) lists the (node, label) pairs
+    with label mass, which every (pair, label) of the frontier is. Returns float64 ``(n_slots, r)``.
     """
-    g, d, r = len(nodes), Xb.shape[1], V.shape[2]
-    X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
-    out = np.zeros((g * d, r))
-    for c in pair_chunks(X, rows):
-        yv = _pairs_times_v(Yb, rows[c], j[c], p[c], V)
-        sub = X[rows[c]]
-        counts = np.diff(sub.indptr)
-        owner = np.repeat(np.arange(len(yv)), counts)
-        scatter = sp.csr_matrix((sub.data.astype(np.float64), (np.repeat(j[c], counts) * d + sub.indices, owner)),
-                                shape=(g * d, len(yv)))
-        out += scatter @ yv
-    return out.reshape(g, d, r)
+    r = Omega.shape[2]
+    X = as_csr(Xb)
+    rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
+    out = np.zeros((len(slots), r))
+    for c in _pair_chunks(len(rows)):
+        xo = node_products(X, rows[c], j[c], Omega)  # (m, r)
+        pair, slot, pl = _slot_pairs(Yb, rows[c], j[c], p[c], slots)
+        out += sp.csr_matrix((pl, (slot, pair)), shape=(len(slots), len(xo))) @ xo
+    return out
 
 
-def level_yt_y(Xb, Yb, table, W, V, nodes, *, form="code", deterministic=False, cutoff=CUTOFF):
-    """``Y^T D_j Y V_j`` for every node ``j`` of the group (one CG matrix product).
-
-    Returns
-    -------
-    ndarray of float64, shape (g, L, r)
-    """
-    g, L, r = V.shape
-    _, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
-    yv = _pairs_times_v(Yb, rows, j, p, V)
-    pair, jl, labels, _ = _label_pairs(Yb, rows, j, p)
-    scatter = sp.csr_matrix((np.ones(len(pair)), (jl * L + labels, pair)), shape=(g * L, len(rows)))
-    return np.asarray(scatter @ yv).reshape(g, L, r)
+def _pairs_times_v(Yb, rows, j, p, V, slots):
+    """``p_i (Y_i V_j)`` per pair (``V`` per slot, ``(n_slots, r)``), shape (m, r)."""
+    pair, slot, _ = _slot_pairs(Yb, rows, j, p, slots)
+    gather = sp.csr_matrix((np.ones(len(pair)), (pair, slot)), shape=(len(rows), len(slots)))
+    return np.asarray(gather @ V) * p[:, None]
 
 
-def level_histogram(Xb, table, W, w, lo, hi, nodes, *, bins, form="code", deterministic=False, cutoff=CUTOFF):
+def level_xt_y(Xb, Yb, V, slots, nodes, pairs=None):
+    """``Z_j = X^T D_j Y V_j`` for every node ``j`` of the group; ``V`` per slot ``(n_slots, r)``; float64
+    ``(g, d, r)``."""
+    g, d, r = len(nodes), Xb.shape[1], V.shape[1]
+    X = as_csr(Xb)
+    rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
+    out = np.zeros((g, d, r))
+    for c in _pair_chunks(len(rows)):
+        yv = _pairs_times_v(Yb, rows[c], j[c], p[c], V, slots)
+        rc = rows[c]
+        for k, a, b in _segments(j[c]):
+            out[k] += np.asarray(X[rc[a:b]].T @ yv[a:b])
+    return out
+
+
+def level_yt_y(Xb, Yb, V, slots, nodes, pairs=None):
+    """``Y^T D_j Y V_j`` for every node ``j`` of the group (one CG matrix product), per slot; float64
+    ``(n_slots, r)``."""
+    rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
+    out = np.zeros(V.shape)
+    for c in _pair_chunks(len(rows)):
+        yv = _pairs_times_v(Yb, rows[c], j[c], p[c], V, slots)
+        pair, slot, _ = _slot_pairs(Yb, rows[c], j[c], p[c], slots)
+        out += sp.csr_matrix((np.ones(len(pair)), (slot, pair)), shape=(len(slots), len(yv))) @ yv
+    return out
+
+
+def level_histogram(Xb, w, lo, hi, nodes, pairs=None, *, bins):
     """Weighted histogram of ``w_j^T x`` per node over ``bins`` equal bins of ``[lo_j, hi_j)``.
 
-    Returns
-    -------
-    ndarray of float64, shape (g, bins + 2)
-        Column 0: weight below ``lo_j``; columns ``1..bins``: the bins; last: weight at or above ``hi_j``.
+    Returns an array of float64, shape ``(g, bins + 2)``: column 0 the weight below ``lo_j``, columns
+    ``1..bins`` the bins, the last the weight at or above ``hi_j``.
     """
     g = len(nodes)
-    X, rows, j, p = _group_pairs(Xb, table, W, nodes, form, deterministic, cutoff)
-    t = pair_dots(X, rows, w, j)
-    width = (hi[j] - lo[j]) / bins
-    k = np.floor((t - lo[j]) / np.where(width > 0, width, 1.0)).astype(np.int64) + 1
-    k = np.clip(k, 0, bins + 1)
-    k[t < lo[j]] = 0
-    k[t >= hi[j]] = bins + 1
-    return np.bincount(j * (bins + 2) + k, weights=p, minlength=g * (bins + 2)).reshape(g, bins + 2)
+    X = as_csr(Xb)
+    rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
+    out = np.zeros(g * (bins + 2))
+    for c in _pair_chunks(len(rows)):
+        jc = j[c]
+        t = node_products(X, rows[c], jc, w)
+        width = (hi[jc] - lo[jc]) / bins
+        k = np.floor((t - lo[jc]) / np.where(width > 0, width, 1.0)).astype(np.int64) + 1
+        k = np.clip(k, 0, bins + 1)
+        k[t < lo[jc]] = 0
+        k[t >= hi[jc]] = bins + 1
+        out += np.bincount(jc * (bins + 2) + k, weights=p[c], minlength=g * (bins + 2))
+    return out.reshape(g, bins + 2)
+
+
+def advance(Xb, table, W, pairs=None, *, form="code", deterministic=False, cutoff=CUTOFF):
+    """The block's frontier one level down: pairs at nodes just split move to their children (path
+    probability times the routing probability, dropped at ``cutoff`` or below); pairs at nodes that
+    stayed leaves are dropped. Returns the new frontier as a 0-d object array (a level-state block)."""
+    X = as_csr(Xb)
+    rows, at, p = frontier(pairs, Xb.shape[0])
+    node_rows = table[at]
+    split = node_rows[:, LEFT] >= 0
+    rows, at, p, node_rows = rows[split], at[split], p[split], node_rows[split]
+    new_r, new_n, new_p = [], [], []
+    for c in _pair_chunks(len(rows)):
+        router = node_rows[c, ROUTER].astype(np.int64)
+        t = node_products(X, rows[c], router, W)
+        q = routing_probability(t, node_rows[c, BIAS], node_rows[c, SIGMA], deterministic=deterministic, form=form)
+        for child, weight in ((LEFT, p[c] * q), (RIGHT, p[c] * (1.0 - q))):
+            keep = weight > cutoff
+            new_r.append(rows[c][keep])
+            new_n.append(node_rows[c, child][keep].astype(np.int64))
+            new_p.append(weight[keep])
+    rows = np.concatenate(new_r) if new_r else np.zeros(0, np.int64)
+    nodes = np.concatenate(new_n) if new_n else np.zeros(0, np.int64)
+    p = np.concatenate(new_p) if new_p else np.zeros(0)
+    order = np.lexsort((rows, nodes))
+    out = np.empty((), dtype=object)
+    out[()] = (rows[order], nodes[order], p[order])
+    return out
 
 
 def row_norm_max(Xb) -> np.ndarray:

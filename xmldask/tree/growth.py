@@ -1,13 +1,19 @@
 """Growing the spectral label tree level by level over row blocks.
 
-All frontier nodes of one depth share the same passes over the data: every block task routes its
-rows through the tree grown so far (:func:`xmldask.tree._kernels.route_pairs`, row-local, nothing
-kept between passes) and returns partial sums keyed by node, which a tree reduction adds up
-(:func:`xmldask.linalg.passes.per_block` and ``tree_sum``, the pattern of every pass of the
-project). A level costs ``1`` (statistics) ``+ 2 (1 + n_power_iter)`` (operator applications; each
-also ``cg_max_iter`` label passes for multilabel data) ``+ MEDIAN_PASSES`` (weighted median)
-passes, whatever its number of nodes, as long as the level's per-node partial sums fit in
-``memory_budget`` bytes; otherwise its nodes are split into groups, each with its own passes.
+All frontier nodes of one depth share the same passes over the data: every block task reads its
+rows' pairs with the frontier nodes (the level state: row, node and path probability, kept between
+passes where the block was computed) and returns partial sums keyed by node, which a tree reduction
+adds up (:func:`xmldask.linalg.passes.per_block` and ``tree_sum``, the pattern of every pass of the
+project). A level costs ``1`` (moving the level state one level down) ``+ 1`` (statistics)
+``+ 2 (1 + n_power_iter)`` (operator applications; each also ``cg_max_iter`` label passes for
+multilabel data) ``+ MEDIAN_PASSES`` (weighted median) passes, whatever its number of nodes, as long
+as the level's per-node partial sums fit in ``memory_budget`` bytes; otherwise its nodes are split
+into groups, each with its own passes. The root level has no state to move.
+
+The level state holds one pair per (row, frontier node) with a path probability over ``cutoff``:
+one per row under deterministic routing, up to several hundred under the reference code's
+fractional routing (ALOI at depth 14), which is what the routing costs in memory; routing every
+pass from the root instead costs that work at every level above, at every pass.
 
 References
 ----------
@@ -91,7 +97,13 @@ class _Tree:
 
 
 class _Passes:
-    """Level passes over ``(X, Y)`` with the tree so far (shipped once per pass); counts the passes."""
+    """Level passes over ``(X, Y)``; counts the passes.
+
+    Between levels each block's frontier (its rows' pairs with the nodes still to be learned, and
+    their path probabilities) is kept as a persisted level state (one object per block, held where
+    the block was computed: in the workers of a cluster), so that a pass routes nothing; a pass over
+    the whole tree (``nodes=None``) routes from the root with the tree shipped once.
+    """
 
     def __init__(self, X, Y, *, form, deterministic, cutoff, split_every):
         self.X, self.Y = X, Y
@@ -99,20 +111,33 @@ class _Passes:
         self.split_every = split_every
         self.n_passes = 0
         self.table = self.W = None
+        self.state = None  # the root's frontier: every row, p = 1
 
     def set_tree(self, tree: _Tree) -> None:
         table, W = tree.arrays()
         self.table, self.W = dense_operand(table, name="table"), dense_operand(W, name="W")
 
+    def advance(self, tree: _Tree) -> None:
+        """Move every block's frontier one level down the nodes just split (one pass, persisted)."""
+        self.set_tree(tree)
+        operands = [("Xb", self.X, ROWS), ("table", self.table, WHOLE), ("W", self.W, WHOLE),
+                    ("pairs", self.state, ROWS)]
+        state = per_block(K.advance, operands, tail=(), dtype=object, token="tree-advance", static=self.static)
+        self.state = state.persist()
+        self.n_passes += 1
+
     def run(self, kernel, whole: dict, nodes, tail, *, labels: bool = True, static: dict | None = None):
-        """One pass: ``kernel`` on every block (with the level's routing options and ``nodes`` unless
-        ``nodes`` is None), tree-summed and computed."""
+        """One pass: ``kernel`` on every block with the frontier pairs at ``nodes`` (or, when ``nodes`` is
+        None, with the whole tree), tree-summed and computed."""
         operands = [("Xb", self.X, ROWS)] + ([("Yb", self.Y, ROWS)] if labels else [])
-        operands += [("table", self.table, WHOLE), ("W", self.W, WHOLE)]
+        kw = dict(static or {})
+        if nodes is None:
+            operands += [("table", self.table, WHOLE), ("W", self.W, WHOLE)]
+            kw["form"] = self.static["form"]
+        else:
+            operands.append(("pairs", self.state, ROWS))
+            kw["nodes"] = np.asarray(nodes, dtype=np.int64)
         operands += [(name, dense_operand(value, name=name), WHOLE) for name, value in whole.items()]
-        kw = {"form": self.static["form"], **(static or {})}
-        if nodes is not None:
-            kw.update(self.static, nodes=np.asarray(nodes, dtype=np.int64))
         parts = per_block(kernel, operands, tail=tail, dtype=np.float64, token=f"tree-{kernel.__name__}", static=kw)
         self.n_passes += 1
         return tree_sum(parts, self.split_every).compute()
@@ -128,37 +153,45 @@ def _project(Z: np.ndarray, P: np.ndarray) -> np.ndarray:
     return Z - P[:, :, None] * np.einsum("gd,gdr->gr", P, Z)[:, None, :]
 
 
-def _jacobi_pcg(apply, B: np.ndarray, diag: np.ndarray, *, max_iter: int, tol: float) -> np.ndarray:
+def _jacobi_pcg(apply, B: np.ndarray, diag: np.ndarray, node_of: np.ndarray, *, max_iter: int,
+                tol: float) -> np.ndarray:
     """Solve ``M_j V_j = B_j`` per node ``j`` and column, Jacobi-preconditioned CG from ``V = 0``.
 
-    ``apply(V)`` computes ``M V`` for all nodes at once (one pass); ``diag`` (g, L) is the
-    preconditioner's diagonal. Each column has its own step and Polak-Ribiere ``beta``; the iterate
-    with the smallest residual is returned (the reference code's rule).
+    The rows of ``B`` (n_slots, r) are slots, ``node_of`` (n_slots,) their node; ``apply(V)`` computes
+    ``M V`` for all nodes at once (one pass); ``diag`` (n_slots,) is the preconditioner's diagonal.
+    Each (node, column) has its own step and Polak-Ribiere ``beta``; the iterate with the smallest
+    residual is returned (the reference code's rule).
     """
+    g = int(node_of.max(initial=-1)) + 1
+    by_node = sp.csr_matrix((np.ones(len(node_of)), (node_of, np.arange(len(node_of)))), shape=(g, len(node_of)))
+
+    def dot(A, C):  # per (node, column)
+        return np.asarray(by_node @ (A * C))
+
     V = np.zeros_like(B)
     R = B.copy()
-    Zp = R / diag[:, :, None]
+    Zp = R / diag[:, None]
     Pd = Zp.copy()
-    r0 = np.einsum("glr,glr->gr", R, R)
+    r0 = dot(R, R)
     best, best_res = V.copy(), r0.copy()
-    rz = np.einsum("glr,glr->gr", R, Zp)
+    rz = dot(R, Zp)
     for _ in range(max_iter):
         if np.all(best_res <= tol * r0):
             break
         AP = apply(Pd)
-        den = np.einsum("glr,glr->gr", Pd, AP)
-        alpha = np.divide(rz, den, out=np.zeros_like(rz), where=den > 0)
-        V = V + alpha[:, None, :] * Pd
-        R_new = R - alpha[:, None, :] * AP
-        Z_new = R_new / diag[:, :, None]
-        res = np.einsum("glr,glr->gr", R_new, R_new)
+        den = dot(Pd, AP)
+        alpha = np.divide(rz, den, out=np.zeros_like(rz), where=den > 0)[node_of]
+        V = V + alpha * Pd
+        R_new = R - alpha * AP
+        Z_new = R_new / diag[:, None]
+        res = dot(R_new, R_new)
         better = res < best_res
-        best = np.where(better[:, None, :], V, best)
+        best = np.where(better[node_of], V, best)
         best_res = np.where(better, res, best_res)
-        beta = np.divide(np.einsum("glr,glr->gr", Z_new, R_new - R), rz, out=np.zeros_like(rz), where=rz > 0)
-        beta = np.maximum(beta, 0.0)
-        Pd = Z_new + beta[:, None, :] * Pd
-        rz = np.einsum("glr,glr->gr", R_new, Z_new)
+        beta = np.divide(dot(Z_new, R_new - R), rz, out=np.zeros_like(rz), where=rz > 0)
+        beta = np.maximum(beta, 0.0)[node_of]
+        Pd = Z_new + beta * Pd
+        rz = dot(R_new, Z_new)
         R = R_new
     return best
 
@@ -288,7 +321,8 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
     for depth in range(max_depth + 1):
         if not frontier:
             break
-        passes.set_tree(tree)
+        if depth:
+            passes.advance(tree)
         splittable, stats = [], {}
         for group in _groups(frontier, (1 + d + L) * 8, memory_budget):
             s = passes.run(K.level_stats, {}, group, (len(group), 1 + d + L))
@@ -316,6 +350,7 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
                     len(next_frontier) // 2, passes.n_passes)
         frontier = next_frontier
     n_orphans = 0
+    passes.state = None  # frees the level state
     passes.set_tree(tree)
     if orphan_repair:
         n_orphans = _repair_orphans(passes, tree, L, memory_budget)
@@ -341,18 +376,23 @@ def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *,
     S = np.stack([stats[node][2] for node in group])
     d = mu.shape[1]
 
+    # the (node, label) slots with label mass: T, V and the CG vectors live there, not on g x L
+    slots = np.flatnonzero(S.ravel() > 0)
+    node_of, S_slot = slots // L, S.ravel()[slots]
+
     def apply(Q):
         # (I - PP^T) A (I - PP^T) Q: projecting the input too keeps the operator symmetric, so a
         # rank-deficient A (a node with fewer labels than block_size) cannot leak A P into the Ritz values
         Q = _project(Q, P)
-        T = passes.run(K.level_yt_x, {"Omega": Q}, group, (g, L, Q.shape[2]))
+        r = Q.shape[2]
+        T = passes.run(K.level_yt_x, {"Omega": Q, "slots": slots}, group, (len(slots), r))
         if task == "multiclass":
-            V = T / np.maximum(S, 1.0)[:, :, None]
+            V = T / np.maximum(S_slot, 1.0)[:, None]
         else:
-            V = _jacobi_pcg(lambda M: passes.run(K.level_yt_y, {"V": M}, group, (g, L, M.shape[2])), T,
-                            np.maximum(S, passes.static["cutoff"]), max_iter=cg_max_iter,
-                            tol=CG_TOL[np.dtype(passes.X.dtype)] if np.dtype(passes.X.dtype) in CG_TOL else 1e-6)
-        return _project(passes.run(K.level_xt_y, {"V": V}, group, (g, d, Q.shape[2])), P)
+            tol = CG_TOL.get(np.dtype(passes.X.dtype), 1e-6)
+            V = _jacobi_pcg(lambda M: passes.run(K.level_yt_y, {"V": M, "slots": slots}, group, (len(slots), r)),
+                            T, np.maximum(S_slot, passes.static["cutoff"]), node_of, max_iter=cg_max_iter, tol=tol)
+        return _project(passes.run(K.level_xt_y, {"V": V, "slots": slots}, group, (g, d, r)), P)
 
     r = min(block_size, d)
     Omega = np.stack([np.random.default_rng([seed, node]).standard_normal((d, r)) for node in group])
