@@ -325,6 +325,16 @@ def test_pair_chunks_give_the_same_tree(monkeypatch):
     np.testing.assert_array_equal(chunked.cand_indices_, whole.cand_indices_)
 
 
+def test_node_groups_give_the_same_tree():
+    Xd, Yd = _clustered(n=900)
+    X, Y = _dask(Xd, Yd)
+    whole = SpectralLabelTree(max_depth=3, leaf_labels=3, random_state=0).fit(X, Y)
+    grouped = SpectralLabelTree(max_depth=3, leaf_labels=3, memory_budget=1, random_state=0).fit(X, Y)
+    np.testing.assert_allclose(grouped.W_, whole.W_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(grouped.cand_indices_, whole.cand_indices_)
+    assert grouped.n_passes_ > whole.n_passes_  # one group, with its own passes, per node
+
+
 @pytest.fixture(scope="module")
 def scheduler():
     """An in-process scheduler for the commands' --scheduler option."""

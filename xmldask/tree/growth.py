@@ -143,9 +143,18 @@ class _Passes:
         return tree_sum(parts, self.split_every).compute()
 
 
-def _groups(nodes: list[int], per_node_bytes: int, budget: int) -> list[list[int]]:
-    size = max(1, budget // max(per_node_bytes, 1))
-    return [nodes[i:i + size] for i in range(0, len(nodes), size)]
+def _groups(nodes: list[int], per_node_bytes, budget: int) -> list[list[int]]:
+    """Consecutive groups of ``nodes`` whose partial sums (``per_node_bytes``: one size, or one per node)
+    take at most ``budget`` bytes (at least one node a group)."""
+    sizes = np.broadcast_to(np.asarray(per_node_bytes, dtype=np.int64), (len(nodes),))
+    groups, current, used = [], [], 0
+    for node, size in zip(nodes, sizes.tolist()):
+        if current and used + size > budget:
+            groups.append(current)
+            current, used = [], 0
+        current.append(node)
+        used += size
+    return groups + [current] if current else groups
 
 
 def _project(Z: np.ndarray, P: np.ndarray) -> np.ndarray:
@@ -338,7 +347,9 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
             tree.cands[node] = (cands, mass[cands])
             if depth < max_depth and len(cands) >= leaf_labels and m > 0 and np.linalg.norm(stats[node][1]) > 0:
                 splittable.append(node)
-        per_node = (d + L) * block_size * 8 + (MEDIAN_BINS + 2) * 8
+        # a node's partial sums: Z (d x r), T at its labels with mass (slots x r), a median histogram
+        per_node = [(d + np.count_nonzero(stats[node][2])) * block_size * 8 + (MEDIAN_BINS + 2) * 8
+                    for node in splittable]
         next_frontier = []
         for group in _groups(splittable, per_node, memory_budget):
             next_frontier += _learn_group(passes, tree, group, stats, task=task, block_size=block_size,
