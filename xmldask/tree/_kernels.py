@@ -78,10 +78,30 @@ def pair_chunks(X: sp.csr_matrix, rows: np.ndarray):
 
 
 def pair_dots(X: sp.csr_matrix, rows: np.ndarray, W: np.ndarray, widx: np.ndarray) -> np.ndarray:
-    """``x_rows[i] . W[widx[i]]`` for every pair (float64), shape ``(m,)`` or ``(m, r)`` for 3-D ``W``
-    (``(n, d)`` or ``(n, d, r)``), in chunks of at most :data:`PAIR_NNZ` stored entries."""
-    parts = [node_products(X, rows[c], widx[c], W) for c in pair_chunks(X, rows)]
-    return np.concatenate(parts) if parts else np.zeros((0,) + W.shape[2:])
+    """``x_rows[i] . W[widx[i]]`` for every pair ``i`` (float64), shape ``(m,)`` or ``(m, r)`` for 3-D ``W``.
+
+    ``W`` has shape ``(n, d)`` (one vector per pair's ``widx``) or ``(n, d, r)``.
+    """
+    chunks = pair_chunks(X, rows)
+    if len(chunks) > 1:
+        return np.concatenate([pair_dots(X, rows[c], W, widx[c]) for c in chunks])
+    sub = X[rows]
+    counts = np.diff(sub.indptr)
+    vals = sub.data.astype(np.float64)
+    if W.ndim == 2:
+        contrib = vals * W[np.repeat(widx, counts), sub.indices]
+        return np.bincount(np.repeat(np.arange(len(rows)), counts), weights=contrib, minlength=len(rows))
+    contrib = vals[:, None] * W[np.repeat(widx, counts), sub.indices, :]
+    out = np.zeros((len(rows), W.shape[2]))
+    _segment_sum(out, sub.indptr, contrib)
+    return out
+
+
+def _segment_sum(out: np.ndarray, indptr: np.ndarray, contrib: np.ndarray) -> None:
+    """``out[i] = contrib[indptr[i]:indptr[i + 1]].sum(0)`` (empty segments stay 0)."""
+    nonempty = np.flatnonzero(np.diff(indptr) > 0)
+    if len(nonempty):
+        out[nonempty] = np.add.reduceat(contrib, indptr[nonempty], axis=0)
 
 
 def route_pairs(Xb, table: np.ndarray, W: np.ndarray, *, deterministic: bool = False, form: str = "code",
@@ -141,8 +161,9 @@ def route_pairs(Xb, table: np.ndarray, W: np.ndarray, *, deterministic: bool = F
     return rows[order], nodes[order], p[order]
 
 
-#: most pairs one step of a level kernel that reads no rows (a CG product) holds at once
-PAIR_CHUNK = 1 << 20
+#: most pairs one step of a level kernel holds at once (a task's memory is bounded whatever the
+#: number of frontier nodes a row reaches under fractional routing)
+PAIR_CHUNK = 1 << 19
 def root_pairs(n_rows: int):
     """The frontier of an unsplit tree: every row at the root with path probability 1."""
     return np.arange(n_rows, dtype=np.int64), np.zeros(n_rows, dtype=np.int64), np.ones(n_rows)
@@ -171,30 +192,26 @@ def _pair_chunks(m: int):
     return [slice(a, min(a + PAIR_CHUNK, m)) for a in range(0, m, PAIR_CHUNK)] if m else []
 
 
-def pair_matrix(X: sp.csr_matrix, rows: np.ndarray, key: np.ndarray):
-    """The pairs' rows as one CSR matrix whose row ``i`` holds ``x_rows[i]`` in column block ``key[i] - lo``.
-
-    Returns ``(B, lo, span)``: ``B`` of shape ``(m, span d)`` with ``lo = min(key)`` and ``span`` the
-    key range, so that ``B @ M[lo:lo + span].reshape(span d, r)`` is every pair's ``x @ M[key]`` and
-    ``B^T U`` sums every pair's ``x u^T`` into its key's block, one sparse product each.
-    """
-    d = X.shape[1]
-    sub = X[rows]
-    if not len(rows):
-        return sp.csr_matrix((0, d)), 0, 1
-    lo = int(key.min())
-    span = int(key.max()) - lo + 1
-    cols = sub.indices.astype(np.int64) + np.repeat((key.astype(np.int64) - lo) * d, np.diff(sub.indptr))
-    return sp.csr_matrix((sub.data, cols, sub.indptr), shape=(len(rows), span * d)), lo, span
+def _segments(key: np.ndarray):
+    """``(key, start, stop)`` of every run of equal values in ``key`` (pairs sorted by it)."""
+    if not len(key):
+        return []
+    cuts = np.flatnonzero(np.diff(key)) + 1
+    starts, stops = np.concatenate([[0], cuts]), np.concatenate([cuts, [len(key)]])
+    return zip(key[starts].tolist(), starts.tolist(), stops.tolist())
 
 
 def node_products(X: sp.csr_matrix, rows: np.ndarray, key: np.ndarray, M: np.ndarray) -> np.ndarray:
-    """``x_rows[i] @ M[key[i]]`` for every pair (one sparse product): float64, shape ``(m,)`` for ``M`` of
-    shape ``(g, d)`` or ``(m, r)`` for ``(g, d, r)``."""
-    B, lo, span = pair_matrix(X, rows, key)
-    Msub = M[lo:lo + span].reshape(span * X.shape[1], -1)
-    out = np.asarray(B @ Msub, dtype=np.float64)
-    return out[:, 0] if M.ndim == 2 else out
+    """``x_rows[i] @ M[key[i]]`` for pairs sorted by ``key``: one sparse product per run of equal keys,
+    float64, shape ``(m,)`` for ``M`` of shape ``(g, d)`` or ``(m, r)`` for ``(g, d, r)``.
+
+    (Measured on ALOI's row blocks, 24 % filled: as fast as dense BLAS products on gathered rows,
+    without the dense copy.)
+    """
+    out = np.empty((len(rows),) + M.shape[2:])
+    for k, a, b in _segments(key):
+        out[a:b] = np.asarray(X[rows[a:b]] @ M[k]).reshape(out[a:b].shape)
+    return out
 
 
 def _label_pairs(Yb, rows: np.ndarray, j: np.ndarray, p: np.ndarray):
@@ -217,7 +234,7 @@ def level_stats(Xb, Yb, nodes, pairs=None):
     rows, j, p = _local_pairs(pairs, b, nodes)
     out = np.zeros((g, 1 + d + L))
     out[:, 0] = np.bincount(j, weights=p, minlength=g)
-    for c in pair_chunks(X, rows):
+    for c in _pair_chunks(len(rows)):
         P = sp.csr_matrix((p[c], (j[c], rows[c])), shape=(g, b))
         mu = P @ X
         out[:, 1:1 + d] += mu.toarray() if sp.issparse(mu) else mu
@@ -242,7 +259,7 @@ def level_yt_x(Xb, Yb, Omega, slots, nodes, pairs=None):
     X = as_csr(Xb)
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
     out = np.zeros((len(slots), r))
-    for c in pair_chunks(X, rows):
+    for c in _pair_chunks(len(rows)):
         xo = node_products(X, rows[c], j[c], Omega)  # (m, r)
         pair, slot, pl = _slot_pairs(Yb, rows[c], j[c], p[c], slots)
         out += sp.csr_matrix((pl, (slot, pair)), shape=(len(slots), len(xo))) @ xo
@@ -263,10 +280,11 @@ def level_xt_y(Xb, Yb, V, slots, nodes, pairs=None):
     X = as_csr(Xb)
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
     out = np.zeros((g, d, r))
-    for c in pair_chunks(X, rows):
+    for c in _pair_chunks(len(rows)):
         yv = _pairs_times_v(Yb, rows[c], j[c], p[c], V, slots)
-        B, lo, span = pair_matrix(X, rows[c], j[c])
-        out[lo:lo + span] += np.asarray(B.T @ yv).reshape(span, d, r)
+        rc = rows[c]
+        for k, a, b in _segments(j[c]):
+            out[k] += np.asarray(X[rc[a:b]].T @ yv[a:b])
     return out
 
 
@@ -292,7 +310,7 @@ def level_histogram(Xb, w, lo, hi, nodes, pairs=None, *, bins):
     X = as_csr(Xb)
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
     out = np.zeros(g * (bins + 2))
-    for c in pair_chunks(X, rows):
+    for c in _pair_chunks(len(rows)):
         jc = j[c]
         t = node_products(X, rows[c], jc, w)
         width = (hi[jc] - lo[jc]) / bins
@@ -314,7 +332,7 @@ def advance(Xb, table, W, pairs=None, *, form="code", deterministic=False, cutof
     split = node_rows[:, LEFT] >= 0
     rows, at, p, node_rows = rows[split], at[split], p[split], node_rows[split]
     new_r, new_n, new_p = [], [], []
-    for c in pair_chunks(X, rows):
+    for c in _pair_chunks(len(rows)):
         router = node_rows[c, ROUTER].astype(np.int64)
         t = node_products(X, rows[c], router, W)
         q = routing_probability(t, node_rows[c, BIAS], node_rows[c, SIGMA], deterministic=deterministic, form=form)
