@@ -10,8 +10,9 @@ seconds, the passes, the peak RSS of this process (the only worker: no cluster i
 classifiers, prediction rows/s.
 
 Fractional routing with the reference code's width makes every training row reach hundreds of
-nodes at depth 14 on ALOI (about 600-900 with path probability over 1e-4), so a depth-14 fractional
-tree is far beyond this script's few minutes; ``--fractional-depth`` sets how deep it goes here.
+nodes at depth 14 on ALOI (path probability over 1e-4); the tree keeps each block's pairs with the
+frontier between passes, so the depth-14 tree takes about 6 minutes (130 passes) on 2 cores.
+The classifier variants train on the fractional tree (the paper's Table 4); ``--epochs 0`` skips them.
 
 Usage::
 
@@ -129,6 +130,33 @@ def _classifier_rows(model, train, test, tag, seconds, paper_train, paper_test) 
             {"figure": "accuracy test %", "ours": acc_te, "paper": paper_test, **common}]
 
 
+def _scorer_rows(args, rows, train, test, work, frac, depth, budgets, paper) -> None:
+    """Our flat model alone, then as the scorer of the candidates of fractional trees at each leaf budget."""
+    from xmldask.jobs import train as train_job
+    from xmldask.models import load_model
+
+    start = time.perf_counter()
+    url = os.path.join(work, f"{args.dataset}-flat.zarr")
+    if args.flat == "default":  # xmldask train with no options, one model (the scorer takes one classifier)
+        data = os.path.join(work, f"{args.dataset}-train-{args.normalize}.zarr")
+        train_job(data, url, overwrite=True, n_estimators=1)
+        flat, tag = load_model(url), "flat EmbeddingClassifier (xmldask train defaults, one model)"
+    else:
+        flat = EmbeddingClassifier(embedding="rembrandt", n_components=args.rank, random_state=0).fit(train.X, train.Y)
+        tag = f"flat EmbeddingClassifier (rembrandt k={args.rank})"
+    rows.add(*_classifier_rows(flat, train, test, tag, time.perf_counter() - start, None,
+                               paper.get("flat_accuracy_test")))
+    for budget in budgets:
+        start = time.perf_counter()
+        tree = frac if budget == args.leaf_labels else SpectralLabelTree(
+            max_depth=depth, leaf_labels=budget, random_state=0).fit(train.X, train.Y)
+        if budget != args.leaf_labels:
+            rows.add(*_tree_rows(f"fractional depth {depth}, s={budget}, seed 0", tree, train, test,
+                                 time.perf_counter() - start, {})[:2])
+        rows.add(*_classifier_rows(CandidateScorer(tree, flat), train, test,
+                                   f"fractional tree s={budget} + the flat model as scorer", 0.0, None, None))
+
+
 def run(args, rows: _Rows) -> None:
     work = args.work or tempfile.mkdtemp(prefix="xmldask-bench-tree-")
     train, test = (_open(args.dataset, split, work, args.block_rows, args.normalize) for split in ("train", "test"))
@@ -136,20 +164,18 @@ def run(args, rows: _Rows) -> None:
     paper = PAPER if aloi else {}
     budgets = [int(b) for b in args.scorer_budgets.split(",")] if args.scorer_budgets else []
     for seed in range(args.seeds):
-        # the deterministic tree (the paper's ablation), full depth, at every leaf budget
-        trees = {}
-        for budget in sorted({args.leaf_labels, *budgets}):
-            start = time.perf_counter()
-            trees[budget] = SpectralLabelTree(max_depth=args.depth, leaf_labels=budget, routing="deterministic",
-                                              random_state=seed).fit(train.X, train.Y)
-            figures = ({"recall_train": paper["det_tree_recall_train"], "recall_test": paper["det_tree_recall_test"]}
-                       if aloi and budget == args.leaf_labels else {})
-            rows.add(*_tree_rows(f"deterministic depth {args.depth}, s={budget}, seed {seed}", trees[budget], train,
-                                 test, time.perf_counter() - start, figures))
-        det = trees[args.leaf_labels]
+        # the deterministic tree (the paper's ablation), full depth
+        start = time.perf_counter()
+        det = SpectralLabelTree(max_depth=args.depth, leaf_labels=args.leaf_labels, routing="deterministic",
+                                random_state=seed).fit(train.X, train.Y)
+        figures = ({"recall_train": paper["det_tree_recall_train"], "recall_test": paper["det_tree_recall_test"]}
+                   if aloi else {})
+        rows.add(*_tree_rows(f"deterministic depth {args.depth}, s={args.leaf_labels}, seed {seed}", det, train,
+                             test, time.perf_counter() - start, figures))
         # the fractional tree (the paper's), as deep as --fractional-depth; its root gives Table 3
         start = time.perf_counter()
-        frac = SpectralLabelTree(max_depth=args.fractional_depth, leaf_labels=args.leaf_labels,
+        frac_depth = args.fractional_depth or args.depth
+        frac = SpectralLabelTree(max_depth=frac_depth, leaf_labels=args.leaf_labels,
                                  random_state=seed).fit(train.X, train.Y)
         frac_s = time.perf_counter() - start
         ftr, fte = frac.figures(train.X, train.Y), frac.figures(test.X, test.Y)
@@ -167,29 +193,21 @@ def run(args, rows: _Rows) -> None:
                         "paper": paper.get(key), **common} for key, value in rnd.items()])
         figures = ({"recall_train": paper["tree_recall_train"], "recall_test": paper["tree_recall_test"],
                     "mean_depth": paper["mean_depth"], "mean_candidates": paper["mean_candidates"]} if aloi else {})
-        rows.add(*_tree_rows(f"fractional depth {args.fractional_depth}, s={args.leaf_labels}, seed {seed}", frac,
+        rows.add(*_tree_rows(f"fractional depth {frac_depth}, s={args.leaf_labels}, seed {seed}", frac,
                              train, test, frac_s, figures))
         if args.flat and seed == 0:
-            start = time.perf_counter()
-            flat = EmbeddingClassifier(embedding="rembrandt", n_components=args.rank,
-                                       random_state=seed).fit(train.X, train.Y)
-            rows.add(*_classifier_rows(flat, train, test, f"flat EmbeddingClassifier (rembrandt k={args.rank})",
-                                       time.perf_counter() - start, None, paper.get("flat_accuracy_test")))
-            for budget in budgets:
-                rows.add(*_classifier_rows(CandidateScorer(trees[budget], flat), train, test,
-                                           f"deterministic tree s={budget} + flat EmbeddingClassifier as scorer",
-                                           0.0, None, None))
+            _scorer_rows(args, rows, train, test, work, frac, frac_depth, budgets, paper)
         # the candidate-restricted classifier and its ablations
         variants = [("per-leaf V, b; randomized routing", {}, ("accuracy_train", "accuracy_test"))]
         if args.ablations:
             variants += [("shared V, b (ablation)", {"per_leaf": False}, (None, "shared_accuracy_test")),
                          ("deterministic routing (ablation)", {"routing": "deterministic"},
                           (None, "det_routing_accuracy_test"))]
-        for name, options, (key_tr, key_te) in variants:
+        for name, options, (key_tr, key_te) in variants if args.epochs else []:
             start = time.perf_counter()
-            model = TreeClassifier(det, rank=args.rank, n_epochs=args.epochs, random_state=seed,
+            model = TreeClassifier(frac, rank=args.rank, n_epochs=args.epochs, random_state=seed,
                                    **options).fit(train.X, train.Y)
-            rows.add(*_classifier_rows(model, train, test, f"deterministic tree + rank-{args.rank} LR, {name}, "
+            rows.add(*_classifier_rows(model, train, test, f"fractional tree + rank-{args.rank} LR, {name}, "
                                        f"{args.epochs} passes, seed {seed}", time.perf_counter() - start,
                                        paper.get(key_tr), paper.get(key_te)))
 
@@ -212,16 +230,19 @@ def _line(r: dict) -> str:
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="aloi")
-    ap.add_argument("--depth", type=int, default=14, help="depth of the deterministic tree (default 14)")
-    ap.add_argument("--fractional-depth", type=int, default=4, help="depth of the fractional tree (default 4)")
+    ap.add_argument("--depth", type=int, default=14, help="depth of the trees (default 14)")
+    ap.add_argument("--fractional-depth", type=int, default=None,
+                    help="depth of the fractional tree (default: --depth)")
     ap.add_argument("--leaf-labels", type=int, default=25)
     ap.add_argument("--rank", type=int, default=50)
     ap.add_argument("--epochs", type=int, default=30, help="classifier passes (the paper's code: 200-250)")
     ap.add_argument("--seeds", type=int, default=1)
     ap.add_argument("--random-directions", type=int, default=1000, help="Table 3 baseline (the paper: 10,000)")
-    ap.add_argument("--flat", action="store_true", help="also fit our flat EmbeddingClassifier (k = --rank) and use "
-                    "it as the scorer of the trees' candidates")
-    ap.add_argument("--scorer-budgets", default="25,100", help="leaf budgets of the trees scored by the flat model")
+    ap.add_argument("--flat", choices=["default", "rank"], default=None,
+                    help="also fit our flat model (default: xmldask train with no options, one model; rank: "
+                    "Rembrandt k = --rank, linear) and use it as the scorer of fractional trees' candidates")
+    ap.add_argument("--scorer-budgets", default="25,100",
+                    help="leaf budgets of the fractional trees scored by the flat model")
     ap.add_argument("--ablations", action="store_true", help="also the classifier ablations")
     ap.add_argument("--block-rows", type=int, default=65536)
     ap.add_argument("--normalize", default="none", choices=["none", "l2", "sqrt"],

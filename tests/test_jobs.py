@@ -61,9 +61,9 @@ def test_refusals(data):
         jobs.train(train, model_url, kernal="none")
     with pytest.raises(ValueError, match="unknown training parameter.s. n_components"):  # the job's name is k
         jobs.train(train, model_url, n_components=8)
-    jobs.train(train, model_url, embedding="cs", k=8, kernel="none", max_epochs=1)
+    jobs.train(train, model_url, embedding="cs", k=8, kernel="none", max_epochs=1, search=None)
     pca_url = str(root / "pca.zarr")  # a feature embedding: no label embedding R in the model
-    jobs.train(train, pca_url, embedding="pca", k=8, kernel="none", max_epochs=1)
+    jobs.train(train, pca_url, embedding="pca", k=8, kernel="none", max_epochs=1, search=None)
     assert jobs.predict(pca_url, test, str(root / "pca-pred.zarr"), top_k=3)["n_labels"] == 80
     with pytest.raises(FileExistsError, match="already exists"):
         jobs.train(train, model_url, embedding="cs", k=8)

@@ -325,6 +325,27 @@ def test_pair_chunks_give_the_same_tree(monkeypatch):
     np.testing.assert_array_equal(chunked.cand_indices_, whole.cand_indices_)
 
 
+@pytest.mark.parametrize("routing", ["fractional", "deterministic"])
+def test_level_state_holds_the_pairs_routing_from_the_root_finds(routing):
+    """Moving each block's frontier one level at a time reaches the pairs (row, terminal node, p) that routing
+    every row from the root gives: the level state loses no pair and routes none twice."""
+    Xd, Yd = _clustered(n=900)
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=3, leaf_labels=3, routing=routing, random_state=0).fit(X, Y)
+    Xs = sp.csr_matrix(Xd)
+    deterministic = routing == "deterministic"
+    rows, nodes, p = K.route_pairs(Xs, tree.table_, tree.W_, deterministic=deterministic)
+    state, got = None, {}
+    for _ in range(tree.max_depth + 1):
+        r, n, q = K.frontier(state, len(Xd))
+        leaf = tree.table_[n, K.LEFT] < 0
+        got.update({(a, b): c for a, b, c in zip(r[leaf], n[leaf], q[leaf])})
+        state = K.advance(Xs, tree.table_, tree.W_, state, deterministic=deterministic)
+    assert not len(K.frontier(state, len(Xd))[0])
+    assert set(got) == set(zip(rows, nodes))
+    np.testing.assert_allclose([got[key] for key in zip(rows, nodes)], p, rtol=1e-12)
+
+
 def test_node_groups_give_the_same_tree():
     Xd, Yd = _clustered(n=900)
     X, Y = _dask(Xd, Yd)
