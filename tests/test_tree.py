@@ -343,7 +343,7 @@ def test_level_state_holds_the_pairs_routing_from_the_root_finds(routing):
         state = K.advance(Xs, tree.table_, tree.W_, state, deterministic=deterministic)
     assert not len(K.frontier(state, len(Xd))[0])
     assert set(got) == set(zip(rows, nodes))
-    np.testing.assert_allclose([got[key] for key in zip(rows, nodes)], p, rtol=1e-12)
+    np.testing.assert_allclose([got[key] for key in zip(rows, nodes)], p, rtol=1e-6)  # the state keeps float32
 
 
 def test_node_groups_give_the_same_tree():

@@ -178,14 +178,14 @@ def frontier(pairs, n_rows: int):
 
 
 def _local_pairs(pairs, n_rows, nodes):
-    """The frontier pairs at the group's nodes: rows, local node index ``j`` (sorted), ``p``."""
+    """The frontier pairs at the group's nodes: rows, local node index ``j`` (sorted), ``p`` (float64)."""
     rows, at, p = frontier(pairs, n_rows)
     nodes = np.asarray(nodes, dtype=np.int64)
     local = np.full(int(max(at.max(initial=0), nodes.max(initial=0))) + 1, -1, dtype=np.int64)
     local[nodes] = np.arange(len(nodes))
     j = local[at]
     keep = j >= 0
-    return rows[keep], j[keep], p[keep]
+    return rows[keep], j[keep], p[keep].astype(np.float64)
 
 
 def _pair_chunks(m: int):
@@ -347,7 +347,8 @@ def advance(Xb, table, W, pairs=None, *, form="code", deterministic=False, cutof
     p = np.concatenate(new_p) if new_p else np.zeros(0)
     order = np.lexsort((rows, nodes))
     out = np.empty((), dtype=object)
-    out[()] = (rows[order], nodes[order], p[order])
+    # 12 bytes a pair (row within the block, node id, p): the state is what fractional routing costs
+    out[()] = (rows[order].astype(np.int32), nodes[order].astype(np.int32), p[order].astype(np.float32))
     return out
 
 
