@@ -289,6 +289,30 @@ def test_tree_classifier_gradients_match_finite_differences():
             assert grad[idx] * scale == pytest.approx((up - down) / (2 * eps), rel=1e-5, abs=1e-8)
 
 
+def test_tree_classifier_step_helpers_match_the_general_kernels():
+    """The leaf step's dense shortcuts: targets by lookup, the small-batch softmax, the row-preconditioned
+    ``U`` gradient, against sparse indexing, ``softmax_loss`` and the preconditioner applied afterwards."""
+    from xmldask.models import _kernels as MK
+    from xmldask.models.tree_classifier import _dense_softmax_loss, _leaf_gradients, _leaf_targets
+
+    rng = np.random.default_rng(1)
+    Yb = sp.random(40, 30, density=0.1, format="csr", random_state=1)
+    Yb.data[:] = 1
+    idx, cands = np.array([3, 17, 17, 0, 39, 8]), np.array([29, 4, 11, 0, 7, 22, 13])
+    np.testing.assert_array_equal(_leaf_targets(Yb, idx, cands), Yb[idx][:, cands].toarray())
+    S, Y = rng.normal(size=(6, 7)), (rng.random((6, 7)) < 0.3).astype(float)
+    Y[np.arange(6), rng.integers(0, 7, 6)] = 1  # every row has a label
+    loss, grad = _dense_softmax_loss(S, Y)
+    ref_loss, ref_grad = MK.softmax_loss(S.copy(), Y)
+    assert loss == pytest.approx(ref_loss, rel=1e-12)
+    np.testing.assert_allclose(grad, ref_grad, atol=1e-12)
+    Xl, U, V, b = rng.normal(size=(6, 5)), rng.normal(size=(5, 3)), rng.normal(size=(3, 7)), rng.normal(size=7)
+    Minv = np.linalg.inv((lambda A: A @ A.T + np.eye(5))(rng.normal(size=(5, 5))))
+    plain = _leaf_gradients(Xl, Y, U, V, b, "multiclass")
+    preconditioned = _leaf_gradients(Xl, Y, U, V, b, "multiclass", Xl @ Minv)
+    np.testing.assert_allclose(preconditioned[1], Minv @ plain[1], rtol=1e-10)
+
+
 @pytest.mark.parametrize("options", [{}, {"per_leaf": False}, {"routing": "deterministic"}])
 def test_tree_classifier_fits_predicts_within_candidates_and_round_trips(tmp_path, options):
     from xmldask.models import load_model

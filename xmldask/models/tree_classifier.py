@@ -140,7 +140,13 @@ class TreeClassifier(ParamsMixin):
         return self
 
     def _epochs(self, blocks, tree, U, V, b, precond, rng, start):
-        """The passes of :meth:`fit` (the heavy-ball steps, leaf by leaf, block by block)."""
+        """The passes of :meth:`fit` (the heavy-ball steps, leaf by leaf, block by block).
+
+        A leaf holds a few rows (ALOI: about 6), so a step is a handful of small dense products: the
+        block's rows are made dense when narrow and preconditioned once per block (``X M^-1``, so that
+        a leaf's preconditioned ``U`` gradient is ``(X M^-1)_l^T delta V_l^T``), its labels looked up
+        per leaf without sparse indexing.
+        """
         mU, mV, mb = np.zeros_like(U), np.zeros_like(V), np.zeros_like(b)
         eta = float(self.learning_rate)
         for epoch in range(int(self.n_epochs)):
@@ -152,23 +158,26 @@ class TreeClassifier(ParamsMixin):
                                                deterministic=self.routing == "deterministic",
                                                rng=rng if self.routing == "randomized" else None)
                 rows_seen += Xb.shape[0]
+                Xs = Xb.toarray() if Xb.shape[1] <= DENSE_PRECONDITIONER_MAX_FEATURES else Xb
+                XP = precond(Xs)
                 groups = list(rows_by_node(leaf))
                 for i in rng.permutation(len(groups)):
                     node, idx = groups[i][0], rows[groups[i][1]]
                     cands, cols = self._slots(node)
                     if not len(cands):
                         continue
-                    Yl = Yb[idx][:, cands].toarray()
-                    keep = Yl.sum(axis=1) > 0
+                    Yl = _leaf_targets(Yb, idx, cands)
+                    keep = Yl.any(axis=1)
                     if not keep.any():
                         continue
-                    Xl, Yl = Xb[idx[keep]], Yl[keep]
-                    loss, gU, gV, gb = _leaf_gradients(Xl, Yl, U, V[:, cols], b[cols], self.task_)
+                    idx, Yl = idx[keep], Yl[keep]
+                    loss, pU, gV, gb = _leaf_gradients(Xs[idx], Yl, U, V[:, cols], b[cols], self.task_, XP[idx])
                     loss_sum += loss * len(Yl)
                     rows_used += len(Yl)
                     mV[:, cols] = self.momentum * mV[:, cols] - eta * gV
                     mb[cols] = self.momentum * mb[cols] - eta * gb
-                    mU = self.momentum * mU - eta * (precond(gU))
+                    mU *= self.momentum
+                    mU -= eta * pU
                     V[:, cols] += mV[:, cols]
                     b[cols] += mb[cols]
                     U += mU
@@ -184,20 +193,20 @@ class TreeClassifier(ParamsMixin):
         return _leaf_slots(self.cand_indptr_, self.cand_indices_, node, bool(self.per_leaf))
 
     def _preconditioner(self, X: da.Array):
-        """``g -> (0.5 X^T X + ridge tr(X^T X)/d I)^-1 g`` (Cholesky; the diagonal for many features)."""
+        """``rows -> rows M^-1`` with ``M = 0.5 X^T X + ridge tr(X^T X)/d I`` (Cholesky, once; the diagonal of
+        ``M`` for many features): a leaf's preconditioned ``U`` gradient is then ``(X M^-1)_l^T delta V_l^T``."""
         d = X.shape[1]
         if d <= DENSE_PRECONDITIONER_MAX_FEATURES:
             G = gram(X, dtype=np.float64).compute()
             M = 0.5 * G + self.ridge * np.trace(G) / d * np.eye(d)
-            # the explicit inverse (once, by Cholesky): one small matrix product per leaf step
-            inverse = scipy.linalg.cho_solve(scipy.linalg.cho_factor(M), np.eye(d))
-            return lambda g: inverse @ g
+            inverse = scipy.linalg.cho_solve(scipy.linalg.cho_factor(M), np.eye(d))  # symmetric
+            return lambda rows: np.asarray(rows @ inverse)
         from ..linalg.passes import column_moments
 
         _, second = column_moments(X)
         diag = 0.5 * second.compute() * X.shape[0]
         diag = diag + self.ridge * diag.sum() / d
-        return lambda g: g / diag[:, None]
+        return lambda rows: sp.csr_matrix(rows).multiply(1.0 / diag[None, :]).tocsr()
 
     def _check_fitted(self) -> None:
         if getattr(self, "U_", None) is None:
@@ -252,13 +261,41 @@ class TreeClassifier(ParamsMixin):
         return model
 
 
-def _leaf_gradients(Xl, Yl, U, V, b, task):
-    """Mean loss and gradients of one leaf's rows: ``dV``, ``db`` means, ``dU`` a sum (the reference code's)."""
+def _leaf_gradients(Xl, Yl, U, V, b, task, XPl=None):
+    """Mean loss and gradients of one leaf's rows: ``dV``, ``db`` means, ``dU`` a sum (the reference code's);
+    with ``XPl`` (the rows times the preconditioner) ``dU`` is preconditioned: ``XPl^T delta V^T``."""
     H = np.asarray(Xl @ U)
-    loss_fn = MK.softmax_loss if task == "multiclass" else MK.logistic_loss
-    loss, delta = loss_fn(H @ V + b, Yl)
+    S = H @ V + b
+    loss, delta = _dense_softmax_loss(S, Yl) if task == "multiclass" else MK.logistic_loss(S, Yl)
     m = len(Yl)
-    return loss / m, np.asarray(Xl.T @ (delta @ V.T)), H.T @ delta / m, delta.mean(axis=0)
+    rows = Xl if XPl is None else XPl
+    return loss / m, np.asarray(rows.T @ (delta @ V.T)), H.T @ delta / m, delta.mean(axis=0)
+
+
+def _dense_softmax_loss(S: np.ndarray, Y: np.ndarray) -> tuple[float, np.ndarray]:
+    """:func:`xmldask.models._kernels.softmax_loss` for a few dense rows, every one with a label: the summed
+    ``logsumexp(s_i) - mean_{j in y_i} s_ij`` and its gradient ``softmax(s_i) - y_i / |y_i|``."""
+    T = Y / Y.sum(axis=1, keepdims=True)
+    Z = S - S.max(axis=1, keepdims=True)
+    E = np.exp(Z)
+    total = E.sum(axis=1, keepdims=True)
+    loss = float((np.log(total[:, 0]) - (T * Z).sum(axis=1)).sum())
+    return loss, E / total - T
+
+
+def _leaf_targets(Yb: sp.csr_matrix, idx: np.ndarray, cands: np.ndarray) -> np.ndarray:
+    """Dense 0/1 targets of rows ``idx`` over the leaf's candidates (CSR slices, no sparse fancy indexing)."""
+    starts, stops = Yb.indptr[idx], Yb.indptr[np.asarray(idx) + 1]
+    counts = stops - starts
+    owner = np.repeat(np.arange(len(idx)), counts)
+    labels = Yb.indices[np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(counts.sum())]
+    order = np.argsort(cands, kind="stable")
+    ranked = cands[order]
+    pos = np.minimum(np.searchsorted(ranked, labels), max(len(ranked) - 1, 0))
+    hit = ranked[pos] == labels if len(ranked) else np.zeros(len(labels), dtype=bool)
+    out = np.zeros((len(idx), len(cands)))
+    out[owner[hit], order[pos[hit]]] = 1.0
+    return out
 
 
 def _leaf_slots(cand_indptr, cand_indices, node, per_leaf: bool) -> tuple[np.ndarray, np.ndarray]:
