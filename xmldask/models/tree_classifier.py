@@ -363,8 +363,9 @@ class CandidateScorer(ParamsMixin):
         X = self._rows(X)
         k = self._checked_k(k)
         F = self.classifier.transform(X)
-        whole = {"Q": self.classifier.Q_, "bias": self.classifier.bias_, "table": self.tree.table_,
-                 "W": self.tree.W_, "cand_indptr": self.tree.cand_indptr_, "cand_indices": self.tree.cand_indices_}
+        whole = {"QT": np.ascontiguousarray(self.classifier.Q_.T), "bias": self.classifier.bias_,
+                 "table": self.tree.table_, "W": self.tree.W_, "cand_indptr": self.tree.cand_indptr_,
+                 "cand_indices": self.tree.cand_indices_}
         operands = [("Xb", X, ROWS), ("Fb", F, ROWS)]
         operands += [(n, dense_operand(v, name=n), WHOLE) for n, v in whole.items() if v is not None]
         packed = per_block(_candidate_topk_block, operands, tail=(2 * k,), dtype=np.float64,
@@ -372,19 +373,26 @@ class CandidateScorer(ParamsMixin):
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
 
 
-def _candidate_topk_block(Xb, Fb, Q, table, W, cand_indptr, cand_indices, bias=None, *, k, form):
-    """Packed ``[labels (k), scores (k)]``: each row's leaf candidates scored by ``F Q + bias``."""
+def _candidate_topk_block(Xb, Fb, QT, table, W, cand_indptr, cand_indices, bias=None, *, k, form):
+    """Packed ``[labels (k), scores (k)]``: each row's leaf candidates scored by ``F Q + bias``.
+
+    ``QT`` is ``Q^T`` (labels x features, C order), so that a leaf's candidates are a gather of whole
+    rows; one product per leaf present in the block.
+    """
     leaf = leaf_of(Xb, table, W, form=form)
     out = np.empty((len(leaf), 2 * k))
     out[:, :k], out[:, k:] = -1, -np.inf
     F = np.asarray(Fb)
-    for node, rows in rows_by_node(leaf):
-        cands, _ = _leaf_slots(cand_indptr, cand_indices, node, True)
-        if not len(cands):
-            continue
-        S = F[rows] @ Q[:, cands] + (bias[cands] if bias is not None else 0.0)
-        m = min(k, len(cands))
-        top = np.argsort(-S, axis=1, kind="stable")[:, :m]
-        out[rows[:, None], np.arange(m)[None, :]] = cands[top]
-        out[rows[:, None], k + np.arange(m)[None, :]] = np.take_along_axis(S, top, axis=1)
+    with threadpool_limits(limits=1):  # many small products: no BLAS thread pool to wake for each
+        for node, rows in rows_by_node(leaf):
+            cands, _ = _leaf_slots(cand_indptr, cand_indices, node, True)
+            if not len(cands):
+                continue
+            S = F[rows] @ QT[cands].T
+            if bias is not None:
+                S += bias[cands]
+            m = min(k, len(cands))
+            top = np.argsort(-S, axis=1, kind="stable")[:, :m]
+            out[rows[:, None], np.arange(m)[None, :]] = cands[top]
+            out[rows[:, None], k + np.arange(m)[None, :]] = np.take_along_axis(S, top, axis=1)
     return out
