@@ -39,7 +39,8 @@ during the stage; ``worker_restarts``, how many worker processes were replaced d
 CSR in memory (float32 values, int32 indices, int64 row pointers).
 
     python bench/scale.py [--sizes 100000 1000000] [--workers 2] [--memory-limit 1GiB] [--external]
-                          [--grow-tree] [--source text|store] [--json FILE] [--plot FILE.png] [--quick]
+                          [--grow-tree [--tree-routing fractional|deterministic]] [--stages STAGE ...]
+                          [--source text|store] [--json FILE] [--plot FILE.png] [--quick]
 """
 
 from __future__ import annotations
@@ -238,17 +239,17 @@ def cache_dir(path: str | None) -> Path:
 
 
 def ensure_data(root: Path, *, n_samples: int, n_features: int, n_labels: int, avg_features: float, seed: int,
-                source: str, block_rows: int) -> dict:
+                source: str, block_rows: int, knobs: dict = KNOBS) -> dict:
     """The text files (``source="text"``) or stores (``"store"``) of one size, generated if absent."""
     from xmldask.datasets import GENERATOR_VERSION, make_synthetic, write_synthetic_text
 
     base = root / (f"synth-n{n_samples}-d{n_features}-l{n_labels}-f{avg_features:g}-seed{seed}-"
-                   f"{'-'.join(f'{k}{v:g}' for k, v in KNOBS.items())}-v{GENERATOR_VERSION}")
+                   f"{'-'.join(f'{k}{v:g}' for k, v in knobs.items())}-v{GENERATOR_VERSION}")
     base.mkdir(parents=True, exist_ok=True)
     out = {}
     for split, n in (("train", n_samples), ("test", max(1, n_samples // 5))):
         params = {"n_samples": n, "n_features": n_features, "n_labels": n_labels, "avg_features": avg_features,
-                  "seed": seed, "split": split, **KNOBS}
+                  "seed": seed, "split": split, **knobs}
         start = time.perf_counter()
         if source == "text":
             path = base / f"{split}.txt.gz"
@@ -377,6 +378,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--labels", type=int, default=1_000, help="columns of Y (default 1000)")
     parser.add_argument("--avg-features", type=float, default=100.0,
                         help="feature tokens per row of the generator (default 100: about 63 nonzeros per row)")
+    parser.add_argument("--label-exponent", type=float, default=KNOBS["label_exponent"],
+                        help=f"Zipf exponent of the label frequencies (default {KNOBS['label_exponent']:g}, the "
+                             "pipeline's; the tree needs every label in the training rows: 1.1 covers 1000 labels "
+                             "from 10^5 rows)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-rows", type=int, default=16_384,
                         help="rows per block of the stores (default 16384: about 8 MiB of CSR a block here; a pass "
@@ -392,6 +397,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--grow-tree", action="store_true", help="add the tree stage; train its classifier")
     parser.add_argument("--tree-depth", type=int, default=14)
     parser.add_argument("--tree-leaf-labels", type=int, default=25)
+    parser.add_argument("--tree-routing", choices=["fractional", "deterministic"], default="fractional",
+                        help="routing of the training rows while the tree grows (default fractional)")
+    parser.add_argument("--stages", nargs="+", choices=STAGES, default=None, metavar="STAGE",
+                        help=f"run only these stages (of {', '.join(STAGES)}; default all that apply)")
     parser.add_argument("--model", default='{"search": null, "kernel": "none", "k": 16}', metavar="JSON",
                         help="training parameters (xmldask.params.TrainParams), default "
                              "'{\"search\": null, \"kernel\": \"none\", \"k\": 16}'")
@@ -417,9 +426,10 @@ def main(argv=None) -> None:
     root = cache_dir(args.cache)
     root.mkdir(parents=True, exist_ok=True)
     stages = [s for s in STAGES if (s != "tree" or args.grow_tree) and (args.source == "text" or
-                                                                        not s.startswith("ingest"))]
+                                                                        not s.startswith("ingest"))
+              and (args.stages is None or s in args.stages)]
     kinds = ["external"] if args.external_only else ["local", *(["external"] if args.external else [])]
-    tree = ({"depth": args.tree_depth, "leaf_labels": args.tree_leaf_labels, "routing": "fractional"}
+    tree = ({"depth": args.tree_depth, "leaf_labels": args.tree_leaf_labels, "routing": args.tree_routing}
             if args.grow_tree else None)
     rows = []
     for file in args.load or []:
@@ -427,7 +437,7 @@ def main(argv=None) -> None:
     for n in [] if args.load else args.sizes:
         data = ensure_data(root, n_samples=n, n_features=args.features, n_labels=args.labels,
                            avg_features=args.avg_features, seed=args.seed, source=args.source,
-                           block_rows=args.block_rows)
+                           block_rows=args.block_rows, knobs={**KNOBS, "label_exponent": args.label_exponent})
         for kind in kinds:
             work = Path(tempfile.mkdtemp(prefix=f"scale-n{n}-{kind}-", dir=root))
             spec = {**data, "n_samples": n, "work": str(work), "workers": args.workers,

@@ -12,7 +12,7 @@ import sys
 import dask
 from dask.base import get_scheduler
 
-__all__ = ["current_client", "parallelism", "release_worker_memory"]
+__all__ = ["current_client", "parallelism", "release_worker_memory", "worker_memory_limit"]
 
 
 def current_client():
@@ -37,6 +37,17 @@ def parallelism() -> int:
     if client is not None:
         return max(1, sum(client.nthreads().values()))
     return max(1, dask.config.get("num_workers", None) or os.cpu_count() or 1)
+
+
+def worker_memory_limit() -> int | None:
+    """The smallest memory limit (bytes) of the current client's workers, or ``None`` (no client, or no
+    worker with a limit)."""
+    client = current_client()
+    if client is None:
+        return None
+    limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
+    limits = [int(limit) for limit in limits if limit > 0]
+    return min(limits) if limits else None
 
 
 def _trim_heap() -> None:

@@ -364,26 +364,22 @@ class EmbeddingClassifier(ParamsMixin):
         whose limit is below that is restarted again and again until Dask gives up (``KilledWorker``)
         after minutes.
         """
-        from ..scheduling import current_client
+        from ..scheduling import worker_memory_limit
 
-        client = current_client()
-        if client is None:
-            return
-        limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
-        limits = [limit for limit in limits if limit > 0]
-        if not limits:
+        limit = worker_memory_limit()
+        if limit is None:
             return
         m1 = (p["n_random_features"] if self.kernel != "identity" else min(p["n_components"], Y.shape[1])) + 1
         need = _graph.normal_equations_task_bytes(m1, Y.shape[1])
         block_rows = max(X.chunks[0], default=0)
         need += block_rows * m1 * np.dtype(p["dtype"]).itemsize  # the held-out and feature rows of one block
-        if need > min(limits):
+        if need > limit:
             from dask.utils import format_bytes
 
             raise ValueError(
                 f"one task of the decoder's pass needs about {format_bytes(need)} ({m1 - 1} decoder features x "
                 f"{Y.shape[1]} labels in float64 partial sums, blocks of {block_rows} rows) but the smallest worker "
-                f"memory limit is {format_bytes(min(limits))}: raise the limit (--memory-limit) above "
+                f"memory limit is {format_bytes(limit)}: raise the limit (--memory-limit) above "
                 f"{format_bytes(need)}, or lower n_random_features (--n-random-features) or k; fewer block rows "
                 "(ingest --block-rows) help only the last term")
 

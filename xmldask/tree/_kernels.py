@@ -29,9 +29,10 @@ TABLE_COLUMNS = 5
 
 #: rows whose path probability is at most this are dropped from a node (the reference code's 1e-4)
 CUTOFF = 1e-4
-#: most stored entries of ``X`` gathered for one chunk of pairs (bounds a kernel's memory whatever the
-#: number of nodes a row reaches under fractional routing)
-PAIR_NNZ = 1 << 21
+#: most stored entries of ``X`` gathered for one chunk of pairs, and most pairs in one chunk: a kernel's
+#: memory is bounded whatever the number of nodes a row reaches under fractional routing (a chunk's
+#: gathered rows take about 24 MiB, its ``(pairs, r)`` products about 10 MiB)
+PAIR_NNZ, PAIR_CHUNK = 1 << 21, 1 << 17
 
 
 def as_csr(Xb) -> sp.csr_matrix:
@@ -67,13 +68,15 @@ def routing_probability(t: np.ndarray, bias: np.ndarray, sigma: np.ndarray, *, d
     return 0.5 + 0.5 * erf(z)
 
 
-def pair_chunks(X: sp.csr_matrix, rows: np.ndarray):
-    """Slices of ``rows`` whose rows hold at most about :data:`PAIR_NNZ` stored entries each."""
+def pair_chunks(X, rows: np.ndarray):
+    """Slices of ``rows`` (the pairs' rows of the block ``X``) whose rows hold at most about
+    :data:`PAIR_NNZ` stored entries each, and at most :data:`PAIR_CHUNK` rows."""
     if not len(rows):
         return []
-    cum = np.cumsum(np.diff(X.indptr)[rows])
+    counts = np.diff(as_csr(X).indptr)[rows] if sp.issparse(X) else np.full(len(rows), X.shape[1])
+    cum = np.cumsum(counts)
     cuts = np.searchsorted(cum, np.arange(PAIR_NNZ, cum[-1], PAIR_NNZ), side="right")
-    bounds = np.unique(np.concatenate([[0], cuts, [len(rows)]]))
+    bounds = np.unique(np.concatenate([[0], cuts, np.arange(PAIR_CHUNK, len(rows), PAIR_CHUNK), [len(rows)]]))
     return [slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 
@@ -161,9 +164,6 @@ def route_pairs(Xb, table: np.ndarray, W: np.ndarray, *, deterministic: bool = F
     return rows[order], nodes[order], p[order]
 
 
-#: most pairs one step of a level kernel holds at once (a task's memory is bounded whatever the
-#: number of frontier nodes a row reaches under fractional routing)
-PAIR_CHUNK = 1 << 19
 def root_pairs(n_rows: int):
     """The frontier of an unsplit tree: every row at the root with path probability 1."""
     return np.arange(n_rows, dtype=np.int64), np.zeros(n_rows, dtype=np.int64), np.ones(n_rows)
@@ -186,10 +186,6 @@ def _local_pairs(pairs, n_rows, nodes):
     j = local[at]
     keep = j >= 0
     return rows[keep], j[keep], p[keep].astype(np.float64)
-
-
-def _pair_chunks(m: int):
-    return [slice(a, min(a + PAIR_CHUNK, m)) for a in range(0, m, PAIR_CHUNK)] if m else []
 
 
 def _segments(key: np.ndarray):
@@ -235,7 +231,7 @@ def level_stats(Xb, Yb, nodes, pairs=None):
     rows, j, p = _local_pairs(pairs, b, nodes)
     out = np.zeros((g, 1 + d + L))
     out[:, 0] = np.bincount(j, weights=p, minlength=g)
-    for c in _pair_chunks(len(rows)):
+    for c in pair_chunks(X, rows):
         P = sp.csr_matrix((p[c], (j[c], rows[c])), shape=(g, b))
         mu = P @ X
         out[:, 1:1 + d] += mu.toarray() if sp.issparse(mu) else mu
@@ -260,7 +256,7 @@ def level_yt_x(Xb, Yb, Omega, slots, nodes, pairs=None):
     X = as_csr(Xb)
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
     out = np.zeros((len(slots), r))
-    for c in _pair_chunks(len(rows)):
+    for c in pair_chunks(X, rows):
         xo = node_products(X, rows[c], j[c], Omega)  # (m, r)
         pair, slot, pl = _slot_pairs(Yb, rows[c], j[c], p[c], slots)
         out += sp.csr_matrix((pl, (slot, pair)), shape=(len(slots), len(xo))) @ xo
@@ -281,7 +277,7 @@ def level_xt_y(Xb, Yb, V, slots, nodes, pairs=None):
     X = as_csr(Xb)
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
     out = np.zeros((g, d, r))
-    for c in _pair_chunks(len(rows)):
+    for c in pair_chunks(X, rows):
         yv = _pairs_times_v(Yb, rows[c], j[c], p[c], V, slots)
         rc = rows[c]
         for k, a, b in _segments(j[c]):
@@ -294,7 +290,7 @@ def level_yt_y(Xb, Yb, V, slots, nodes, pairs=None):
     ``(n_slots, r)``."""
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
     out = np.zeros(V.shape)
-    for c in _pair_chunks(len(rows)):
+    for c in pair_chunks(Xb, rows):
         yv = _pairs_times_v(Yb, rows[c], j[c], p[c], V, slots)
         pair, slot, _ = _slot_pairs(Yb, rows[c], j[c], p[c], slots)
         out += sp.csr_matrix((np.ones(len(pair)), (slot, pair)), shape=(len(slots), len(yv))) @ yv
@@ -311,7 +307,7 @@ def level_histogram(Xb, w, lo, hi, nodes, pairs=None, *, bins):
     X = as_csr(Xb)
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
     out = np.zeros(g * (bins + 2))
-    for c in _pair_chunks(len(rows)):
+    for c in pair_chunks(X, rows):
         jc = j[c]
         t = node_products(X, rows[c], jc, w)
         width = (hi[jc] - lo[jc]) / bins
@@ -333,7 +329,7 @@ def advance(Xb, table, W, pairs=None, *, form="code", deterministic=False, cutof
     split = node_rows[:, LEFT] >= 0
     rows, at, p, node_rows = rows[split], at[split], p[split], node_rows[split]
     new_r, new_n, new_p = [], [], []
-    for c in _pair_chunks(len(rows)):
+    for c in pair_chunks(X, rows):
         router = node_rows[c, ROUTER].astype(np.int64)
         t = node_products(X, rows[c], router, W)
         q = routing_probability(t, node_rows[c, BIAS], node_rows[c, SIGMA], deterministic=deterministic, form=form)

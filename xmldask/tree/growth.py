@@ -36,6 +36,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..linalg.passes import ROWS, WHOLE, check_rows_operand, check_x, dense_operand, per_block, tree_sum
+from ..scheduling import worker_memory_limit
 from . import _kernels as K
 
 logger = logging.getLogger(__name__)
@@ -44,6 +45,9 @@ logger = logging.getLogger(__name__)
 MEDIAN_PASSES, MEDIAN_BINS = 3, 256
 #: default bytes of one block's per-node partial sums for a level (nodes beyond it form another group)
 MEMORY_BUDGET = 1 << 28
+#: on a cluster whose workers have a memory limit, the budget is at most this share of the smallest:
+#: a tree-sum task holds two block results and its output, beside the worker's own ~100 MiB
+WORKER_MEMORY_SHARE = 1 / 8
 #: Jacobi-PCG stops when ``||r||^2 < tol ||r_0||^2`` (the reference code's float32 / float64 tolerances)
 CG_TOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-6}
 SIGMA_FORMS = ("code", "paper")
@@ -141,6 +145,12 @@ class _Passes:
         parts = per_block(kernel, operands, tail=tail, dtype=np.float64, token=f"tree-{kernel.__name__}", static=kw)
         self.n_passes += 1
         return tree_sum(parts, self.split_every).compute()
+
+
+def default_memory_budget() -> int:
+    """:data:`MEMORY_BUDGET`, or less on a cluster whose workers have a smaller memory limit."""
+    limit = worker_memory_limit()
+    return MEMORY_BUDGET if limit is None else max(1, min(MEMORY_BUDGET, int(limit * WORKER_MEMORY_SHARE)))
 
 
 def _groups(nodes: list[int], per_node_bytes, budget: int) -> list[list[int]]:
@@ -252,7 +262,7 @@ def _max_row_norm(X: da.Array) -> float:
 def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float = 0.999,
               routing: str = "fractional", sigma: str = "code", task: str = "auto", block_size: int = 10,
               n_power_iter: int = 1, cg_max_iter: int = 20, orphan_repair: bool = True, cutoff: float = K.CUTOFF,
-              memory_budget: int = MEMORY_BUDGET, split_every: int = 8, random_state=None) -> GrownTree:
+              memory_budget: int | None = None, split_every: int = 8, random_state=None) -> GrownTree:
     """Grow a hierarchical spectral label tree over row blocks, level by level.
 
     Parameters
@@ -287,8 +297,10 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
         its rows land (two passes).
     cutoff : float
         Path probabilities at most this are dropped.
-    memory_budget : int
+    memory_budget : int or None
         Bytes of one block's per-node partial sums for a level; larger levels are split into groups.
+        ``None``: :data:`MEMORY_BUDGET`, or :data:`WORKER_MEMORY_SHARE` of the smallest worker memory
+        limit of the current cluster when that is less.
     split_every : int
         Fan-in of the tree sums.
     random_state : int, numpy.random.Generator or None
@@ -300,7 +312,9 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
     """
     X = check_x(X)
     Y = check_rows_operand(Y, X, "Y")
-    for name, value in (("max_depth", max_depth), ("leaf_labels", leaf_labels), ("block_size", block_size)):
+    memory_budget = default_memory_budget() if memory_budget is None else memory_budget
+    for name, value in (("max_depth", max_depth), ("leaf_labels", leaf_labels), ("block_size", block_size),
+                        ("memory_budget", memory_budget)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, but is {value!r}")
     if routing not in ("fractional", "deterministic"):

@@ -10,7 +10,7 @@ from ..base import NotFittedError, ParamsMixin, as_rows
 from ..linalg.passes import ROWS, WHOLE, check_rows_operand, dense_operand, per_block, tree_sum
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _kernels as K
-from .growth import MEMORY_BUDGET, grow_tree
+from .growth import grow_tree
 
 __all__ = ["TREE_VERSION", "SpectralLabelTree"]
 
@@ -48,8 +48,9 @@ class SpectralLabelTree(ParamsMixin):
     n_power_iter : int, default 1
     cg_max_iter : int, default 20
     orphan_repair : bool, default True
-    memory_budget : int
-        Bytes of one block's per-node partial sums (see :func:`~xmldask.tree.grow_tree`).
+    memory_budget : int or None, default None
+        Bytes of one block's per-node partial sums (``None``: by the workers' memory limit; see
+        :func:`~xmldask.tree.grow_tree`).
     random_state : int, Generator or None, default 0
 
     Attributes
@@ -75,7 +76,7 @@ class SpectralLabelTree(ParamsMixin):
     def __init__(self, *, max_depth: int = 14, leaf_labels: int = 25, recall: float = 0.999,
                  routing: str = "fractional", sigma: str = "code", task: str = "auto", block_size: int = 10,
                  n_power_iter: int = 1, cg_max_iter: int = 20, orphan_repair: bool = True,
-                 memory_budget: int = MEMORY_BUDGET, random_state=0):
+                 memory_budget: int | None = None, random_state=0):
         self.max_depth, self.leaf_labels, self.recall = max_depth, leaf_labels, recall
         self.routing, self.sigma, self.task = routing, sigma, task
         self.block_size, self.n_power_iter, self.cg_max_iter = block_size, n_power_iter, cg_max_iter
