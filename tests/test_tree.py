@@ -8,10 +8,18 @@ import pytest
 import scipy.sparse as sp
 from scipy.special import erf
 
+from xmldask.cluster import cluster
 from xmldask.store import StoreError
 from xmldask.tree import SpectralLabelTree
 from xmldask.tree import _kernels as K
-from xmldask.tree.growth import MEDIAN_BINS, MEDIAN_PASSES, _jacobi_pcg
+from xmldask.tree.growth import (
+    MEDIAN_BINS,
+    MEDIAN_PASSES,
+    MEMORY_BUDGET,
+    WORKER_MEMORY_SHARE,
+    _jacobi_pcg,
+    default_memory_budget,
+)
 
 CHUNKS = (500, 300)  # uneven row blocks, then the rest
 
@@ -464,3 +472,11 @@ def test_job_refuses_a_label_without_training_rows_before_any_pass(tmp_path):
     import os
 
     assert not os.path.exists(out)
+
+
+def test_memory_budget_follows_the_workers_memory_limit():
+    assert default_memory_budget() == MEMORY_BUDGET  # no cluster
+    with cluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="256MiB", dashboard_address=None):
+        assert default_memory_budget() == int(256 * 2**20 * WORKER_MEMORY_SHARE)
+    with cluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="64GiB", dashboard_address=None):
+        assert default_memory_budget() == MEMORY_BUDGET
