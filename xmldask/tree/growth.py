@@ -45,9 +45,10 @@ logger = logging.getLogger(__name__)
 MEDIAN_PASSES, MEDIAN_BINS = 3, 256
 #: default bytes of one block's per-node partial sums for a level (nodes beyond it form another group)
 MEMORY_BUDGET = 1 << 28
-#: on a cluster whose workers have a memory limit, the budget is at most this share of the smallest:
-#: a tree-sum task holds two block results and its output, beside the worker's own ~100 MiB
-WORKER_MEMORY_SHARE = 1 / 8
+#: on a cluster whose workers have a memory limit, the budget is at most this share of the smallest: a
+#: worker holds a pass's node operand (as large), a tree-sum task two block results and its output, and
+#: results waiting for it, beside the worker's own ~100 MiB (measured: 1/8 of 256 MiB restarted workers)
+WORKER_MEMORY_SHARE = 1 / 16
 #: Jacobi-PCG stops when ``||r||^2 < tol ||r_0||^2`` (the reference code's float32 / float64 tolerances)
 CG_TOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-6}
 SIGMA_FORMS = ("code", "paper")
