@@ -101,7 +101,9 @@ def tree_lines(result: dict) -> list[str]:
     rows = [f"| {name} | {train.get(name, float('nan')):.4f} | {test.get(name, float('nan')):.4f} |" for name in names]
     return ["## Label tree", "", f"{result.get('n_leaves')} leaves, {result.get('n_nodes')} nodes, "
             f"{result.get('n_passes')} passes, {result.get('seconds')} s; `tree_recall` caps the classifier's "
-            f"recall, `top_labels_recall` is the same budget of the most frequent labels for every row.", "",
+            f"recall, `top_labels_recall` is the same budget of the most frequent labels for every row."
+            + (f" {result['n_unseen_labels']} labels have no training example: no leaf offers them."
+               if result.get("n_unseen_labels") else ""), "",
             "| figure | train | test |", "|---|---:|---:|", *rows, ""]
 
 

@@ -12,7 +12,17 @@ import pytest
 
 from flows.pipeline import pipeline
 from flows.refresh import refresh
-from flows.stage_flows import evaluate_flow, ingest_flow, predict_flow, report_flow, spectrum_flow, train_flow
+from flows.report import tree_lines
+from flows.stage_flows import (
+    TreeOptions,
+    evaluate_flow,
+    ingest_flow,
+    predict_flow,
+    report_flow,
+    spectrum_flow,
+    train_flow,
+    tree_flow,
+)
 from xmldask.datasets import write_synthetic_text
 from xmldask.models import load_model
 
@@ -235,6 +245,20 @@ def test_each_stage_flow_runs_on_its_own(first_run, data, storage, scheduler, mo
     out = report_flow({"spectrum": spectrum, "evaluate": evaluated}, title="stage flows", storage=storage)
     assert "| P@1 |" in Path(out["report"]).read_text()
     assert {"spectrum.png", "label_frequency.png"} <= {p.name for p in Path(out["run_dir"]).iterdir()}
+
+
+def test_tree_stage_grows_without_labels_no_training_row_has(tmp_path, scheduler):
+    """The pipeline's own synthetic data (and real label spaces) hold labels with no training row: the tree
+    stage grows without them and says how many, where ``xmldask tree`` refuses them by default."""
+    train, test = tmp_path / "train.txt", tmp_path / "test.txt"
+    train.write_text("6 3 5\n0 0:1 1:2\n1 1:1\n2,3 0:1 2:1\n0 2:3\n1 0:2\n3 1:1 2:1\n")  # label 4: no row
+    test.write_text("2 3 5\n4 0:1\n1 1:1\n")
+    opts = {"storage": str(tmp_path / "storage"), "scheduler": scheduler}
+    train_url = ingest_flow([str(train)], storage=opts["storage"])["outputs"]["data"]
+    test_url = ingest_flow([str(test)], split="test", like=train_url, storage=opts["storage"])["outputs"]["data"]
+    grown = tree_flow(train_url, test_url, tree=TreeOptions(depth=2, leaf_labels=2, routing="deterministic"), **opts)
+    assert grown["state"] == "Completed" and grown["result"]["n_unseen_labels"] == 1
+    assert "1 labels have no training example" in "\n".join(tree_lines(grown["result"]))
 
 
 def test_deleted_outputs_are_recomputed(first_run, tmp_path, scheduler):

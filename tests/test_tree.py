@@ -456,7 +456,7 @@ def test_candidate_scorer_is_the_classifier_restricted_to_the_leaf():
         CandidateScorer(tree, ensemble).predict_topk(X, k=2)
 
 
-def test_job_refuses_a_label_without_training_rows_before_any_pass(tmp_path):
+def test_job_refuses_a_label_without_training_rows_before_any_pass_or_grows_without_it(tmp_path):
     from xmldask import jobs
     from xmldask.io import ingest
 
@@ -465,13 +465,19 @@ def test_job_refuses_a_label_without_training_rows_before_any_pass(tmp_path):
     data = str(tmp_path / "train.zarr")
     ingest([str(src)], data)
     out = str(tmp_path / "tree.zarr")
-    with pytest.raises(ValueError, match="1 labels with no training example"):
+    with pytest.raises(ValueError, match="1 labels with no training example.*unseen_labels='ignore'"):
         jobs.tree(data, out, depth=2, leaf_labels=2)
     with pytest.raises(ValueError, match="depth must be a positive integer"):
         jobs.tree(data, out, depth=0)
+    with pytest.raises(ValueError, match="unseen_labels must be"):
+        jobs.tree(data, out, depth=2, unseen_labels="drop")
     import os
 
     assert not os.path.exists(out)
+    grown = jobs.tree(data, out, depth=2, leaf_labels=2, unseen_labels="ignore")
+    assert grown["n_unseen_labels"] == 1
+    tree = SpectralLabelTree.load(out)
+    assert 4 not in tree.cand_indices_ and set(tree.cand_indices_) <= {0, 1, 2, 3}
 
 
 def test_memory_budget_follows_the_workers_memory_limit():

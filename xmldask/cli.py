@@ -347,6 +347,9 @@ def _add_tree(sub) -> None:
     p.add_argument("--routing", default="fractional", choices=["fractional", "deterministic"],
                    help="routing of the training rows while growing (default fractional)")
     p.add_argument("--seed", type=int, default=0, metavar="S")
+    p.add_argument("--unseen-labels", default="error", choices=["error", "ignore"],
+                   help="labels with no training example: refuse the data (default), or grow the tree without "
+                        "them (no leaf offers them)")
     p.add_argument("--overwrite", action="store_true", help="replace an existing tree store")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_cluster_arguments(p)
@@ -357,7 +360,8 @@ def _cmd_tree(args) -> int:
 
     with _cluster_context(args):
         info = jobs.tree(args.train_url, args.out, depth=args.depth, leaf_labels=args.leaf_labels,
-                         routing=args.routing, seed=args.seed, overwrite=args.overwrite)
+                         routing=args.routing, seed=args.seed, unseen_labels=args.unseen_labels,
+                         overwrite=args.overwrite)
     if args.json:
         print(json.dumps(info, indent=2, default=float))
     else:

@@ -335,17 +335,18 @@ def _fingerprint(data) -> str:
 
 
 def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, routing: str = "fractional",
-         seed: int = 0, overwrite: bool = False, **params) -> dict:
+         seed: int = 0, unseen_labels: str = "error", overwrite: bool = False, **params) -> dict:
     """Grow a :class:`~xmldask.tree.SpectralLabelTree` on a dataset store and save it.
 
     Bad input is refused before any pass: a depth or leaf budget that is not a positive integer, an
-    existing ``out``, a training label with no example.
+    existing ``out``, a training label with no example (``unseen_labels="error"``; ``"ignore"`` grows
+    the tree without them, logs how many, and no leaf ever offers them).
 
     Returns
     -------
     dict
         ``tree`` (URL), ``train``, ``seconds``, ``n_passes``, ``n_nodes``, ``n_leaves``, ``n_orphans``,
-        ``task``, ``params`` and the training figures of :meth:`SpectralLabelTree.figures`.
+        ``n_unseen_labels``, ``task``, ``params`` and the training figures of :meth:`SpectralLabelTree.figures`.
     """
     import numpy as np
 
@@ -354,14 +355,20 @@ def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, ro
     for name, value in (("depth", depth), ("leaf_labels", leaf_labels)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
             raise ValueError(f"{name} must be a positive integer, but is {value!r}")
+    if unseen_labels not in ("error", "ignore"):
+        raise ValueError(f"unseen_labels must be 'error' or 'ignore', but is {unseen_labels!r}")
     if exists(out) and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
     data = open_dataset(train_url)
     missing = np.flatnonzero(data.label_counts == 0)
-    if len(missing):
+    if len(missing) and unseen_labels == "error":
         raise ValueError(f"{train_url} has {len(missing)} labels with no training example (first: "
                          f"{missing[:5].tolist()}); the tree cannot place them. Ingest with the labels present "
-                         f"only (remap the label ids), or train on data that covers every label")
+                         f"only (remap the label ids), train on data that covers every label, or grow the tree "
+                         f"without them: unseen_labels='ignore' (--unseen-labels ignore)")
+    if len(missing):
+        logger.warning("%s: %d labels have no training example (first: %s); no leaf will offer them", train_url,
+                       len(missing), missing[:5].tolist())
     model = SpectralLabelTree(max_depth=depth, leaf_labels=leaf_labels, routing=routing, random_state=seed, **params)
     start = time.perf_counter()
     model.fit(data.X, data.Y)
@@ -370,8 +377,8 @@ def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, ro
     model.save(out, overwrite=overwrite, meta={"train_url": train_url, "train_fingerprint": _fingerprint(data)})
     return {"tree": out, "train": train_url, "seconds": round(seconds, 3), "n_passes": int(model.n_passes_) + 1,
             "n_nodes": int(len(model.table_)), "n_leaves": model.n_leaves_, "n_orphans": int(model.n_orphans_),
-            "task": model.task_, "params": {"depth": depth, "leaf_labels": leaf_labels, "routing": routing,
-                                            "seed": seed, **params},
+            "n_unseen_labels": int(len(missing)), "task": model.task_,
+            "params": {"depth": depth, "leaf_labels": leaf_labels, "routing": routing, "seed": seed, **params},
             "train_figures": figures}
 
 
