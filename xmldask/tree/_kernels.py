@@ -297,6 +297,28 @@ def level_yt_y(Xb, Yb, V, slots, nodes, pairs=None):
     return out
 
 
+def level_label_gram(Xb, Yb, slots, offsets, nodes, pairs=None):
+    """Every node's ``Y^T D_j Y`` on its slots, its blocks flattened one after the other.
+
+    The slots of local node ``j`` are ``slots[offsets[j]:offsets[j + 1]]`` (``n_j`` of them); its block
+    is ``n_j x n_j``, row-major, after the blocks of the nodes before it. Returns float64, shape
+    ``(sum_j n_j^2,)``: one pass for what the CG solves would otherwise read at every iteration.
+    """
+    sizes = np.diff(offsets)
+    starts = np.concatenate([[0], np.cumsum(sizes * sizes)])
+    node_of = np.repeat(np.arange(len(sizes)), sizes)
+    rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
+    out = np.zeros(int(starts[-1]))
+    for c in pair_chunks(Xb, rows):
+        pair, slot, pl = _slot_pairs(Yb, rows[c], j[c], p[c], slots)
+        A = sp.csr_matrix((np.ones(len(pair)), (pair, slot)), shape=(len(rows[c]), len(slots)))
+        G = (A.T @ sp.csr_matrix(A.multiply(p[c][:, None]))).tocoo()  # a pair's slots share its node
+        k = node_of[G.row]
+        at = starts[k] + (G.row - offsets[k]) * sizes[k] + (G.col - offsets[k])
+        out += np.bincount(at, weights=G.data, minlength=len(out))
+    return out
+
+
 def level_histogram(Xb, w, lo, hi, nodes, pairs=None, *, bins):
     """Weighted histogram of ``w_j^T x`` per node over ``bins`` equal bins of ``[lo_j, hi_j)``.
 

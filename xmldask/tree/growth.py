@@ -5,10 +5,11 @@ rows' pairs with the frontier nodes (the level state: row, node and path probabi
 passes where the block was computed) and returns partial sums keyed by node, which a tree reduction
 adds up (:func:`xmldask.linalg.passes.per_block` and ``tree_sum``, the pattern of every pass of the
 project). A level costs ``1`` (moving the level state one level down) ``+ 1`` (statistics)
-``+ 2 (1 + n_power_iter)`` (operator applications; each also ``cg_max_iter`` label passes for
-multilabel data) ``+ MEDIAN_PASSES`` (weighted median) passes, whatever its number of nodes, as long
-as the level's per-node partial sums fit in ``memory_budget`` bytes; otherwise its nodes are split
-into groups, each with its own passes. The root level has no state to move.
+``+ 2 (1 + n_power_iter)`` (operator applications) ``+ MEDIAN_PASSES`` (weighted median) passes, plus
+one for multilabel data (each node's ``Y^T D Y`` on its labels, so that the Jacobi-PCG iterations
+need no pass; when those blocks exceed ``memory_budget``, each iteration is a pass instead), whatever
+its number of nodes, as long as the level's per-node partial sums fit in ``memory_budget`` bytes;
+otherwise its nodes are split into groups, each with its own passes. The root level has no state to move.
 
 The level state holds one pair per (row, frontier node) with a path probability over ``cutoff``:
 one per row under deterministic routing, up to several hundred under the reference code's
@@ -369,7 +370,7 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
         for group in _groups(splittable, per_node, memory_budget):
             next_frontier += _learn_group(passes, tree, group, stats, task=task, block_size=block_size,
                                           n_power_iter=n_power_iter, cg_max_iter=cg_max_iter, R=R, sigma=sigma,
-                                          seed=seed, L=L)
+                                          seed=seed, L=L, memory_budget=memory_budget)
         levels.append({"depth": depth, "nodes": len(frontier), "split": len(next_frontier) // 2,
                        "passes": passes.n_passes, "seconds": round(time.perf_counter() - start, 3)})
         logger.info("tree level %d: %d nodes, %d split (%d passes so far)", depth, len(frontier),
@@ -394,7 +395,7 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
 
 
 def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *, task, block_size, n_power_iter,
-                 cg_max_iter, R, sigma, seed, L) -> list[int]:
+                 cg_max_iter, R, sigma, seed, L, memory_budget) -> list[int]:
     """Learn the routers of a group of nodes of one level (shared passes); split them; new node ids."""
     g = len(group)
     mu = np.stack([stats[node][1] for node in group])
@@ -406,6 +407,8 @@ def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *,
     slots = np.flatnonzero(S.ravel() > 0)
     node_of, S_slot = slots // L, S.ravel()[slots]
 
+    label_gram = None if task == "multiclass" else _label_gram(passes, group, slots, node_of, memory_budget)
+
     def apply(Q):
         # (I - PP^T) A (I - PP^T) Q: projecting the input too keeps the operator symmetric, so a
         # rank-deficient A (a node with fewer labels than block_size) cannot leak A P into the Ritz values
@@ -416,8 +419,10 @@ def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *,
             V = T / np.maximum(S_slot, 1.0)[:, None]
         else:
             tol = CG_TOL.get(np.dtype(passes.X.dtype), 1e-6)
-            V = _jacobi_pcg(lambda M: passes.run(K.level_yt_y, {"V": M, "slots": slots}, group, (len(slots), r)),
-                            T, np.maximum(S_slot, passes.static["cutoff"]), node_of, max_iter=cg_max_iter, tol=tol)
+            gram_times = (label_gram.__matmul__ if label_gram is not None else
+                          lambda M: passes.run(K.level_yt_y, {"V": M, "slots": slots}, group, (len(slots), r)))
+            V = _jacobi_pcg(gram_times, T, np.maximum(S_slot, passes.static["cutoff"]), node_of, max_iter=cg_max_iter,
+                            tol=tol)
         return _project(passes.run(K.level_xt_y, {"V": V, "slots": slots}, group, (g, d, r)), P)
 
     r = min(block_size, d)
@@ -437,6 +442,20 @@ def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *,
         tree.split(node, Wg[j], bias[j], width)
         new += [int(tree.table[node][K.LEFT]), int(tree.table[node][K.RIGHT])]
     return new
+
+
+def _label_gram(passes: _Passes, group: list[int], slots: np.ndarray, node_of: np.ndarray, memory_budget: int):
+    """The group's ``Y^T D_j Y`` blocks on their slots as one block-diagonal CSR matrix (one pass), so that
+    the Jacobi-PCG solves need no pass; ``None`` when the dense blocks exceed ``memory_budget`` (the
+    solves then take a pass per iteration)."""
+    offsets = np.searchsorted(node_of, np.arange(len(group) + 1))
+    sizes = np.diff(offsets)
+    total = int(np.sum(sizes * sizes))
+    if total * 8 > memory_budget:
+        return None
+    flat = passes.run(K.level_label_gram, {"slots": slots, "offsets": offsets}, group, (total,))
+    starts = np.concatenate([[0], np.cumsum(sizes * sizes)])
+    return sp.block_diag([flat[a:b].reshape(n, n) for a, b, n in zip(starts[:-1], starts[1:], sizes)], format="csr")
 
 
 def _weighted_median(passes: _Passes, group: list[int], Wg: np.ndarray, R: float) -> np.ndarray:
