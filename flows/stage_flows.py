@@ -179,6 +179,34 @@ def set_verbosity(verbose: bool) -> None:
     logging.getLogger("xmldask").setLevel(logging.INFO if verbose else logging.WARNING)
 
 
+class _Forward(logging.Handler):
+    """Passes a library logger's INFO records to a Prefect run logger (a long stage's progress)."""
+
+    def __init__(self, target):
+        super().__init__(logging.INFO)
+        self.target = target
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.target.info(record.getMessage())
+
+
+@contextlib.contextmanager
+def progress_from(name: str, log) -> Iterator[None]:
+    """Within the block, the INFO lines of the library logger ``name`` (e.g. the tree's one line per level)
+    appear in the flow run's log, whatever the verbosity."""
+    source = logging.getLogger(name)
+    handler, level, propagate = _Forward(log), source.level, source.propagate
+    source.addHandler(handler)
+    source.setLevel(logging.INFO)
+    source.propagate = False  # shown once, in the run's log
+    try:
+        yield
+    finally:
+        source.removeHandler(handler)
+        source.setLevel(level)
+        source.propagate = propagate
+
+
 def compute_on_dask() -> None:
     """Start the Dask client of the current flow run, if any (called by a stage task that computes)."""
     if _ACTIVE:
@@ -379,7 +407,8 @@ def tree_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
         compute_on_dask()
         url = join(work, "tree.zarr")
         # the pipeline's own synthetic data (and real label spaces) hold labels no training row has
-        grown = jobs.tree(inputs["train"]["url"], url, **params, unseen_labels="ignore")
+        with progress_from("xmldask.tree.growth", get_run_logger()):
+            grown = jobs.tree(inputs["train"]["url"], url, **params, unseen_labels="ignore")
         test = open_dataset(inputs["test"]["url"])
         figures = {name: (value.tolist() if hasattr(value, "tolist") else value)
                    for name, value in SpectralLabelTree.load(url).leaf_figures(test.X, test.Y).items()
