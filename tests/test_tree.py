@@ -191,11 +191,20 @@ def test_label_gram_gives_the_tree_of_the_cg_passes(monkeypatch):
     Xd, Yd = _clustered(multilabel=True, seed=11)
     X, Y = _dask(Xd, Yd)
     fast = SpectralLabelTree(max_depth=3, leaf_labels=4, random_state=0).fit(X, Y)
+    gram = growth._label_gram
+
+    def one_node_a_pass(passes, group, slots, node_of, memory_budget):
+        largest = np.diff(np.searchsorted(node_of, np.arange(len(group) + 1))).max()
+        return gram(passes, group, slots, node_of, int(largest) ** 2 * 8)
+
+    monkeypatch.setattr(growth, "_label_gram", one_node_a_pass)  # the budget holds one node's block
+    runs = SpectralLabelTree(max_depth=3, leaf_labels=4, random_state=0).fit(X, Y)
     monkeypatch.setattr(growth, "_label_gram", lambda *args: None)  # a pass per CG iteration, as before
     slow = SpectralLabelTree(max_depth=3, leaf_labels=4, random_state=0).fit(X, Y)
-    np.testing.assert_allclose(fast.W_, slow.W_, rtol=1e-4, atol=1e-5)
-    np.testing.assert_array_equal(fast.cand_indices_, slow.cand_indices_)
-    assert fast.n_passes_ < slow.n_passes_  # 35 against 64 here (the CG stops early on this small data)
+    for other in (runs, slow):
+        np.testing.assert_allclose(fast.W_, other.W_, rtol=1e-4, atol=1e-5)
+        np.testing.assert_array_equal(fast.cand_indices_, other.cand_indices_)
+    assert fast.n_passes_ < runs.n_passes_ < slow.n_passes_  # 35, 39 and 64 here (the CG stops early)
 
 
 def test_jacobi_pcg_solves_per_column():

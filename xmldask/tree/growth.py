@@ -7,7 +7,7 @@ adds up (:func:`xmldask.linalg.passes.per_block` and ``tree_sum``, the pattern o
 project). A level costs ``1`` (moving the level state one level down) ``+ 1`` (statistics)
 ``+ 2 (1 + n_power_iter)`` (operator applications) ``+ MEDIAN_PASSES`` (weighted median) passes, plus
 one for multilabel data (each node's ``Y^T D Y`` on its labels, so that the Jacobi-PCG iterations
-need no pass; when those blocks exceed ``memory_budget``, each iteration is a pass instead), whatever
+need no pass; one per run of nodes whose blocks fit ``memory_budget``), whatever
 its number of nodes, as long as the level's per-node partial sums fit in ``memory_budget`` bytes;
 otherwise its nodes are split into groups, each with its own passes. The root level has no state to move.
 
@@ -445,17 +445,25 @@ def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *,
 
 
 def _label_gram(passes: _Passes, group: list[int], slots: np.ndarray, node_of: np.ndarray, memory_budget: int):
-    """The group's ``Y^T D_j Y`` blocks on their slots as one block-diagonal CSR matrix (one pass), so that
-    the Jacobi-PCG solves need no pass; ``None`` when the dense blocks exceed ``memory_budget`` (the
-    solves then take a pass per iteration)."""
+    """The group's ``Y^T D_j Y`` blocks on their slots as one block-diagonal CSR matrix, so that the
+    Jacobi-PCG solves need no pass: one pass per run of nodes whose dense blocks fit ``memory_budget``
+    (each block kept sparse afterwards: labels that share no row at the node add nothing). ``None`` when
+    one node's block alone exceeds the budget (the solves then take a pass per iteration)."""
     offsets = np.searchsorted(node_of, np.arange(len(group) + 1))
     sizes = np.diff(offsets)
-    total = int(np.sum(sizes * sizes))
-    if total * 8 > memory_budget:
+    if len(sizes) and int(sizes.max()) ** 2 * 8 > memory_budget:
         return None
-    flat = passes.run(K.level_label_gram, {"slots": slots, "offsets": offsets}, group, (total,))
-    starts = np.concatenate([[0], np.cumsum(sizes * sizes)])
-    return sp.block_diag([flat[a:b].reshape(n, n) for a, b, n in zip(starts[:-1], starts[1:], sizes)], format="csr")
+    L = passes.Y.shape[1]
+    blocks = []
+    for run in _groups(list(range(len(group))), sizes * sizes * 8, memory_budget):
+        j0, j1 = run[0], run[-1] + 1
+        sub = slots[offsets[j0]:offsets[j1]] - j0 * L  # the run's slots, its first node as local node 0
+        sub_sizes = sizes[j0:j1]
+        flat = passes.run(K.level_label_gram, {"slots": sub, "offsets": offsets[j0:j1 + 1] - offsets[j0]},
+                          group[j0:j1], (int(np.sum(sub_sizes * sub_sizes)),))
+        starts = np.concatenate([[0], np.cumsum(sub_sizes * sub_sizes)])
+        blocks += [sp.csr_matrix(flat[a:b].reshape(n, n)) for a, b, n in zip(starts[:-1], starts[1:], sub_sizes)]
+    return sp.block_diag(blocks, format="csr") if blocks else sp.csr_matrix((0, 0))
 
 
 def _weighted_median(passes: _Passes, group: list[int], Wg: np.ndarray, R: float) -> np.ndarray:
