@@ -468,7 +468,8 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
     def compute(work: str, scratch: Path) -> dict:
         compute_on_dask()
-        result = jobs.train(inputs["train"]["url"], join(work, "model.zarr"), **params)
+        with progress_from("xmldask.models.tree_classifier", get_run_logger()):  # with tree=: a line a pass
+            result = jobs.train(inputs["train"]["url"], join(work, "model.zarr"), **params)
         return {"outputs": {"model": "model.zarr"}, "result": result}
 
     return run_stage("train", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())

@@ -538,3 +538,16 @@ def test_memory_budget_follows_the_workers_memory_limit():
         assert default_memory_budget() == int(256 * 2**20 * WORKER_MEMORY_SHARE)
     with cluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="64GiB", dashboard_address=None):
         assert default_memory_budget() == MEMORY_BUDGET
+
+
+def test_tree_classifier_logs_a_line_a_pass(caplog):
+    from xmldask.models.tree_classifier import TreeClassifier
+
+    Xd, Yd = _clustered()
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=2, leaf_labels=3, random_state=0).fit(X, Y)
+    with caplog.at_level("INFO", logger="xmldask.models.tree_classifier"):
+        model = TreeClassifier(tree, rank=4, n_epochs=3, random_state=0).fit(X, Y)
+    lines = [r.getMessage() for r in caplog.records if r.name == "xmldask.models.tree_classifier"]
+    assert [line.split(":")[0] for line in lines] == [f"tree classifier pass {i} of 3" for i in (1, 2, 3)]
+    assert f"loss {model.history_[-1]['loss']:.4f}" in lines[-1]

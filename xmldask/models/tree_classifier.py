@@ -186,6 +186,9 @@ class TreeClassifier(ParamsMixin):
             self.history_.append({"epoch": epoch + 1, "loss": loss_sum / max(rows_used, 1),
                                   "skipped": 1 - rows_used / max(rows_seen, 1),
                                   "seconds": round(time.perf_counter() - start, 3)})
+            logger.info("tree classifier pass %d of %d: loss %.4f, %.1f%% of the rows skipped (%.1f s)", epoch + 1,
+                        self.n_epochs, self.history_[-1]["loss"], 100 * self.history_[-1]["skipped"],
+                        self.history_[-1]["seconds"])
         return U, V, b
 
     def _slots(self, node) -> tuple[np.ndarray, np.ndarray]:
