@@ -31,7 +31,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from pydantic import Field
 
-from xmldask.params import DEFAULTS, TrainParams, add_arguments, from_args
+from xmldask.params import DEFAULTS, TrainParams, TreeParams, add_arguments, from_args
 from xmldask.store import exists
 
 from .stage_flows import (
@@ -39,7 +39,6 @@ from .stage_flows import (
     LocalClusterOptions,
     Normalize,
     PositiveInt,
-    TreeOptions,
     dask_client,
     evaluate_flow,
     ingest_flow,
@@ -84,17 +83,19 @@ def synthesize(*, storage: str | None, n_samples: int, n_features: int, n_labels
 
 
 def run_downstream(train: dict, test: dict, *, storage: str | None, run_dir: str, model: TrainParams, top_k: int,
-                   spectrum_components: int | None = 50, tree: TreeOptions | None = None) -> dict:
+                   spectrum_components: int | None = 50, tree: TreeParams | None = None) -> dict:
     """spectrum -> [tree] -> train -> predict -> evaluate (stage flows) on ingested data; returns the records by
     stage. With ``tree``, the tree stage grows a spectral label tree and the train stage fits its
-    candidate-restricted classifier (``model``'s ``k``, ``max_epochs`` and ``seed`` where given)."""
+    candidate-restricted classifier (``model``'s ``k``, ``max_epochs`` and ``seed`` where given); the tree's
+    seed is ``model``'s unless given."""
     where = {"storage": storage, "run_dir": run_dir}
     data, test_data = output(train, "data"), output(test, "data")
     stages = {}
     if spectrum_components:
         stages["spectrum"] = spectrum_flow(data, n_components=spectrum_components, seed=model.seed, **where)
     if tree is not None:
-        stages["tree"] = tree_flow(data, test_data, tree=tree, seed=model.seed, **where)
+        tree = tree if "seed" in tree.model_fields_set else tree.model_copy(update={"seed": model.seed})
+        stages["tree"] = tree_flow(data, test_data, tree=tree, **where)
         given = {name: getattr(model, name) for name in ("k", "max_epochs", "seed") if name in model.model_fields_set}
         model = TrainParams(**given, tree=output(stages["tree"], "tree")["url"])
     stages["train"] = train_flow(data, model=model, **where)
@@ -116,7 +117,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
              memory_limit: str = "auto", dashboard_address: str | None = ":8787",
              format: Format = "auto", one_based: bool = False, normalize: Normalize = "none",
              model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
-             spectrum_components: PositiveInt = 50, tree: TreeOptions | None = None,
+             spectrum_components: PositiveInt = 50, tree: TreeParams | None = None,
              synthetic_samples: PositiveInt = 20_000, synthetic_features: PositiveInt = 2_000,
              synthetic_labels: PositiveInt = 500) -> dict:
     """The whole pipeline: ingest -> spectrum -> [tree] -> train -> predict -> evaluate -> report.
@@ -142,10 +143,12 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         Labels predicted per row (at least 10, for P@1..10).
     spectrum_components : int
         Eigenvalues of ``Y^T Y`` estimated for the report.
-    tree : TreeOptions or dict, optional
-        Grow a spectral label tree (``{"depth": 14, "leaf_labels": 25, "routing": "fractional"}``) in
-        its own stage, and train its candidate-restricted classifier instead of the embedding classifier;
-        the report gains the tree's figures and plots.
+    tree : TreeParams or dict, optional
+        Grow a spectral label tree (:class:`xmldask.params.TreeParams`, the options of ``xmldask tree``,
+        e.g. ``{"depth": 14, "leaf_labels": 25}``; labels with no training row are left out unless
+        ``unseen_labels="error"``; its seed is ``model``'s unless given) in its own stage, and train its
+        candidate-restricted classifier instead of the embedding classifier; the report gains the tree's
+        figures and plots.
 
     Returns
     -------
@@ -202,9 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=10)
     tree = parser.add_argument_group("label tree (a tree stage, then its candidate-restricted classifier)")
     tree.add_argument("--grow-tree", action="store_true", help="grow a spectral label tree and train its classifier")
-    tree.add_argument("--tree-depth", type=int, default=14, metavar="N", help="largest leaf depth (default 14)")
-    tree.add_argument("--tree-leaf-labels", type=int, default=25, metavar="N", help="candidates per leaf (default 25)")
-    tree.add_argument("--tree-routing", default="fractional", choices=["fractional", "deterministic"])
+    add_arguments(tree, TreeParams, title=None, prefix="tree-", exclude=("unseen_labels", "seed"))
     parser.add_argument("--synthetic-samples", type=int, default=20_000)
     parser.add_argument("--synthetic-features", type=int, default=2_000)
     parser.add_argument("--synthetic-labels", type=int, default=500)
@@ -217,11 +218,11 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     model = from_args(args)
     set_verbosity(args.verbose)
-    tree_args = ("grow_tree", "tree_depth", "tree_leaf_labels", "tree_routing")
+    tree_args = {"grow_tree", *(f"tree_{name}" for name in TreeParams.model_fields)}
     given = {name: value for name, value in vars(args).items()
              if name not in TrainParams.model_fields and name not in ("verbose", *tree_args)}
     if args.grow_tree:
-        given["tree"] = TreeOptions(depth=args.tree_depth, leaf_labels=args.tree_leaf_labels, routing=args.tree_routing)
+        given["tree"] = TreeParams(**from_args(args, TreeParams, prefix="tree-"))
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings
 
     # no heartbeat thread: on the command line the flow runs in this process against a temporary local

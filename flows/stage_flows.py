@@ -38,11 +38,11 @@ from typing import Annotated, Literal
 from fsspec.core import url_to_fs
 from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from xmldask import jobs
-from xmldask.params import DEFAULTS, TrainParams
+from xmldask.params import DEFAULTS, TrainParams, TreeParams
 from xmldask.store import is_local, zarr_store
 
 from .stages import (
@@ -60,7 +60,7 @@ from .stages import (
 
 __all__ = ["EVAL_KS", "LazyClient", "LocalClusterOptions", "StoreRef", "compute_on_dask", "dask_client",
            "evaluate_flow", "ingest_flow", "new_run_dir", "output", "predict_flow", "report_flow", "run_cached",
-           "set_verbosity", "spectrum_flow", "train_flow", "tree_flow", "TreeOptions"]
+           "set_verbosity", "spectrum_flow", "train_flow", "tree_flow", "TREE_DEFAULTS"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Format = Literal["auto", "xc", "libsvm", "vw"]
@@ -406,9 +406,8 @@ def tree_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     def compute(work: str, scratch: Path) -> dict:
         compute_on_dask()
         url = join(work, "tree.zarr")
-        # the pipeline's own synthetic data (and real label spaces) hold labels no training row has
         with progress_from("xmldask.tree.growth", get_run_logger()):
-            grown = jobs.tree(inputs["train"]["url"], url, **params, unseen_labels="ignore")
+            grown = jobs.tree(inputs["train"]["url"], url, **params)
         test = open_dataset(inputs["test"]["url"])
         figures = {name: (value.tolist() if hasattr(value, "tolist") else value)
                    for name, value in SpectralLabelTree.load(url).leaf_figures(test.X, test.Y).items()
@@ -420,22 +419,13 @@ def tree_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     return run_stage("tree", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
 
 
-class TreeOptions(BaseModel):
-    """How the pipeline's tree stage grows the spectral label tree (the options of ``xmldask tree``)."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    depth: PositiveInt = 14
-    leaf_labels: PositiveInt = 25
-    routing: Literal["fractional", "deterministic"] = "fractional"
-
-
-#: the tree stage's defaults (``xmldask tree``'s)
-TREE_DEFAULTS = TreeOptions()
+#: the tree stage's defaults: ``xmldask tree``'s, but a label with no training row is left out of the tree
+#: (the pipeline's own synthetic data, and real label spaces, hold such labels)
+TREE_DEFAULTS = TreeParams(unseen_labels="ignore")
 
 
 @flow(name="xmldask-tree", log_prints=True)
-def tree_flow(train: Store, test: Store, *, tree: TreeOptions = TREE_DEFAULTS, seed: int = 0,
+def tree_flow(train: Store, test: Store, *, tree: TreeParams = TREE_DEFAULTS,
               storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
               local_cluster: LocalClusterOptions | None = None) -> dict:
     """The spectral label tree of the training data (:func:`xmldask.jobs.tree`) and its figures on the test
@@ -445,9 +435,9 @@ def tree_flow(train: Store, test: Store, *, tree: TreeOptions = TREE_DEFAULTS, s
     ----------
     train, test : str or StoreRef
         The training and test dataset stores.
-    tree : TreeOptions
-        ``depth``, ``leaf_labels``, ``routing``.
-    seed : int
+    tree : TreeParams or dict
+        ``depth``, ``leaf_labels``, ``routing``, ``unseen_labels``, ``seed`` (:class:`xmldask.params.TreeParams`);
+        those not given are :data:`TREE_DEFAULTS`.
     storage, run_dir, scheduler, local_cluster
         As :func:`spectrum_flow`.
 
@@ -457,9 +447,10 @@ def tree_flow(train: Store, test: Store, *, tree: TreeOptions = TREE_DEFAULTS, s
         The stage record; ``outputs``: ``tree`` (the tree store, for ``train_flow(model={"tree": ...})``)
         and ``tree_png``; ``result``: the growth facts, ``train_figures``, ``test_figures``, ``by_depth``.
     """
+    tree = TreeParams(**{**TREE_DEFAULTS.model_dump(), **tree.model_dump(exclude_unset=True)})
     with dask_client(scheduler, local_cluster):
         return run_cached(tree_task, inputs={"train": store_ref(train), "test": store_ref(test)},
-                          params={**tree.model_dump(), "seed": seed}, storage=storage, run_dir=run_dir)
+                          params=tree.model_dump(), storage=storage, run_dir=run_dir)
 
 
 @task(name="train", **CACHED)

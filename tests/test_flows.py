@@ -14,7 +14,6 @@ from flows.pipeline import pipeline
 from flows.refresh import refresh
 from flows.report import tree_lines
 from flows.stage_flows import (
-    TreeOptions,
     evaluate_flow,
     ingest_flow,
     predict_flow,
@@ -140,7 +139,7 @@ def test_pipeline_with_the_tree_stage(data, storage, scheduler):
                                       "evaluate"]
     run = Path(result["run_dir"])
     record = json.loads((run / "tree" / "stage.json").read_text())
-    assert record["params"] == {**tree, "seed": 0}
+    assert record["params"] == {**tree, "seed": 0, "unseen_labels": "ignore"}
     figures = record["result"]["test_figures"]
     assert 0 < figures["tree_recall"] <= 1 and figures["mean_depth"] <= 3
     by_depth = record["result"]["by_depth"]
@@ -256,7 +255,7 @@ def test_tree_stage_grows_without_labels_no_training_row_has(tmp_path, scheduler
     opts = {"storage": str(tmp_path / "storage"), "scheduler": scheduler}
     train_url = ingest_flow([str(train)], storage=opts["storage"])["outputs"]["data"]
     test_url = ingest_flow([str(test)], split="test", like=train_url, storage=opts["storage"])["outputs"]["data"]
-    grown = tree_flow(train_url, test_url, tree=TreeOptions(depth=2, leaf_labels=2, routing="deterministic"), **opts)
+    grown = tree_flow(train_url, test_url, tree={"depth": 2, "leaf_labels": 2, "routing": "deterministic"}, **opts)
     assert grown["state"] == "Completed" and grown["result"]["n_unseen_labels"] == 1
     assert "1 labels have no training example" in "\n".join(tree_lines(grown["result"]))
 

@@ -12,7 +12,7 @@ from flows.refresh import refresh
 from flows.stage_flows import train_flow
 from xmldask import cli, jobs
 from xmldask.models import EmbeddingClassifier
-from xmldask.params import TrainParams, from_args, parse_grid, validated
+from xmldask.params import TrainParams, TreeParams, from_args, parse_grid, validated
 
 
 def test_every_path_has_the_same_defaults():
@@ -30,6 +30,30 @@ def test_every_path_has_the_same_defaults():
     assert est["kernel"] == jobs.KERNELS[defaults.kernel]
     for name in ("features", "alpha", "n_random_features", "max_epochs"):
         assert est[name] == getattr(defaults, name), name
+
+
+def test_every_tree_path_has_the_same_defaults():
+    """``xmldask tree``, the pipeline's ``--tree-*`` options and the tree stage take TreeParams; the estimator's
+    defaults are its defaults, and the stage differs only where it says (labels without rows are left out)."""
+    from flows.stage_flows import TREE_DEFAULTS
+    from xmldask.tree import SpectralLabelTree
+
+    args = cli.build_parser().parse_args(["tree", "data.zarr", "--out", "tree.zarr"])
+    assert from_args(args, TreeParams) == {}
+    args = pipeline_module.build_parser().parse_args(["--grow-tree"])
+    assert from_args(args, TreeParams, prefix="tree-") == {}
+    args = pipeline_module.build_parser().parse_args(["--grow-tree", "--tree-depth", "3", "--tree-routing",
+                                                      "deterministic"])
+    assert from_args(args, TreeParams, prefix="tree-") == {"depth": 3, "routing": "deterministic"}
+    defaults = TreeParams()
+    assert TREE_DEFAULTS == defaults.model_copy(update={"unseen_labels": "ignore"})
+    est = SpectralLabelTree().get_params()
+    assert (est["max_depth"], est["leaf_labels"], est["routing"], est["random_state"]) == (
+        defaults.depth, defaults.leaf_labels, defaults.routing, defaults.seed)
+    text = " ".join(next(a for a in cli.build_parser()._subparsers._actions if a.dest == "command")
+                    .choices["tree"].format_help().split())
+    for name, field in TreeParams.model_fields.items():
+        assert f"--{name.replace('_', '-')}" in text and f"(default {field.default})" in text, name
 
 
 def test_every_option_is_generated_with_its_default_and_help():

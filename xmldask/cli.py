@@ -332,6 +332,7 @@ def _cmd_demo(args) -> int:
 
 def _add_tree(sub) -> None:
     from .cluster import add_cluster_arguments
+    from .params import TreeParams, add_arguments
 
     p = sub.add_parser(
         "tree",
@@ -342,14 +343,7 @@ def _add_tree(sub) -> None:
     )
     p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
     p.add_argument("--out", required=True, metavar="TREE_URL", help="tree store to write")
-    p.add_argument("--depth", type=_positive, default=14, help="maximum depth (default 14)")
-    p.add_argument("--leaf-labels", type=_positive, default=25, metavar="S", help="leaf label budget (default 25)")
-    p.add_argument("--routing", default="fractional", choices=["fractional", "deterministic"],
-                   help="routing of the training rows while growing (default fractional)")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--unseen-labels", default="error", choices=["error", "ignore"],
-                   help="labels with no training example: refuse the data (default), or grow the tree without "
-                        "them (no leaf offers them)")
+    add_arguments(p, TreeParams, title="tree parameters")
     p.add_argument("--overwrite", action="store_true", help="replace an existing tree store")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     add_cluster_arguments(p)
@@ -357,11 +351,11 @@ def _add_tree(sub) -> None:
 
 def _cmd_tree(args) -> int:
     from . import jobs
+    from .params import TreeParams, from_args
 
+    params = from_args(args, TreeParams)
     with _cluster_context(args):
-        info = jobs.tree(args.train_url, args.out, depth=args.depth, leaf_labels=args.leaf_labels,
-                         routing=args.routing, seed=args.seed, unseen_labels=args.unseen_labels,
-                         overwrite=args.overwrite)
+        info = jobs.tree(args.train_url, args.out, overwrite=args.overwrite, **params)
     if args.json:
         print(json.dumps(info, indent=2, default=float))
     else:

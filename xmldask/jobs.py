@@ -22,7 +22,7 @@ import dask.array as da
 import numpy as np
 
 from .base import FAMILIES
-from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, validated
+from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, validated
 from .scheduling import release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
 
@@ -334,13 +334,14 @@ def _fingerprint(data) -> str:
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()
 
 
-def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, routing: str = "fractional",
-         seed: int = 0, unseen_labels: str = "error", overwrite: bool = False, **params) -> dict:
+def tree(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict:
     """Grow a :class:`~xmldask.tree.SpectralLabelTree` on a dataset store and save it.
 
-    Bad input is refused before any pass: a depth or leaf budget that is not a positive integer, an
-    existing ``out``, a training label with no example (``unseen_labels="error"``; ``"ignore"`` grows
-    the tree without them, logs how many, and no leaf ever offers them).
+    ``params`` are the fields of :class:`~xmldask.params.TreeParams` (``depth``, ``leaf_labels``,
+    ``routing``, ``unseen_labels``, ``seed``) and any other keyword of the tree (e.g. ``memory_budget``).
+    Bad input is refused before any pass: a parameter out of its range, an existing ``out``, a training
+    label with no example (``unseen_labels="error"``; ``"ignore"`` grows the tree without them, logs how
+    many, and no leaf ever offers them).
 
     Returns
     -------
@@ -352,16 +353,13 @@ def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, ro
 
     from .tree import SpectralLabelTree
 
-    for name, value in (("depth", depth), ("leaf_labels", leaf_labels)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, but is {value!r}")
-    if unseen_labels not in ("error", "ignore"):
-        raise ValueError(f"unseen_labels must be 'error' or 'ignore', but is {unseen_labels!r}")
+    p = validated(TreeParams, {name: value for name, value in params.items() if name in TreeParams.model_fields})
+    extra = {name: value for name, value in params.items() if name not in TreeParams.model_fields}
     if exists(out) and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
     data = open_dataset(train_url)
     missing = np.flatnonzero(data.label_counts == 0)
-    if len(missing) and unseen_labels == "error":
+    if len(missing) and p.unseen_labels == "error":
         raise ValueError(f"{train_url} has {len(missing)} labels with no training example (first: "
                          f"{missing[:5].tolist()}); the tree cannot place them. Ingest with the labels present "
                          f"only (remap the label ids), train on data that covers every label, or grow the tree "
@@ -369,7 +367,8 @@ def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, ro
     if len(missing):
         logger.warning("%s: %d labels have no training example (first: %s); no leaf will offer them", train_url,
                        len(missing), missing[:5].tolist())
-    model = SpectralLabelTree(max_depth=depth, leaf_labels=leaf_labels, routing=routing, random_state=seed, **params)
+    model = SpectralLabelTree(max_depth=p.depth, leaf_labels=p.leaf_labels, routing=p.routing, random_state=p.seed,
+                              **extra)
     start = time.perf_counter()
     model.fit(data.X, data.Y)
     figures = model.figures(data.X, data.Y)
@@ -377,8 +376,7 @@ def tree(train_url: str, out: str, *, depth: int = 14, leaf_labels: int = 25, ro
     model.save(out, overwrite=overwrite, meta={"train_url": train_url, "train_fingerprint": _fingerprint(data)})
     return {"tree": out, "train": train_url, "seconds": round(seconds, 3), "n_passes": int(model.n_passes_) + 1,
             "n_nodes": int(len(model.table_)), "n_leaves": model.n_leaves_, "n_orphans": int(model.n_orphans_),
-            "n_unseen_labels": int(len(missing)), "task": model.task_,
-            "params": {"depth": depth, "leaf_labels": leaf_labels, "routing": routing, "seed": seed, **params},
+            "n_unseen_labels": int(len(missing)), "task": model.task_, "params": {**p.model_dump(), **extra},
             "train_figures": figures}
 
 

@@ -1,5 +1,6 @@
 """The parameters of training, defined once: ``xmldask train``, :func:`xmldask.jobs.train`, the train stage
-flow, the pipeline and the refresh flow all take :class:`TrainParams`.
+flow, the pipeline and the refresh flow all take :class:`TrainParams`; ``xmldask tree``,
+:func:`xmldask.jobs.tree`, the tree stage flow and the pipeline's tree options take :class:`TreeParams`.
 
 The command line's options are generated from the fields (:func:`add_arguments`, :func:`from_args`), the
 Prefect flows take the model itself as a typed parameter (validated, and shown as one form in the UI),
@@ -26,8 +27,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["AUTO_ESTIMATORS", "AUTO_SEARCH", "BOOSTING_MODELS", "DEFAULTS", "TrainParams", "add_arguments", "from_args",
-           "parse_grid", "validated"]
+__all__ = ["AUTO_ESTIMATORS", "AUTO_SEARCH", "BOOSTING_MODELS", "DEFAULTS", "TrainParams", "TreeParams",
+           "add_arguments", "from_args", "parse_grid", "validated"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -103,7 +104,8 @@ class TrainParams(BaseModel):
     search: dict[str, list[int | float | str]] | Literal["auto"] | None = Field(
         "auto", description="parameters chosen by held-out P@1 on the training rows: NAME to the values to try, "
                             "e.g. {'alpha': [0.001, 1], 'k': [50, 150]} (--search alpha=0.001,1 --search k=50,150); "
-                            "auto: the kernel (none or gaussian) unless it is given; none (--no-search): one fit")
+                            "auto: the input features, k, alpha and the kernel (AUTO_SEARCH), each unless it is given; "
+                            "none (--no-search): one fit")
     search_strategy: Literal["coordinate", "grid"] = Field(
         "coordinate", description="coordinate: one parameter at a time, in the order given; grid: every combination")
     search_screen: bool = Field(
@@ -194,6 +196,23 @@ def parse_grid(items: list[str], aliases: dict[str, str] | None = None) -> dict[
 DEFAULTS = TrainParams()
 
 
+class TreeParams(BaseModel):
+    """How a spectral label tree is grown (every path takes these names and defaults)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    depth: PositiveInt = Field(14, description="maximum depth (the reference code's 14; the paper's 12)")
+    leaf_labels: PositiveInt = Field(25, description="a leaf's label budget S: the node stops splitting when its "
+                                                     "labels with mass fit it, and offers at most S candidates")
+    routing: Literal["fractional", "deterministic"] = Field(
+        "fractional", description="routing of the training rows while growing: fractional (each row down both "
+                                  "sides, weighted by the erf of its margin) or deterministic (the paper's ablation)")
+    unseen_labels: Literal["error", "ignore"] = Field(
+        "error", description="labels with no training example: refuse the data, or grow the tree without them "
+                             "(no leaf offers them)")
+    seed: int = Field(0, description="seed of every random step (same seed, same tree)")
+
+
 # --------------------------------------------------------------------------------------------------
 # command-line options generated from the fields
 
@@ -202,14 +221,22 @@ def _option(name: str) -> str:
     return "--" + name.replace("_", "-")
 
 
-def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel] = TrainParams) -> None:
-    """Add one ``--name`` option per field of ``model`` (type, choices, default and help from the field).
+def _dest(prefix: str, name: str) -> str:
+    return (prefix + name).replace("-", "_")
+
+
+def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel] = TrainParams, *,
+                  title: str | None = "training parameters", prefix: str = "", exclude: tuple[str, ...] = ()) -> None:
+    """Add one ``--PREFIXname`` option per field of ``model`` but ``exclude`` (type, choices, default and help
+    from the field), in a new argument group named ``title`` (``None``: to ``parser`` itself, e.g. a group).
 
     A ``dict`` field (``search``) is a repeatable ``NAME=V1,V2,...`` option. Every option defaults to
     ``None`` ("not given"), so :func:`from_args` keeps the model's own defaults.
     """
-    group = parser.add_argument_group("training parameters")
+    group = parser.add_argument_group(title) if title else parser
     for name, field in model.model_fields.items():
+        if name in exclude:
+            continue
         annotation = field.annotation
         words = ()
         if typing.get_origin(annotation) in (typing.Union, types.UnionType):  # X | None, X | Literal[...]
@@ -225,13 +252,13 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel] = Trai
             kwargs.update(action=argparse.BooleanOptionalAction)
         elif name == "search":
             kwargs.update(action="append", metavar="NAME=V1,V2,...")
-            group.add_argument("--no-search", dest=name, action="store_const", const=[],
+            group.add_argument(f"--no-{prefix}search", dest=_dest(prefix, name), action="store_const", const=[],
                                help="one fit with the given parameters (no held-out search)")
         elif words:  # a number or one of some words (e.g. auto)
             kwargs.update(type=_number_or(annotation, words), metavar="N|" + "|".join(words))
         else:
             kwargs.update(type=annotation, metavar="X" if annotation is float else "N")
-        group.add_argument(_option(name), dest=name, **kwargs)
+        group.add_argument(_option(prefix + name), dest=_dest(prefix, name), **kwargs)
 
 
 def _number_or(kind, words: tuple[str, ...]):
@@ -245,9 +272,11 @@ def _number_or(kind, words: tuple[str, ...]):
     return convert
 
 
-def from_args(args: argparse.Namespace, model: type[BaseModel] = TrainParams) -> dict:
-    """The fields given on the command line (``search`` parsed into a dict), validated by ``model``."""
-    given = {name: getattr(args, name) for name in model.model_fields if getattr(args, name, None) is not None}
+def from_args(args: argparse.Namespace, model: type[BaseModel] = TrainParams, *, prefix: str = "") -> dict:
+    """The fields given on the command line (options added by :func:`add_arguments` with the same
+    ``prefix``; ``search`` parsed into a dict), validated by ``model``."""
+    given = {name: getattr(args, _dest(prefix, name)) for name in model.model_fields
+             if getattr(args, _dest(prefix, name), None) is not None}
     if "search" in given:
         given["search"] = parse_grid(given["search"], aliases={"n-random-features": "n_random_features",
                                                                 "max-epochs": "max_epochs"}) or None
@@ -262,4 +291,5 @@ def validated(model: type[BaseModel], given: dict) -> BaseModel:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])} = {err.get('input')!r}: {err['msg']}"
                              for err in exc.errors())
-        raise ValueError(f"invalid training parameters: {problems}") from None
+        what = "training" if model is TrainParams else model.__name__.removesuffix("Params").lower()
+        raise ValueError(f"invalid {what} parameters: {problems}") from None
