@@ -27,6 +27,27 @@ def _positive(text: str) -> int:
     return value
 
 
+def _add_out(p, what: str, metavar: str = "URL", *, overwrite: bool = True, progress: bool = False) -> None:
+    """``--out`` (required), ``--overwrite`` and ``--no-progress`` of a command that writes ``what``."""
+    p.add_argument("--out", required=True, metavar=metavar, help=f"{what} to write (path or fsspec URL)")
+    if overwrite:
+        p.add_argument("--overwrite", action="store_true", help=f"replace an existing {what} at --out")
+    if progress:
+        p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _print(args, result: dict, text) -> int:
+    """Print ``result`` as JSON (``--json``) or as ``text(result)``; the command's exit status 0."""
+    print(json.dumps(result, indent=2, default=float) if args.json else text(result))
+    return 0
+
+
+def _add_json(p, keys: str | None = None) -> None:
+    """``--json``: print the command's result as JSON instead of text."""
+    p.add_argument("--json", action="store_true", help=f"print JSON (keys include {keys})" if keys else
+                   "print the result as JSON")
+
+
 def _add_ingest(sub) -> None:
     from .store.layout import BLOCK_ROWS
 
@@ -38,7 +59,7 @@ def _add_ingest(sub) -> None:
         "On bad input the error names the file, the line and its text, and no store is left behind.",
     )
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="text file path or fsspec URL")
-    p.add_argument("--out", required=True, metavar="URL", help="dataset store to write (path or fsspec URL)")
+    _add_out(p, "dataset store", overwrite=False)
     p.add_argument("--format", default="auto", choices=["auto", "xc", "libsvm", "vw"],
                    help="input format (default: guessed from each file's name and first line)")
     p.add_argument("--one-based", action="store_true", help="feature and label ids in the files start at 1")
@@ -85,7 +106,7 @@ def _add_synth(sub) -> None:
         "block by block (any size fits in bounded memory). The same --seed gives the same data; "
         "--split test draws other rows from the same planted model, for a held-out set.",
     )
-    p.add_argument("--out", required=True, metavar="URL", help="dataset store to write")
+    _add_out(p, "dataset store", progress=True)
     p.add_argument("--n-samples", type=_positive, required=True, metavar="N")
     p.add_argument("--n-features", type=_positive, required=True, metavar="D")
     p.add_argument("--n-labels", type=_positive, required=True, metavar="L")
@@ -100,8 +121,6 @@ def _add_synth(sub) -> None:
                    help="mean label draws per row, multilabel; repeats merge (default 3)")
     p.add_argument("--block-rows", type=_positive, default=BLOCK_ROWS, metavar="N")
     p.add_argument("--normalize", default="none", choices=["none", "l2", "l1", "sqrt"])
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def _cmd_synth(args) -> int:
@@ -121,16 +140,14 @@ def _add_info(sub) -> None:
     p = sub.add_parser("info", help="summarise a dataset store",
                        description="Print the size, density and label-frequency profile of a dataset store.")
     p.add_argument("url", metavar="URL")
-    p.add_argument("--json", action="store_true",
-                   help="print JSON (keys include n_samples, n_features, n_labels, nnz)")
+    _add_json(p, "n_samples, n_features, n_labels, nnz")
 
 
 def _cmd_info(args) -> int:
     from .store import open_dataset
 
     info = open_dataset(args.url).info()
-    print(json.dumps(info, indent=2) if args.json else format_info(info))
-    return 0
+    return _print(args, info, format_info)
 
 
 def _add_spectrum(sub) -> None:
@@ -179,23 +196,35 @@ def _cluster_context(args):
         yield client
 
 
-def _add_train(sub) -> None:
+def _add_fitting(sub, name: str, params, title: str, *, help: str, description: str, out: tuple[str, str],
+                 keys: str) -> None:
+    """A command that fits on ``TRAIN_URL`` with the options generated from ``params`` (a parameters model)
+    and writes a model store at ``--out``."""
     from .cluster import add_cluster_arguments
     from .params import add_arguments
 
-    p = sub.add_parser(
-        "train",
-        help="fit a label-embedding classifier (Rembrandt Alg. 3) on a dataset store and save it",
-        description="Embed the labels (rembrandt, cs, plst) or the features (pca), regress onto the embedding, "
-        "optionally map through random Fourier features, and fit a softmax/logistic decoder early-stopped on "
-        "a held-out slice of the training rows. Writes a model store.",
-    )
+    p = sub.add_parser(name, help=help, description=description)
     p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
-    p.add_argument("--out", required=True, metavar="MODEL_URL", help="model store to write")
-    add_arguments(p)
-    p.add_argument("--overwrite", action="store_true", help="replace an existing model store")
-    p.add_argument("--json", action="store_true", help="print the training summary as JSON")
+    _add_out(p, *out)
+    _add_json(p, keys)
+    add_arguments(p, params, title=title)
     add_cluster_arguments(p)
+
+
+def _add_train(sub) -> None:
+    from .params import TrainParams
+
+    _add_fitting(
+        sub, "train", TrainParams, "training parameters", out=("model store", "MODEL_URL"),
+        keys="model, seconds, params, held_out",
+        help="fit a classifier on a dataset store and save it (by default the label-embedding classifier, its "
+        "parameters chosen on held-out training rows)",
+        description="Fit a model on a dataset store and write a model store. The default model embeds the labels "
+        "(rembrandt, cs, plst) or the features (pca), regresses onto the embedding, optionally maps through "
+        "random Fourier features, and fits a softmax/logistic decoder early-stopped on a held-out slice of the "
+        "training rows; --model chooses LEML, binary relevance or multiclass boosting, --tree a spectral label "
+        "tree's candidate-restricted classifier.",
+    )
 
 
 def _cmd_train(args) -> int:
@@ -205,16 +234,16 @@ def _cmd_train(args) -> int:
     params = from_args(args)
     with _cluster_context(args):
         info = jobs.train(args.train_url, args.out, overwrite=args.overwrite, **params)
-    if args.json:
-        print(json.dumps(info, indent=2))
-    else:
-        held = ", ".join(f"{key} {value:.4g}" for key, value in info["held_out"].items() if isinstance(value, float))
-        for row in info.get("search", []):
-            print(f"  held-out P@1 {row['val_p@1']:.4f}  {row['params']}  ({row['seconds']:.1f} s)")
-        chosen = f"chose {info['params']}; " if "search" in info else ""
-        print(f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, {info['n_passes']} passes; "
-              f"held out: {held})")
-    return 0
+    return _print(args, info, _train_text)
+
+
+def _train_text(info: dict) -> str:
+    held = ", ".join(f"{key} {value:.4g}" for key, value in info["held_out"].items() if isinstance(value, float))
+    rows = [f"  held-out P@1 {row['val_p@1']:.4f}  {row['params']}  ({row['seconds']:.1f} s)"
+            for row in info.get("search", [])]
+    chosen = f"chose {info['params']}; " if "search" in info else ""
+    return "\n".join([*rows, f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, "
+                              f"{info['n_passes']} passes; held out: {held})"])
 
 
 def _add_mask(sub) -> None:
@@ -227,22 +256,18 @@ def _add_mask(sub) -> None:
     )
     p.add_argument("data_url", metavar="DATA_URL", help="fully labelled dataset store")
     p.add_argument("--observed", type=float, required=True, metavar="FRACTION", help="fraction in (0, 1], e.g. 0.2")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
-    p.add_argument("--out", required=True, metavar="URL", help="dataset store to write")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing store at --out")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the mask (default 0)")
+    _add_out(p, "dataset store")
+    _add_json(p, "url, nnz_observed, observed_fraction")
 
 
 def _cmd_mask(args) -> int:
     from .missing import mask_dataset
 
     info = mask_dataset(args.data_url, args.out, observed=args.observed, seed=args.seed, overwrite=args.overwrite)
-    if args.json:
-        print(json.dumps(info, indent=2))
-    else:
-        print(f"wrote {info['url']}: {info['nnz_observed']:,} observed entries ({100 * info['observed_fraction']:.2f}% "
-              f"of n x L, seed {info['seed']}), {info['nnz_labels']:,} observed relevant labels")
-    return 0
+    return _print(args, info, lambda info: (
+        f"wrote {info['url']}: {info['nnz_observed']:,} observed entries ({100 * info['observed_fraction']:.2f}% "
+        f"of n x L, seed {info['seed']}), {info['nnz_labels']:,} observed relevant labels"))
 
 
 def _add_predict(sub) -> None:
@@ -256,10 +281,8 @@ def _add_predict(sub) -> None:
     )
     p.add_argument("model_url", metavar="MODEL_URL")
     p.add_argument("data_url", metavar="DATA_URL")
-    p.add_argument("--out", required=True, metavar="PRED_URL", help="prediction store to write")
+    _add_out(p, "prediction store", "PRED_URL", progress=True)
     p.add_argument("--top-k", type=_positive, default=10, help="labels per row (default 10)")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing prediction store")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_cluster_arguments(p)
 
 
@@ -288,7 +311,7 @@ def _add_evaluate(sub) -> None:
     p.add_argument("--ks", default="1,3,5", help="comma-separated k of the @k metrics (default 1,3,5)")
     p.add_argument("--propensity-a", type=float, default=0.55, metavar="A", help="default 0.55")
     p.add_argument("--propensity-b", type=float, default=1.5, metavar="B", help="default 1.5")
-    p.add_argument("--json", action="store_true", help='print JSON (keys include "P@1", "P@3", "P@5")')
+    _add_json(p, '"P@1", "P@3", "P@5"')
 
 
 def _cmd_evaluate(args) -> int:
@@ -300,11 +323,7 @@ def _cmd_evaluate(args) -> int:
         raise ValueError(f"--ks must be comma-separated integers such as 1,3,5, but is {args.ks!r}") from None
     results = jobs.evaluate(args.pred_url, args.data_url, train_url=args.train, ks=ks, A=args.propensity_a,
                             B=args.propensity_b)
-    if args.json:
-        print(json.dumps(results, indent=2, default=float))
-    else:
-        print(metrics.report(results, title=f"{args.pred_url} on {args.data_url}"))
-    return 0
+    return _print(args, results, lambda results: metrics.report(results, title=f"{args.pred_url} on {args.data_url}"))
 
 
 def _add_demo(sub) -> None:
@@ -331,22 +350,16 @@ def _cmd_demo(args) -> int:
 
 
 def _add_tree(sub) -> None:
-    from .cluster import add_cluster_arguments
-    from .params import TreeParams, add_arguments
+    from .params import TreeParams
 
-    p = sub.add_parser(
-        "tree",
+    _add_fitting(
+        sub, "tree", TreeParams, "tree parameters", out=("tree store", "TREE_URL"),
+        keys="tree, seconds, n_passes, n_leaves, train_figures",
         help="grow a hierarchical spectral label tree (candidate-label filter) on a dataset store",
         description="Grow the label tree of Mineiro and Karampatziakis (2015) level by level over the row blocks: "
         "each node routes by the top eigenvector of eq. (2) and a weighted median; training rows are routed "
         "fractionally; a leaf keeps its most probable labels. Writes a tree store (a model store).",
     )
-    p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
-    p.add_argument("--out", required=True, metavar="TREE_URL", help="tree store to write")
-    add_arguments(p, TreeParams, title="tree parameters")
-    p.add_argument("--overwrite", action="store_true", help="replace an existing tree store")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    add_cluster_arguments(p)
 
 
 def _cmd_tree(args) -> int:
@@ -356,14 +369,14 @@ def _cmd_tree(args) -> int:
     params = from_args(args, TreeParams)
     with _cluster_context(args):
         info = jobs.tree(args.train_url, args.out, overwrite=args.overwrite, **params)
-    if args.json:
-        print(json.dumps(info, indent=2, default=float))
-    else:
-        fig = info["train_figures"]
-        print(f"wrote {info['tree']} in {info['seconds']:.1f} s ({info['n_passes']} passes, {info['n_leaves']} leaves, "
-              f"{info['n_orphans']} orphans repaired; train tree recall {fig['tree_recall']:.4f}, mean depth "
-              f"{fig['mean_depth']:.2f}, mean candidates {fig['mean_candidates']:.2f})")
-    return 0
+    return _print(args, info, _tree_text)
+
+
+def _tree_text(info: dict) -> str:
+    fig = info["train_figures"]
+    return (f"wrote {info['tree']} in {info['seconds']:.1f} s ({info['n_passes']} passes, {info['n_leaves']} leaves, "
+            f"{info['n_orphans']} orphans repaired; train tree recall {fig['tree_recall']:.4f}, mean depth "
+            f"{fig['mean_depth']:.2f}, mean candidates {fig['mean_candidates']:.2f})")
 
 
 def _add_tree_info(sub) -> None:
@@ -373,20 +386,15 @@ def _add_tree_info(sub) -> None:
                        "frequent training labels.")
     p.add_argument("tree_url", metavar="TREE_URL")
     p.add_argument("data_url", metavar="DATA_URL")
-    p.add_argument("--json", action="store_true", help="print JSON (keys tree_recall, root_purity, mean_depth, "
-                   "mean_candidates, top_labels_recall)")
+    _add_json(p, "tree_recall, root_purity, mean_depth, mean_candidates, top_labels_recall")
 
 
 def _cmd_tree_info(args) -> int:
     from . import jobs
 
     info = jobs.tree_info(args.tree_url, args.data_url)
-    if args.json:
-        print(json.dumps(info, indent=2))
-    else:
-        for key, value in info.items():
-            print(f"  {key:<18} {value:.4f}" if isinstance(value, float) else f"  {key:<18} {value}")
-    return 0
+    return _print(args, info, lambda info: "\n".join(f"  {key:<18} {value:.4f}" if isinstance(value, float)
+                                                     else f"  {key:<18} {value}" for key, value in info.items()))
 
 
 def build_parser() -> argparse.ArgumentParser:
