@@ -24,14 +24,13 @@ each). Datasets are ingested into a temporary directory (``--workdir``), never i
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import tempfile
 import time
 from pathlib import Path
 
-from _tables import markdown_table
+from _tables import markdown_table, write_json
 
 SHARED = Path(os.environ.get("XMLDASK_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -203,8 +202,7 @@ def main() -> None:
             print(markdown_table(rows, ["method", "alpha", "passes", "seconds", "sibling_fraction_euclidean",
                                 "sibling_fraction_cosine"]) + "\n")
             all_rows += rows
-    if args.json:
-        Path(args.json).write_text(json.dumps(all_rows, indent=2))
+    write_json(args.json, all_rows)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ Data: ``$XMLDASK_SHARED_DATA`` (default ``../shared/data`` beside the checkout).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -42,7 +41,7 @@ import numpy as np
 import scipy.sparse as sp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _tables import markdown_table  # noqa: E402
+from _tables import markdown_table, write_json  # noqa: E402
 
 from xmldask.io import read_text  # noqa: E402
 from xmldask.models import GradFac, GradFacEN, MultinomialBoosting, OneVsRestBoosting  # noqa: E402
@@ -321,8 +320,7 @@ def main() -> None:
                                      "seconds_per_pass_per_m_rows", "peak_rss_bytes_per_worker", "worker_restarts",
                                      "held_out_accuracy"]))
         rows += extra
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=1))
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":  # worker processes are spawned: this guard keeps them from running the bench

@@ -19,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _tables import write_json
+
 
 def child(source: str, out: str) -> None:
     """Run one ingest and print its figures as JSON (peak RSS of this process only)."""
@@ -91,8 +93,7 @@ def main() -> None:
     for row in rows:
         print("| " + " | ".join(f"{row[k]:,}" if isinstance(row[k], int) else str(row[k]) for k in keys) + " |")
     print(f"\ntext {rows[-1]['text_mb'] / rows[0]['text_mb']:.1f}x larger, peak RSS {large / small:.2f}x")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

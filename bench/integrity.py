@@ -12,11 +12,12 @@ The ingest side is measured by ``bench/ingest.py`` (columns ``inventory_ms``, ``
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 import time
 from pathlib import Path
+
+from _tables import write_json
 
 
 def _median_time(function, repeats: int, timer: dict) -> tuple[float, float]:
@@ -75,8 +76,7 @@ def main() -> None:
     print("|" + "---|" * len(keys))
     for row in rows:
         print("| " + " | ".join(f"{row[k]:,}" if isinstance(row[k], int) else str(row[k]) for k in keys) + " |")
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

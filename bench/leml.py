@@ -34,7 +34,6 @@ Datasets are ingested into a temporary directory (``--workdir``), never into the
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import tempfile
@@ -42,7 +41,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-from _tables import markdown_table
+from _tables import markdown_table, write_json
 
 SHARED = Path(os.environ.get("XMLDASK_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 
@@ -271,8 +270,7 @@ def main() -> None:
             print(f"## Synthetic, larger than the workers' memory ({args.workers} x {args.memory_limit})\n")
             print(markdown_table(got, list(got[0])) + "\n")
             rows += got
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2, default=float))
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

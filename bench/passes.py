@@ -32,6 +32,8 @@ import sys
 import time
 from pathlib import Path
 
+from _tables import load_line, write_json
+
 SYSTEMS = ("scipy", "xmldask-1core", "xmldask-2core")
 
 
@@ -186,11 +188,8 @@ def main() -> None:
     print("|" + "---|" * len(keys))
     for row in rows:
         print("| " + " | ".join(f"{row[k]:,}" if isinstance(row[k], int) else str(row[k]) for k in keys) + " |")
-    load = os.getloadavg()
-    print(f"\nload average during the run (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    print("\n" + load_line())
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from _tables import load_line, write_json
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("XMLDASK_SHARED_DATA", ROOT.parent / "shared" / "data"))
 DATASETS = ("yeast", "bibtex", "delicious", "lshtc1-dryrun-task2", "aloi")
@@ -541,12 +543,8 @@ def main(argv=None) -> None:
         rows = []
         for name in names:
             rows.extend(run_dataset(name, args, work_root, pecos))
-    load = os.getloadavg()
-    print(f"\nload average at the end (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}; "
-          f"{os.cpu_count()} cores")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    print("\n" + load_line())
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

@@ -58,7 +58,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _tables import markdown_table  # noqa: E402 - bench/ is not a package
+from _tables import load_line, markdown_table, write_json  # noqa: E402 - bench/ is not a package
 
 #: the generator's knobs of the pipeline's synthetic data (``flows.pipeline.SYNTHETIC_KNOBS``)
 KNOBS = {"label_exponent": 2.0}
@@ -457,11 +457,8 @@ def main(argv=None) -> None:
             rows += [{**row, "cluster": kind} for row in got]
 
     print(markdown_table(rows, TABLE_KEYS + (["error"] if any("error" in r for r in rows) else [])))
-    load = os.getloadavg()
-    print(f"\nload average after the run (1, 5, 15 min): {load[0]:.1f}, {load[1]:.1f}, {load[2]:.1f}")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    print("\n" + load_line())
+    write_json(args.json, rows)
     if args.plot:
         plot(rows, args.plot)
 

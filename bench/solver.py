@@ -19,7 +19,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
@@ -30,6 +29,7 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
+from _tables import load_line, write_json
 
 from xmldask.linalg import ridge_lstsq
 
@@ -124,11 +124,8 @@ def main(argv=None) -> None:
         print("| " + " | ".join(f"{row[k]:.2e}" if "residual" in k else str(row[k]) for k in keys) + " |")
     print("\n- ratio_to_reference = reference seconds / xmldask seconds (above 1: xmldask is faster); "
           "the reference is float64 in RAM, xmldask float32 passes with float64 iterates")
-    load_avg = os.getloadavg()
-    print(f"- load average at the end: {load_avg[0]:.1f}; {os.cpu_count()} cores")
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    print("\n" + load_line())
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

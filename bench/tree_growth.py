@@ -16,16 +16,14 @@ ablation's seconds and passes as ratios to the label Gram's.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import tempfile
 import time
-from pathlib import Path
 from unittest import mock
 
 sys.path.insert(0, os.path.dirname(__file__))
-from _tables import markdown_table  # noqa: E402
+from _tables import markdown_table, write_json  # noqa: E402
 from tree import DATA, _open  # noqa: E402
 
 from xmldask.tree import SpectralLabelTree, growth  # noqa: E402
@@ -69,8 +67,7 @@ def main(argv=None) -> None:
                          "passes_ratio": round(slow["passes"] / fast["passes"], 2)})
         print(markdown_table(rows[-2 if args.ablation else -1:], KEYS), file=sys.stderr, flush=True)
     print(markdown_table(rows, KEYS))
-    if args.json:
-        Path(args.json).write_text(json.dumps(rows, indent=2))
+    write_json(args.json, rows)
 
 
 if __name__ == "__main__":

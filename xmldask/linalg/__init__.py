@@ -6,46 +6,9 @@ package's passes are built with its :func:`per_block` and :func:`tree_sum`), and
 :mod:`xmldask.linalg.solvers` (regularised least squares by Cholesky or conjugate gradients).
 """
 
+from . import passes
 from ._kernels import working_dtype
-from .passes import (
-    ROWS,
-    SCATTER_BYTES,
-    WHOLE,
-    check_rows_operand,
-    check_x,
-    column_mean,
-    column_moments,
-    column_sums,
-    dense_operand,
-    gram,
-    per_block,
-    tree_sum,
-    x_q,
-    xt_b,
-    xt_x_q,
-    yt_x_z,
-)
+from .passes import *  # noqa: F403  (the passes' public names, listed once in passes.__all__)
 from .solvers import MAX_GRAM_FEATURES, LstsqResult, ridge_lstsq
 
-__all__ = [
-    "MAX_GRAM_FEATURES",
-    "ROWS",
-    "SCATTER_BYTES",
-    "WHOLE",
-    "LstsqResult",
-    "check_rows_operand",
-    "check_x",
-    "column_mean",
-    "column_moments",
-    "column_sums",
-    "dense_operand",
-    "gram",
-    "per_block",
-    "ridge_lstsq",
-    "tree_sum",
-    "x_q",
-    "xt_b",
-    "xt_x_q",
-    "working_dtype",
-    "yt_x_z",
-]
+__all__ = [*passes.__all__, "MAX_GRAM_FEATURES", "LstsqResult", "ridge_lstsq", "working_dtype"]

@@ -238,22 +238,9 @@ def block_colsum(Xb, weights=None) -> np.ndarray:
 
 
 def block_colsq(Xb, weights=None) -> np.ndarray:
-    """Weighted column sums of squares ``(Xb * Xb)^T w`` of one row block.
-
-    Parameters
-    ----------
-    Xb : scipy.sparse matrix or ndarray, shape (n_b, d)
-    weights : ndarray of shape (n_b,), optional
-
-    Returns
-    -------
-    ndarray, shape (d,)
-        In the working dtype of ``Xb``.
-    """
-    dtype = working_dtype(Xb.dtype)
-    squares = _operand(Xb, dtype)
-    squares = squares.power(2) if sp.issparse(squares) else np.square(squares)
-    return block_colsum(squares, weights)
+    """Weighted column sums of squares ``(Xb * Xb)^T w`` of one row block: :func:`block_colsum` of the squares."""
+    squares = _operand(Xb, working_dtype(Xb.dtype))
+    return block_colsum(squares.power(2) if sp.issparse(squares) else np.square(squares), weights)
 
 
 def block_augmented(Ub, Rb, *, weights=None, dtype=None) -> np.ndarray:
