@@ -27,12 +27,12 @@ import json
 import os
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from _tables import load_line, write_json
+import _tables
+from _tables import load_line, main_or_child, write_json
 
 SYSTEMS = ("scipy", "xmldask-1core", "xmldask-2core")
 
@@ -132,11 +132,10 @@ def ensure_store(root: Path, *, n_samples: int, n_features: int, avg_features: f
 
 
 def run_child(spec: dict) -> dict:
-    result = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
-    if result.returncode != 0:
-        raise RuntimeError(f"{spec['system']} failed:\n{result.stderr[-4000:]}")
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    result = _tables.run_child(__file__, spec)
+    if "error" in result:
+        raise RuntimeError(f"{spec['system']} failed: {result['error']}\n{result.get('stderr', '')}")
+    return result
 
 
 def main() -> None:
@@ -193,7 +192,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child(json.loads(sys.argv[2]))
-    else:
-        main()
+    main_or_child(main, child)

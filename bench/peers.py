@@ -71,7 +71,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _tables import load_line, write_json
+from _tables import load_line, main_or_child, run_child, write_json
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = Path(os.environ.get("XMLDASK_SHARED_DATA", ROOT.parent / "shared" / "data"))
@@ -333,18 +333,8 @@ def _save_npz(urls: dict, work: Path) -> dict:
 
 def run_system(system: str, spec: dict, timeout: float, pecos_python: Path | None) -> dict:
     if system == "pecos-xrlinear":
-        cmd = [str(pecos_python), str(PECOS_CHILD), json.dumps(spec)]
-    else:
-        cmd = [sys.executable, __file__, "--child", json.dumps(spec)]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    try:
-        result = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {timeout:.0f} s"}
-    if result.returncode != 0:
-        return {"error": f"exit {result.returncode}: {result.stderr.strip().splitlines()[-1:]}",
-                "stderr": result.stderr[-4000:]}
-    return json.loads(result.stdout.strip().splitlines()[-1])
+        return run_child(str(PECOS_CHILD), spec, timeout=timeout, python=str(pecos_python), args=())
+    return run_child(__file__, spec, timeout=timeout)
 
 
 def score(out: Path, urls: dict, top_k: int) -> dict:
@@ -548,7 +538,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child(json.loads(sys.argv[2]))
-    else:
-        main()
+    main_or_child(main, child)

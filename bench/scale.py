@@ -58,7 +58,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _tables import load_line, markdown_table, write_json  # noqa: E402 - bench/ is not a package
+from _tables import load_line, main_or_child, markdown_table, write_json  # noqa: E402 - bench/ is not a package
 
 #: the generator's knobs of the pipeline's synthetic data (``flows.pipeline.SYNTHETIC_KNOBS``)
 KNOBS = {"label_exponent": 2.0}
@@ -464,7 +464,4 @@ def main(argv=None) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--child":
-        child(json.loads(sys.argv[2]))
-    else:
-        main()
+    main_or_child(main, child)
