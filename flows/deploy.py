@@ -18,8 +18,6 @@ import argparse
 
 from prefect.deployments.runner import EntrypointType
 
-from xmldask.params import TrainParams, add_arguments, from_args
-
 __all__ = ["build_deployment", "deployment_options", "main", "serve"]
 
 
@@ -50,28 +48,24 @@ def serve(*, cron: str, test: list[str], name: str = "xmldask-refresh", **parame
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .stage_flows import add_command_line_options
+
     parser = argparse.ArgumentParser(prog="python -m flows.deploy", description="Serve the xmldask refresh flow on "
                                      "a cron schedule (needs a Prefect API: prefect server start).")
     parser.add_argument("--cron", default="0 * * * *", help="cron schedule (default hourly: '0 * * * *')")
     parser.add_argument("--test", nargs="+", required=True, metavar="SOURCE_OR_URL", help="held-out test set")
     parser.add_argument("--name", default="xmldask-refresh", help="deployment name")
-    parser.add_argument("--storage", help="storage root (default $XMLDASK_STORAGE or storage/)")
     parser.add_argument("--incoming", help="folder of new files (default <storage>/refresh/incoming)")
-    parser.add_argument("--scheduler", help="running Dask scheduler, e.g. tcp://host:8786")
     parser.add_argument("--metric", default="P@1", help="held-out metric of the promotion rule")
-    parser.add_argument("-v", "--verbose", action="store_true", help="also show the log lines of Dask and xmldask")
-    add_arguments(parser)
+    add_command_line_options(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    from .stage_flows import set_verbosity
+    from .stage_flows import parse_command_line
 
-    args = build_parser().parse_args(argv)
-    model = from_args(args)
-    set_verbosity(args.verbose)
-    parameters = {key: value for key, value in vars(args).items()
-                  if value is not None and key not in ("cron", "name", "verbose", *TrainParams.model_fields)}
+    args, model, given = parse_command_line(build_parser(), argv, skip=("cron", "name"))
+    parameters = {name: value for name, value in given.items() if value is not None}
     serve(cron=args.cron, name=args.name, **parameters, **({"model": model} if model else {}))
     return 0
 

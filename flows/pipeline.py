@@ -39,14 +39,15 @@ from .stage_flows import (
     LocalClusterOptions,
     Normalize,
     PositiveInt,
+    add_command_line_options,
     dask_client,
     evaluate_flow,
     ingest_flow,
     new_run_dir,
     output,
+    parse_command_line,
     predict_flow,
     report_flow,
-    set_verbosity,
     spectrum_flow,
     train_flow,
     tree_flow,
@@ -192,10 +193,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--train", nargs="+", metavar="SOURCE_OR_URL",
                         help="training text file(s) or dataset store (default: synthetic data)")
     parser.add_argument("--test", nargs="+", metavar="SOURCE_OR_URL", help="test text file(s) or dataset store")
-    parser.add_argument("--scheduler", metavar="ADDRESS", help="running Dask scheduler, e.g. tcp://host:8786 "
-                        "(default $XMLDASK_SCHEDULER, else a local cluster)")
-    parser.add_argument("--storage", metavar="URL", help="storage root: a directory or an fsspec URL (default "
-                        "$XMLDASK_STORAGE or storage/)")
     parser.add_argument("--workers", type=int, dest="n_workers", help="local cluster: worker processes")
     parser.add_argument("--threads-per-worker", type=int, help="local cluster: threads per worker")
     parser.add_argument("--memory-limit", default="auto", help="local cluster: memory limit per worker")
@@ -209,18 +206,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--synthetic-samples", type=int, default=20_000)
     parser.add_argument("--synthetic-features", type=int, default=2_000)
     parser.add_argument("--synthetic-labels", type=int, default=500)
-    parser.add_argument("-v", "--verbose", action="store_true", help="also show the log lines of Dask and xmldask")
-    add_arguments(parser)
+    add_command_line_options(parser)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    model = from_args(args)
-    set_verbosity(args.verbose)
-    tree_args = {"grow_tree", *(f"tree_{name}" for name in TreeParams.model_fields)}
-    given = {name: value for name, value in vars(args).items()
-             if name not in TrainParams.model_fields and name not in ("verbose", *tree_args)}
+    args, model, given = parse_command_line(
+        build_parser(), argv, skip=("grow_tree", *(f"tree_{name}" for name in TreeParams.model_fields)))
     if args.grow_tree:
         given["tree"] = TreeParams(**from_args(args, TreeParams, prefix="tree-"))
     from prefect.settings import PREFECT_FLOWS_HEARTBEAT_FREQUENCY, temporary_settings

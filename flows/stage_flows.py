@@ -22,6 +22,7 @@ else ``$XMLDASK_SCHEDULER``, else a LocalCluster (``local_cluster`` options), cl
 """
 
 
+import argparse
 import contextlib
 import datetime as _dt
 import hashlib
@@ -42,7 +43,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from xmldask import jobs
-from xmldask.params import DEFAULTS, TrainParams, TreeParams
+from xmldask.params import DEFAULTS, TrainParams, TreeParams, add_arguments, from_args
 from xmldask.store import is_local, zarr_store
 
 from .stages import (
@@ -60,7 +61,8 @@ from .stages import (
 
 __all__ = ["EVAL_KS", "LazyClient", "LocalClusterOptions", "StoreRef", "compute_on_dask", "dask_client",
            "evaluate_flow", "ingest_flow", "new_run_dir", "output", "predict_flow", "report_flow", "run_cached",
-           "set_verbosity", "spectrum_flow", "train_flow", "tree_flow", "TREE_DEFAULTS"]
+           "set_verbosity", "spectrum_flow", "train_flow", "tree_flow", "TREE_DEFAULTS", "add_command_line_options",
+           "parse_command_line"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 Format = Literal["auto", "xc", "libsvm", "vw"]
@@ -177,6 +179,29 @@ def set_verbosity(verbose: bool) -> None:
     os.environ["DASK_LOGGING__DISTRIBUTED"] = "info" if verbose else "warning"
     logging.getLogger("distributed").setLevel(logging.INFO if verbose else logging.WARNING)
     logging.getLogger("xmldask").setLevel(logging.INFO if verbose else logging.WARNING)
+
+
+def add_command_line_options(parser: argparse.ArgumentParser) -> None:
+    """The options every flow's command line has: where it runs (``--scheduler``, ``--storage``), ``-v``,
+    and the training parameters (:func:`xmldask.params.add_arguments`)."""
+    parser.add_argument("--scheduler", metavar="ADDRESS", help="running Dask scheduler, e.g. tcp://host:8786 "
+                        "(default $XMLDASK_SCHEDULER, else a local cluster)")
+    parser.add_argument("--storage", metavar="URL", help="storage root: a directory or an fsspec URL (default "
+                        "$XMLDASK_STORAGE or storage/)")
+    parser.add_argument("-v", "--verbose", action="store_true", help="also show the log lines of Dask and xmldask")
+    add_arguments(parser)
+
+
+def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None,
+                       skip: tuple[str, ...] = ()) -> tuple[argparse.Namespace, dict, dict]:
+    """Parse a flow's command line (options of :func:`add_command_line_options`) and set the verbosity: the
+    namespace, the training parameters given, and the other options but ``skip``."""
+    args = parser.parse_args(argv)
+    model = from_args(args)
+    set_verbosity(args.verbose)
+    others = {name: value for name, value in vars(args).items()
+              if name not in TrainParams.model_fields and name not in ("verbose", *skip)}
+    return args, model, others
 
 
 class _Forward(logging.Handler):
