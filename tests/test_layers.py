@@ -189,3 +189,13 @@ def test_one_estimator_base_with_the_scikit_learn_contract(tmp_path):
     emb.fit(da.from_array(X, chunks=(25, -1), asarray=False), da.from_array(Y, chunks=(25, -1), asarray=False))
     emb.save(url)
     assert type(load_model(url)) is Rembrandt
+    # one registry: the embeddings' own loader reads it too, and refuses a model of another kind
+    from xmldask import embedding
+    from xmldask.store import StoreError
+
+    assert type(embedding.load_model(url)) is Rembrandt
+    other = str(tmp_path / "clf.zarr")
+    EmbeddingClassifier(embedding="rembrandt", n_components=2, kernel="identity", max_epochs=1, random_state=0).fit(
+        da.from_array(X, chunks=(25, -1), asarray=False), da.from_array(Y, chunks=(25, -1), asarray=False)).save(other)
+    with pytest.raises(StoreError, match="EmbeddingClassifier' model, which is not an embedding model"):
+        embedding.load_model(other)

@@ -20,7 +20,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from ..base import NotFittedError, ParamsMixin
+from ..base import MODEL_CLASSES, NotFittedError, ParamsMixin
 from ..store.layout import StoreError
 from ..store.models import jsonable, open_model_store, write_model_store
 
@@ -28,8 +28,6 @@ __all__ = ["MODEL_VERSION", "EmbeddingModel", "NotFittedError", "load_model"]
 
 #: version of the saved-model layout; a change that old readers cannot read bumps it
 MODEL_VERSION = 1
-
-_REGISTRY: dict[str, type] = {}
 
 
 class EmbeddingModel(ParamsMixin):
@@ -42,10 +40,6 @@ class EmbeddingModel(ParamsMixin):
     _arrays: tuple[str, ...] = ()
     _scalars: tuple[str, ...] = ()
     _required: str = "embedding"
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)  # registered in xmldask.base.MODEL_CLASSES too
-        _REGISTRY[cls.__name__] = cls
 
     # -- parameters (ParamsMixin: get_params / set_params from the constructor) -------------
 
@@ -118,20 +112,12 @@ class EmbeddingModel(ParamsMixin):
 
 
 def load_model(url: str) -> EmbeddingModel:
-    """Load any saved embedding model, whatever its class.
-
-    Parameters
-    ----------
-    url : str
-
-    Returns
-    -------
-    EmbeddingModel
-    """
+    """The embedding model saved at ``url``, whatever its class (:func:`xmldask.load_model` opens any model)."""
     group, meta = open_model_store(url, model_version=MODEL_VERSION)
-    cls = _REGISTRY.get(meta.get("class"))
-    if cls is None:
-        raise StoreError(f"{url} holds a {meta.get('class')!r} model, which this xmldask does not know")
+    cls = MODEL_CLASSES.get(meta.get("class"))
+    if cls is None or not issubclass(cls, EmbeddingModel):
+        raise StoreError(f"{url} holds a {meta.get('class')!r} model, which is not an embedding model of this "
+                         f"xmldask")
     return cls._from_group(group)
 
 
