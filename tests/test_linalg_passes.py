@@ -498,3 +498,30 @@ def test_tree_sum_takes_fewer_large_results_per_task(monkeypatch):
     widest = max(len(get_dependencies(graph, key)) for key in graph if "xt_x_q-sum" in str(key))
     assert widest == 3
     np.testing.assert_allclose(out.compute(), A.T @ (A @ Q), rtol=1e-10)
+
+
+@pytest.mark.parametrize("n_blocks", [1, 2, 7])
+def test_per_block_objects_and_tree_combine_match_the_in_memory_result(n_blocks):
+    """Block results that are not arrays: one task per row block (uneven chunks), combined pairwise; the same
+    as the in-memory computation, whatever the number of blocks."""
+    A = sp.random(70, 9, density=0.3, format="csr", dtype=np.float32, random_state=2)
+    Y = np.arange(70, dtype=np.float32).reshape(70, 1)
+    chunks = tuple(np.diff(np.linspace(0, 70, n_blocks + 1).astype(int)).tolist())
+    if n_blocks == 7:
+        chunks = (1, 20, 9, 10, 10, 5, 15)
+    X, Yd = da.from_array(A, chunks=(chunks, -1), asarray=False), da.from_array(Y, chunks=(chunks, -1))
+
+    def figures(Xb, Yb, *, block, scale):
+        return {"rows": [block] * Xb.shape[0], "gram": (Xb.T @ Xb).toarray() * scale, "top": float(Yb.max())}
+
+    def combine(a, b):
+        return {"rows": a["rows"] + b["rows"], "gram": a["gram"] + b["gram"], "top": max(a["top"], b["top"])}
+
+    parts = passes.per_block_objects(figures, X, Yd, scale=dask.delayed(2.0))
+    assert len(parts) == len(chunks)
+    total = passes.tree_combine(parts, combine).compute()
+    assert total["rows"] == [b for b, size in enumerate(chunks) for _ in range(size)]
+    np.testing.assert_allclose(total["gram"], 2 * (A.T @ A).toarray(), rtol=1e-5)
+    assert total["top"] == 69.0
+    with pytest.raises(ValueError, match="at least one part"):
+        passes.tree_combine([], combine)

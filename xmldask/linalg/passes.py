@@ -53,6 +53,7 @@ import logging
 import math
 import numbers
 
+import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
@@ -74,6 +75,8 @@ __all__ = [
     "dense_operand",
     "gram",
     "per_block",
+    "per_block_objects",
+    "tree_combine",
     "tree_sum",
     "x_q",
     "xt_b",
@@ -401,6 +404,25 @@ def tree_sum(parts: da.Array, split_every: int) -> da.Array:
         meta=np.empty((0,) * (parts.ndim - 1), dtype=parts.dtype),
         name=f"{parts.name.rsplit('-', 1)[0].removesuffix('-block')}-sum",
     )
+
+
+def per_block_objects(func, *arrays: da.Array, **static) -> list:
+    """One delayed ``func(block_i of each array, block=i, **static)`` per row block (``static`` may hold
+    delayed objects, passed whole): for block results that are not arrays (held-out rows, checks, partial
+    sums of several kinds), gathered by ``dask.compute`` or combined by :func:`tree_combine`."""
+    parts = [a.to_delayed().ravel() for a in arrays]
+    return [dask.delayed(func)(*blocks, block=i, **static) for i, blocks in enumerate(zip(*parts))]
+
+
+def tree_combine(parts: list, combine):
+    """The delayed ``combine(a, b)`` of all ``parts``, pairwise as a binary tree: ``log2(len(parts))``
+    levels, no task holds more than two results (the :func:`tree_sum` of results that are not arrays)."""
+    if not parts:
+        raise ValueError("tree_combine needs at least one part")
+    while len(parts) > 1:
+        parts = [dask.delayed(combine)(*parts[i:i + 2]) if i + 1 < len(parts) else parts[i]
+                 for i in range(0, len(parts), 2)]
+    return parts[0]
 
 
 def _finish_centered(total: da.Array, dtype) -> da.Array:

@@ -15,7 +15,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from ..linalg import ROWS, WHOLE, dense_operand, per_block
+from ..linalg import ROWS, WHOLE, dense_operand, per_block, per_block_objects, tree_combine
 from . import _kernels as K
 
 __all__ = ["HeldOut", "decision_scores", "decoder_features", "document_counts", "ensemble_probabilities",
@@ -246,13 +246,9 @@ def normal_equations(X: da.Array, Y: da.Array, split: HeldOut, state: dict):
 
     One task per row block, then a pairwise tree sum.
     """
-    st = dask.delayed(state, traverse=False)
-    parts = [dask.delayed(_normal_block)(X.blocks[b], Y.blocks[b], split.seed, split.fraction, b, st)
-             for b in range(X.numblocks[0])]
-    while len(parts) > 1:
-        parts = [dask.delayed(_add)(*parts[i:i + 2]) if i + 1 < len(parts) else parts[i]
-                 for i in range(0, len(parts), 2)]
-    return parts[0]
+    parts = per_block_objects(_normal_block, X, Y, seed=split.seed, fraction=split.fraction,
+                              state=dask.delayed(state, traverse=False))
+    return tree_combine(parts, _add)
 
 
 # --------------------------------------------------------------------------------------------

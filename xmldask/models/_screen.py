@@ -36,7 +36,7 @@ import scipy.sparse as sp
 from ..base import seed_of
 from ..embedding import Rembrandt, RembrandtMoments
 from ..embedding.rembrandt import MAX_CROSS_ENTRIES
-from ..linalg import MAX_GRAM_FEATURES, column_sums, gram, working_dtype, x_q, xt_b
+from ..linalg import MAX_GRAM_FEATURES, column_sums, gram, per_block_objects, working_dtype, x_q, xt_b
 from . import _kernels as K
 from ._graph import DecoderData
 
@@ -153,7 +153,7 @@ class Screener:
             X = m.X
         Y = self.Y
         splits = ((split.seed, split.fraction),)
-        held = [dask.delayed(_held_rows)(X.blocks[b], Y.blocks[b], splits, b) for b in range(X.numblocks[0])]
+        held = per_block_objects(_held_rows, X, Y, splits=splits)
         if m is None:
             f64 = np.float64
             counts = x_q(Y, np.ones((Y.shape[1], 1), dtype=np.float32))

@@ -53,7 +53,7 @@ import zarr
 
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg import dense_operand
-from ..linalg.passes import ROWS, WHOLE, per_block, tree_sum
+from ..linalg.passes import ROWS, WHOLE, per_block, per_block_objects, tree_sum
 from ..store import remove, zarr_store
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _boost_kernels as BK
@@ -235,7 +235,7 @@ class _Boosting(ParamsMixin):
             raise ValueError(f"a multiclass model needs at least 2 classes, but the labels have {self.n_labels_}")
         sample_rows = max(1, math.ceil(min(SAMPLE_ROWS, n) * max(X.chunks[0]) / max(n, 1)))
         sample_rows = min(sample_rows, max(1, BK.SAMPLE_VALUES_PER_BLOCK // max(d, 1)))
-        checked = _per_block_list(_check_and_sample, X, y, seed=seed, rows=sample_rows)
+        checked = dask.compute(*per_block_objects(_check_and_sample, X, y, seed=seed, rows=sample_rows))
         starts = np.cumsum((0,) + X.chunks[0])
         for i, (finite, _, _) in enumerate(checked):
             if finite[0] > 0:
@@ -660,13 +660,6 @@ def _in_memory_rows(X):
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D, but has shape {X.shape}")
     return X
-
-
-def _per_block_list(func, *arrays: da.Array, **kwargs) -> list:
-    """``[func(block_i of each array, block=i, **kwargs)]`` over the row blocks, computed."""
-    parts = [a.to_delayed().ravel() for a in arrays]
-    return list(dask.compute(*[dask.delayed(func)(*blocks, block=i, **kwargs)
-                               for i, blocks in enumerate(zip(*parts))]))
 
 
 def _check_and_sample(Xb, yb, *, block, seed, rows):
