@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 from pathlib import Path
@@ -23,31 +24,43 @@ def _pyplot():
     return plt
 
 
-def plot_label_frequency(label_counts, path: Path, *, title: str = "Label frequency") -> Path:
-    """Rows per label against the label's frequency rank, log-log (the long tail of XMC data)."""
+@contextlib.contextmanager
+def _figure(path: Path, title: str, n_axes: int = 1, figsize: tuple[float, float] = (6, 4), *,
+            integer_x: bool = False):
+    """A figure of ``n_axes`` side by side, titled, with a grid (integer ticks on x: ``integer_x``): yields the
+    axes, then saves it to ``path`` and closes it (also when plotting fails)."""
     plt = _pyplot()
-    counts = np.sort(np.asarray(label_counts))[::-1]
-    counts = counts[counts > 0]
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    from matplotlib.ticker import MaxNLocator
+
+    fig, axes = plt.subplots(1, n_axes, figsize=figsize, dpi=100, squeeze=False)
     try:
-        ax.loglog(np.arange(1, len(counts) + 1), counts, marker=".", linestyle="none", markersize=2)
-        ax.set_xlabel("label rank")
-        ax.set_ylabel("rows with the label")
-        ax.set_title(title)
-        ax.grid(True, which="both", alpha=0.3)
+        yield axes[0] if n_axes > 1 else axes[0, 0]
+        for ax in axes.ravel():
+            ax.grid(True, which="both", alpha=0.3)
+            if integer_x:
+                ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        (fig.suptitle if n_axes > 1 else axes[0, 0].set_title)(title)
         fig.tight_layout()
         fig.savefig(path)
     finally:
         plt.close(fig)
+
+
+def plot_label_frequency(label_counts, path: Path, *, title: str = "Label frequency") -> Path:
+    """Rows per label against the label's frequency rank, log-log (the long tail of XMC data)."""
+    counts = np.sort(np.asarray(label_counts))[::-1]
+    counts = counts[counts > 0]
+    with _figure(path, title) as ax:
+        ax.loglog(np.arange(1, len(counts) + 1), counts, marker=".", linestyle="none", markersize=2)
+        ax.set_xlabel("label rank")
+        ax.set_ylabel("rows with the label")
     return path
 
 
 def plot_precision_at_k(metrics: dict, path: Path, *, title: str = "Precision at k") -> Path:
     """``P@k`` (and ``PSP@k``, ``nDCG@k`` where present) for every ``k`` in ``metrics``, dashed: the baseline's."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     baseline = metrics.get("baseline") or {}
-    try:
+    with _figure(path, title, integer_x=True) as ax:
         for family in ("P", "PSP", "nDCG"):
             ks = sorted(int(name.split("@")[1]) for name in metrics
                         if name.startswith(f"{family}@") and name.split("@")[1].isdigit())
@@ -58,22 +71,14 @@ def plot_precision_at_k(metrics: dict, path: Path, *, title: str = "Precision at
                             label=f"{family}@k, most frequent labels")
         ax.set_xlabel("k")
         ax.set_ylabel("value")
-        ax.set_title(title)
-        ax.grid(True, alpha=0.3)
         ax.legend()
-        fig.tight_layout()
-        fig.savefig(path)
-    finally:
-        plt.close(fig)
     return path
 
 
 def plot_tree(figures: dict, path: Path, *, title: str = "Label tree (test rows)") -> Path:
     """Rows by leaf depth, rows by the candidate count of their leaf, and the recall by leaf depth
     (``SpectralLabelTree.leaf_figures``, lists or arrays)."""
-    plt = _pyplot()
-    fig, (a, b, c) = plt.subplots(1, 3, figsize=(13, 3.8), dpi=100)
-    try:
+    with _figure(path, title, 3, figsize=(13, 3.8), integer_x=True) as (a, b, c):
         a.bar(figures["depth"], figures["rows_by_depth"])
         a.set_xlabel("leaf depth")
         a.set_ylabel("rows")
@@ -84,13 +89,6 @@ def plot_tree(figures: dict, path: Path, *, title: str = "Label tree (test rows)
         c.set_xlabel("leaf depth")
         c.set_ylabel("recall of the true labels")
         c.set_ylim(0, 1.02)
-        for ax in (a, b, c):
-            ax.grid(True, alpha=0.3)
-        fig.suptitle(title)
-        fig.tight_layout()
-        fig.savefig(path)
-    finally:
-        plt.close(fig)
     return path
 
 
