@@ -430,6 +430,20 @@ def _finish_centered(total: da.Array, dtype) -> da.Array:
     return total.map_blocks(K.unpack_centered, chunks=((p,), (q,)), dtype=dtype, meta=np.empty((0, 0), dtype))
 
 
+def _product_pass(mu, kernels: tuple, operands: list, tail: tuple[int, int], dtype, token: str,
+                  split_every: int, static: dict | None = None) -> da.Array:
+    """One pass of a product with ``X`` centred or not: ``mu is True`` runs the augmented kernel (``X``'s
+    weighted column sums carried along, the correction applied at the end); otherwise the plain kernel,
+    with the given column means ``mu`` (or ``None``) subtracted inside each block."""
+    augmented, plain = kernels
+    if mu is True:
+        parts = per_block(augmented, operands, tail=(tail[0] + 1, tail[1] + 1), dtype=dtype, token=token,
+                          static=static)
+        return _finish_centered(tree_sum(parts, split_every), dtype)
+    parts = per_block(plain, operands + [("center", mu, WHOLE)], tail=tail, dtype=dtype, token=token, static=static)
+    return tree_sum(parts, split_every)
+
+
 # --------------------------------------------------------------------------------------------
 # passes
 
@@ -466,16 +480,9 @@ def xt_x_q(X, Q, *, weights=None, center=False, split_every: int = 8) -> da.Arra
     w = _as_weights(weights, X)
     mu = _as_center(center, X)
     dtype = working_dtype(X.dtype, Qd.dtype)
-    d, k = Qd.shape
-    if mu is True:
-        parts = per_block(K._augmented_gram_apply, [("Xb", X, ROWS), ("Q", Qd, WHOLE), ("weights", w, ROWS)],
-                           tail=(d + 1, k + 1), dtype=dtype, token="xt_x_q-block")
-        out = _finish_centered(tree_sum(parts, split_every), dtype)
-    else:
-        parts = per_block(K.block_gram_apply, [("Xb", X, ROWS), ("Q", Qd, WHOLE), ("weights", w, ROWS),
-                                                ("center", mu, WHOLE)],
-                           tail=(d, k), dtype=dtype, token="xt_x_q-block")
-        out = tree_sum(parts, split_every)
+    out = _product_pass(mu, (K._augmented_gram_apply, K.block_gram_apply),
+                        [("Xb", X, ROWS), ("Q", Qd, WHOLE), ("weights", w, ROWS)], Qd.shape, dtype,
+                        "xt_x_q-block", split_every)
     return out[:, 0] if vector else out
 
 
@@ -541,16 +548,9 @@ def xt_b(X, B, *, weights=None, center=False, split_every: int = 8) -> da.Array:
     w = _as_weights(weights, X)
     mu = _as_center(center, X)
     dtype = working_dtype(X.dtype, B.dtype)
-    d, k = X.shape[1], B.shape[1]
-    if mu is True:
-        parts = per_block(K._augmented_tmatmul, [("Xb", X, ROWS), ("Bb", B, ROWS), ("weights", w, ROWS)],
-                           tail=(d + 1, k + 1), dtype=dtype, token="xt_b-block")
-        out = _finish_centered(tree_sum(parts, split_every), dtype)
-    else:
-        parts = per_block(K.block_tmatmul, [("Xb", X, ROWS), ("Bb", B, ROWS), ("weights", w, ROWS),
-                                             ("center", mu, WHOLE)],
-                           tail=(d, k), dtype=dtype, token="xt_b-block")
-        out = tree_sum(parts, split_every)
+    out = _product_pass(mu, (K._augmented_tmatmul, K.block_tmatmul),
+                        [("Xb", X, ROWS), ("Bb", B, ROWS), ("weights", w, ROWS)], (X.shape[1], B.shape[1]), dtype,
+                        "xt_b-block", split_every)
     return out[:, 0] if vector else out
 
 
@@ -585,15 +585,9 @@ def yt_x_z(Y, X, Z, *, weights=None, center=False, split_every: int = 8) -> da.A
     w = _as_weights(weights, X)
     mu = _as_center(center, X)
     dtype = working_dtype(Y.dtype, X.dtype, Zd.dtype)
-    n_labels, k = Y.shape[1], Zd.shape[1]
-    rows = [("Yb", Y, ROWS), ("Xb", X, ROWS), ("Z", Zd, WHOLE), ("weights", w, ROWS)]
-    if mu is True:
-        parts = per_block(K._augmented_cross, rows, tail=(n_labels + 1, k + 1), dtype=dtype, token="yt_x_z-block")
-        out = _finish_centered(tree_sum(parts, split_every), dtype)
-    else:
-        parts = per_block(K.block_cross, rows + [("center", mu, WHOLE)], tail=(n_labels, k), dtype=dtype,
-                           token="yt_x_z-block")
-        out = tree_sum(parts, split_every)
+    out = _product_pass(mu, (K._augmented_cross, K.block_cross),
+                        [("Yb", Y, ROWS), ("Xb", X, ROWS), ("Z", Zd, WHOLE), ("weights", w, ROWS)],
+                        (Y.shape[1], Zd.shape[1]), dtype, "yt_x_z-block", split_every)
     return out[:, 0] if vector else out
 
 
@@ -641,32 +635,13 @@ def gram(X, *, weights=None, center=False, dtype=None, split_every: int = 8) -> 
             f"({nbytes / 2**30:.1f} GiB, more than GRAM_MAX_BYTES = {GRAM_MAX_BYTES / 2**30:.0f} GiB); "
             f"use xt_x_q(X, Q) for products with X^T X instead"
         )
-    if mu is True:
-        parts = per_block(K._augmented_gram, [("Xb", X, ROWS), ("weights", w, ROWS)], tail=(d + 1, d + 1),
-                           dtype=acc, token="gram-block", static={"dtype": acc})
-        return _finish_centered(tree_sum(parts, split_every), acc).astype(dtype)
-    parts = per_block(K.block_gram, [("Xb", X, ROWS), ("weights", w, ROWS), ("center", mu, WHOLE)],
-                       tail=(d, d), dtype=acc, token="gram-block", static={"dtype": acc})
-    return tree_sum(parts, split_every).astype(dtype)
+    return _product_pass(mu, (K._augmented_gram, K.block_gram), [("Xb", X, ROWS), ("weights", w, ROWS)], (d, d),
+                         acc, "gram-block", split_every, static={"dtype": acc}).astype(dtype)
 
 
 def column_sums(X, *, weights=None, split_every: int = 8) -> da.Array:
-    """Column sums ``X^T w`` (``w`` all ones without weights).
-
-    Parameters
-    ----------
-    X : dask.array.Array, shape (n_samples, n_features)
-        Row blocks, one column chunk, known chunk sizes.
-    weights : array_like or dask.array.Array of shape (n_samples,), optional
-        Sample weights (non-negative).
-    split_every : int, default 8
-        Most block results summed by one task of the tree reduction.
-
-    Returns
-    -------
-    dask.array.Array, shape (n_features,)
-        One chunk, in the working dtype of ``X``.
-    """
+    """Column sums ``X^T w`` (``w`` all ones without weights): shape ``(n_features,)``, one chunk, in the
+    working dtype of ``X``. ``X``, ``weights`` and ``split_every`` as in :func:`gram`."""
     X = check_x(X)
     split_every = _check_split_every(split_every)
     w = _as_weights(weights, X)
@@ -677,37 +652,15 @@ def column_sums(X, *, weights=None, split_every: int = 8) -> da.Array:
 
 
 def column_mean(X, *, weights=None, split_every: int = 8) -> da.Array:
-    """(Weighted) column means ``X^T w / (1^T w)``.
-
-    Parameters
-    ----------
-    X : dask.array.Array, shape (n_samples, n_features)
-        Row blocks, one column chunk, known chunk sizes.
-    weights : array_like or dask.array.Array of shape (n_samples,), optional
-        Sample weights (non-negative, positive sum).
-    split_every : int, default 8
-        Most block results summed by one task of the tree reduction.
-
-    Returns
-    -------
-    dask.array.Array, shape (n_features,)
-        One chunk, in the working dtype of ``X``.
-    """
+    """(Weighted) column means ``X^T w / (1^T w)``: shape ``(n_features,)``, one chunk, in the working dtype
+    of ``X``. ``X``, ``weights`` (with a positive sum) and ``split_every`` as in :func:`gram`."""
     total = _weighted_totals(X, weights, K._colsum_total, (), "column_mean", split_every)
     return total[:-1] / total[-1]
 
 
 def column_moments(X, *, weights=None, split_every: int = 8) -> tuple[da.Array, da.Array]:
-    """(Weighted) column mean and second moment, in one pass.
-
-    Parameters
-    ----------
-    X : dask.array.Array, shape (n_samples, n_features)
-        Row blocks, one column chunk, known chunk sizes.
-    weights : array_like or dask.array.Array of shape (n_samples,), optional
-        Sample weights (non-negative, positive sum).
-    split_every : int, default 8
-        Most block results summed by one task of the tree reduction.
+    """(Weighted) column mean and second moment, in one pass. ``X``, ``weights`` (with a positive sum) and
+    ``split_every`` as in :func:`gram`.
 
     Returns
     -------
