@@ -103,16 +103,8 @@ class RandomizedPCA(EmbeddingModel):
         return self
 
     def transform(self, X):
-        """Project rows: ``(X - mean) V`` (``X V`` without centring).
-
-        Parameters
-        ----------
-        X : dask.array.Array, scipy.sparse matrix or ndarray, shape (n_samples, n_features)
-
-        Returns
-        -------
-        dask.array.Array or ndarray, shape (n_samples, k)
-        """
+        """Project rows ``X`` (Dask row blocks, a SciPy sparse matrix or an ndarray): ``(X - mean) V`` (``X V``
+        without centring), shape ``(n_samples, k)``, lazy for a Dask input."""
         self._check_fitted()
         check_columns(X, self.components_.shape[0], "X", "features")
         return project(X, self.components_, center=self.mean_)

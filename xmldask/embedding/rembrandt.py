@@ -400,17 +400,8 @@ class Rembrandt(EmbeddingModel):
         return self
 
     def transform(self, Y):
-        """Embed label rows: ``Y V``.
-
-        Parameters
-        ----------
-        Y : dask.array.Array, scipy.sparse matrix or ndarray, shape (n_samples, n_labels)
-
-        Returns
-        -------
-        dask.array.Array or ndarray, shape (n_samples, k)
-            Lazy with ``Y``'s row chunks for a Dask input; in ``Y``'s working dtype.
-        """
+        """Embed label rows ``Y`` (Dask row blocks, a SciPy sparse matrix or an ndarray): ``Y V``, shape
+        ``(n_samples, k)`` in ``Y``'s working dtype, lazy with ``Y``'s row chunks for a Dask input."""
         self._check_fitted()
         check_columns(Y, self.embedding_.shape[0], "Y", "labels")
         return project(Y, self.embedding_)
