@@ -5,10 +5,21 @@ JSON-serialisable dict describing what it did; arrays never leave the library.
 
 Examples
 --------
->>> from xmldask import jobs                                              # doctest: +SKIP
->>> jobs.train("storage/train.zarr", "storage/model.zarr", embedding="rembrandt", k=64)
->>> jobs.predict("storage/model.zarr", "storage/test.zarr", "storage/pred.zarr", top_k=10)
->>> jobs.evaluate("storage/pred.zarr", "storage/test.zarr")["P@1"]
+>>> import os, tempfile
+>>> from xmldask import jobs
+>>> from xmldask.datasets import make_synthetic
+>>> root = tempfile.mkdtemp()
+>>> opts = {"n_features": 300, "n_labels": 30, "seed": 0}
+>>> train = make_synthetic(os.path.join(root, "train.zarr"), n_samples=3000, **opts).url
+>>> test = make_synthetic(os.path.join(root, "test.zarr"), n_samples=500, split="test", **opts).url
+>>> info = jobs.train(train, os.path.join(root, "model.zarr"), k=16, search=None, max_epochs=3)
+>>> info["task"], info["params"]["k"]
+('multilabel', 16)
+>>> jobs.predict(info["model"], test, os.path.join(root, "pred.zarr"), top_k=5)["n_samples"]
+500
+>>> metrics = jobs.evaluate(os.path.join(root, "pred.zarr"), test)
+>>> metrics["P@1"] > 2 * metrics["baseline"]["P@1"]   # far above always predicting the most frequent labels
+True
 """
 
 from __future__ import annotations

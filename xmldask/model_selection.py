@@ -28,12 +28,19 @@ at most the number of labels): a grid of ``alpha=0.001,0.03,1`` whose best is 1 
 
 Examples
 --------
->>> from xmldask.models import EmbeddingClassifier                          # doctest: +SKIP
+>>> import os, tempfile
+>>> from xmldask.datasets import make_synthetic
+>>> from xmldask.models import EmbeddingClassifier
 >>> from xmldask.model_selection import HeldOutSearch
->>> search = HeldOutSearch(EmbeddingClassifier(embedding="rembrandt", random_state=0),
-...                        {"kernel": ["identity", "gaussian"], "alpha": [1e-3, 0.03, 1.0]}).fit(X, Y)
->>> search.best_params_, search.best_score_
->>> labels, scores = search.predict_topk(X_test, k=5)
+>>> data = make_synthetic(os.path.join(tempfile.mkdtemp(), "train.zarr"), n_samples=3000, n_features=300,
+...                       n_labels=30, seed=0)
+>>> base = EmbeddingClassifier(embedding="rembrandt", n_components=16, max_epochs=3, random_state=0)
+>>> search = HeldOutSearch(base, {"kernel": ["identity", "gaussian"], "alpha": [1e-3, 1.0]}).fit(data.X, data.Y)
+>>> sorted(search.best_params_), 0 < search.best_score_ <= 1
+(['alpha', 'kernel'], True)
+>>> labels, scores = search.predict_topk(data.X[:100], k=5)
+>>> labels.shape
+(100, 5)
 """
 
 from __future__ import annotations

@@ -344,7 +344,7 @@ class Rembrandt(EmbeddingModel):
     >>> Y = da.from_array(L, chunks=(200, -1), asarray=False)
     >>> model = Rembrandt(n_components=3, random_state=0).fit(X, Y)
     >>> model.embedding_.shape, model.n_passes_
-    ((8, 3), 4)
+    ((8, 3), 1)
     >>> model.transform(Y).shape
     (600, 3)
     """
