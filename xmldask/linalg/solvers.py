@@ -263,66 +263,106 @@ def _relative(residual: np.ndarray, rhs: np.ndarray) -> np.ndarray:
 
 
 def _cg(system: _System, tol: float, max_iter: int, x0) -> LstsqResult:
-    X, B, alpha, weights, center, split_every = (system.X, system.B, system.alpha, system.weights, system.center,
-                                                 system.split_every)
-    f64 = np.float64
-    d, k = X.shape[1], B.shape[1]
-    pass_dtype = working_dtype(X.dtype)
-    if x0 is not None:
-        x0 = np.asarray(x0, dtype=f64)
-        if x0.ndim == 1:
-            x0 = x0[:, None]
-        if x0.shape != (d, k):
-            raise ValueError(f"x0 must have shape ({d}, {k}) like the solution, but has shape {x0.shape}")
-        if not np.all(np.isfinite(x0)):
-            raise ValueError("x0 must be finite")
-        if not np.any(x0):
-            x0 = None
-
-    # Pass 1: right-hand side, diagonal of X^T W X (centred), means.
-    mean, second = column_moments(X, weights=weights, split_every=split_every)
-    total = _total_weight(X, weights, split_every)
-    rhs = xt_b(X, B, weights=weights, center=center, split_every=split_every)
-    lazy = [rhs, mean, second, total]
-    if center:
-        lazy.append(_b_mean(B, weights, split_every))
-    elif x0 is not None:  # no mean needed first: fuse the warm start's product into this pass
-        lazy.append(xt_x_q(X, x0.astype(pass_dtype), weights=weights, split_every=split_every))
-    computed = [np.asarray(a, dtype=f64) for a in dask.compute(*lazy)]
-    rhs, mean, second, total = computed[:4]
-    n_passes = 1
-    diag = total * (second - mean**2) if center else total * second
-    diag = np.maximum(diag, 0.0)
-    lam = alpha * diag.sum() / d if system.scale_alpha else alpha
-    mu = mean.astype(pass_dtype) if center else None
-
-    def apply(P):
-        """``(X^T W X + lam I) P`` by one fused pass (in the data's dtype)."""
-        out = xt_x_q(X, P.astype(pass_dtype), weights=weights, center=mu, split_every=split_every).compute()
-        out = np.asarray(out, dtype=f64)
-        out += lam * P
-        return out
-
-    precond = diag + lam
-    if np.any(precond <= 0):
-        raise ValueError(
-            f"{int(np.sum(precond <= 0))} features are empty (all zero{' after centring' if center else ''}) "
-            f"and the ridge is zero: the normal equations are singular; fix: pass alpha > 0 (e.g. alpha=1e-6) "
-            f"or drop the empty features"
-        )
-    inv_precond = 1.0 / precond
-
+    """Jacobi-preconditioned conjugate gradients on ``(X^T W X + lam I) Z = X^T W B``: one pass for the
+    right-hand side and the diagonal (:func:`_first_pass`), then one pass per iteration."""
+    x0 = _checked_start(x0, system.X.shape[1], system.B.shape[1])
+    first = _first_pass(system, x0)
+    apply = _normal_operator(system, first)
     # The iterates are kept transposed, one row per right-hand side (k x d, C order): selecting the
     # active columns is then a gather of contiguous rows, not a strided copy of a d x k matrix.
-    Z = np.zeros((k, d)) if x0 is None else np.ascontiguousarray(x0.T)
+    Z = np.zeros(first.rhs.T.shape) if x0 is None else np.ascontiguousarray(x0.T)
+    n_passes = 1
     if x0 is None:
-        R = np.ascontiguousarray(rhs.T)
-    elif center:
-        R = np.ascontiguousarray(rhs.T) - apply(Z.T).T
+        R = np.ascontiguousarray(first.rhs.T)
+    elif system.center:
+        R = np.ascontiguousarray(first.rhs.T) - apply(Z.T).T
         n_passes += 1
-    else:
-        R = np.ascontiguousarray((rhs - (computed[4] + lam * x0)).T)
-    rhs_norm = np.linalg.norm(rhs, axis=0)
+    else:  # the warm start's product came with the first pass
+        R = np.ascontiguousarray((first.rhs - (first.start_product + first.lam * x0)).T)
+    best, best_rel, n_iter = _pcg(apply, Z, R, 1.0 / first.precond, np.linalg.norm(first.rhs, axis=0), tol,
+                                  max_iter)
+    converged = bool(np.all(best_rel <= tol))
+    if not converged:
+        logger.info("cg stopped after %d iterations with max relative residual %.3g > tol %.3g", n_iter,
+                    best_rel.max(), tol)
+    intercept = first.b_mean - first.mean @ best if system.center else None
+    return LstsqResult(best, intercept, float(first.lam), "cg", n_passes=n_passes + n_iter, n_iter=n_iter,
+                       converged=converged, relative_residual=best_rel)
+
+
+def _checked_start(x0, d: int, k: int) -> np.ndarray | None:
+    """The warm start as a float64 ``(d, k)`` array, or ``None`` for none (or an all-zero one)."""
+    if x0 is None:
+        return None
+    x0 = np.asarray(x0, dtype=np.float64)
+    if x0.ndim == 1:
+        x0 = x0[:, None]
+    if x0.shape != (d, k):
+        raise ValueError(f"x0 must have shape ({d}, {k}) like the solution, but has shape {x0.shape}")
+    if not np.all(np.isfinite(x0)):
+        raise ValueError("x0 must be finite")
+    return x0 if np.any(x0) else None
+
+
+@dataclass(frozen=True)
+class _FirstPass:
+    """What CG's first pass gives (float64): the right-hand side ``X^T W B`` (centred), the ridge ``lam``,
+    the Jacobi preconditioner ``diag(X^T W X) + lam``, ``X``'s column means and ``B``'s (for the
+    intercept), and ``X^T W X x0`` when a warm start without centring fused it into the pass."""
+
+    rhs: np.ndarray
+    lam: float
+    precond: np.ndarray
+    mean: np.ndarray
+    b_mean: np.ndarray | None
+    start_product: np.ndarray | None
+
+
+def _first_pass(system: _System, x0: np.ndarray | None) -> _FirstPass:
+    X, B, weights, split_every = system.X, system.B, system.weights, system.split_every
+    mean, second = column_moments(X, weights=weights, split_every=split_every)
+    lazy = [xt_b(X, B, weights=weights, center=system.center, split_every=split_every), mean, second,
+            _total_weight(X, weights, split_every)]
+    if system.center:
+        lazy.append(_b_mean(B, weights, split_every))
+    elif x0 is not None:  # no mean needed first: fuse the warm start's product into this pass
+        lazy.append(xt_x_q(X, x0.astype(working_dtype(X.dtype)), weights=weights, split_every=split_every))
+    rhs, mean, second, total, *extra = (np.asarray(a, dtype=np.float64) for a in dask.compute(*lazy))
+    diag = np.maximum(total * (second - mean**2) if system.center else total * second, 0.0)
+    lam = system.alpha * diag.sum() / X.shape[1] if system.scale_alpha else system.alpha
+    precond = diag + lam
+    if np.any(precond <= 0):
+        empty = " after centring" if system.center else ""
+        raise ValueError(
+            f"{int(np.sum(precond <= 0))} features are empty (all zero{empty}) and the ridge is zero: the normal "
+            f"equations are singular; fix: pass alpha > 0 (e.g. alpha=1e-6) or drop the empty features"
+        )
+    return _FirstPass(rhs=rhs, lam=float(lam), precond=precond, mean=mean,
+                      b_mean=extra[0] / total if system.center else None,
+                      start_product=extra[0] if extra and not system.center else None)
+
+
+def _normal_operator(system: _System, first: _FirstPass):
+    """``P -> (X^T W X + lam I) P`` (centred), one fused pass per call in the data's dtype, float64 out."""
+    dtype = working_dtype(system.X.dtype)
+    mu = first.mean.astype(dtype) if system.center else None
+
+    def apply(P: np.ndarray) -> np.ndarray:
+        out = xt_x_q(system.X, P.astype(dtype), weights=system.weights, center=mu,
+                     split_every=system.split_every).compute()
+        out = np.asarray(out, dtype=np.float64)
+        out += first.lam * P
+        return out
+
+    return apply
+
+
+def _pcg(apply, Z: np.ndarray, R: np.ndarray, inv_precond: np.ndarray, rhs_norm: np.ndarray, tol: float,
+         max_iter: int) -> tuple[np.ndarray, np.ndarray, int]:
+    """Preconditioned CG on the rows of ``Z`` (``k x d``, one right-hand side a row, residuals ``R``), each
+    column stopping at its own relative residual ``tol``: the best iterate of every column ``(d, k)``, its
+    relative residual and the number of iterations (one ``apply`` each)."""
+    k = Z.shape[0]
     scale = np.where(rhs_norm > 0, rhs_norm, 1.0)
     rel = np.linalg.norm(R, axis=1) / scale
     best, best_rel = Z.copy(), rel.copy()
@@ -336,7 +376,6 @@ def _cg(system: _System, tol: float, max_iter: int, x0) -> LstsqResult:
         every = active.size == k
         Pa = P if every else P[active]
         APa = np.ascontiguousarray(apply(Pa.T).T)
-        n_passes += 1
         n_iter += 1
         pap = np.einsum("ij,ij->i", Pa, APa)
         step = np.divide(rz[active], pap, out=np.zeros_like(pap), where=pap > 0)[:, None]
@@ -365,13 +404,4 @@ def _cg(system: _System, tol: float, max_iter: int, x0) -> LstsqResult:
             P[active] = Sa + beta * Pa
         rz[active] = rz_new
         active = active[(rel[active] > tol) & (pap > 0)]
-    best = np.ascontiguousarray(best.T)
-    converged = bool(np.all(best_rel <= tol))
-    if not converged:
-        logger.info("cg stopped after %d iterations with max relative residual %.3g > tol %.3g", n_iter,
-                    best_rel.max(), tol)
-    intercept = None
-    if center:
-        intercept = computed[4] / total - mean @ best
-    return LstsqResult(best, intercept, float(lam), "cg", n_passes=n_passes, n_iter=n_iter, converged=converged,
-                       relative_residual=best_rel)
+    return np.ascontiguousarray(best.T), best_rel, n_iter
