@@ -44,6 +44,7 @@ from typing_extensions import TypedDict
 
 from xmldask import jobs
 from xmldask.params import DEFAULTS, TrainParams, TreeParams, add_arguments, from_args
+from xmldask.progress import progress_to
 from xmldask.store import is_local, zarr_store
 
 from .stages import (
@@ -202,34 +203,6 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None,
     others = {name: value for name, value in vars(args).items()
               if name not in TrainParams.model_fields and name not in ("verbose", *skip)}
     return args, model, others
-
-
-class _Forward(logging.Handler):
-    """Passes a library logger's INFO records to a Prefect run logger (a long stage's progress)."""
-
-    def __init__(self, target):
-        super().__init__(logging.INFO)
-        self.target = target
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.target.info(record.getMessage())
-
-
-@contextlib.contextmanager
-def progress_from(name: str, log) -> Iterator[None]:
-    """Within the block, the INFO lines of the library logger ``name`` (e.g. the tree's one line per level)
-    appear in the flow run's log, whatever the verbosity."""
-    source = logging.getLogger(name)
-    handler, level, propagate = _Forward(log), source.level, source.propagate
-    source.addHandler(handler)
-    source.setLevel(logging.INFO)
-    source.propagate = False  # shown once, in the run's log
-    try:
-        yield
-    finally:
-        source.removeHandler(handler)
-        source.setLevel(level)
-        source.propagate = propagate
 
 
 def compute_on_dask() -> None:
@@ -431,7 +404,7 @@ def tree_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     def compute(work: str, scratch: Path) -> dict:
         compute_on_dask()
         url = join(work, "tree.zarr")
-        with progress_from("xmldask.tree.growth", get_run_logger()):
+        with progress_to(get_run_logger().info):  # a line a level
             grown = jobs.tree(inputs["train"]["url"], url, **params)
         test = open_dataset(inputs["test"]["url"])
         figures = {name: (value.tolist() if hasattr(value, "tolist") else value)
@@ -484,7 +457,7 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
     def compute(work: str, scratch: Path) -> dict:
         compute_on_dask()
-        with progress_from("xmldask.models.tree_classifier", get_run_logger()):  # with tree=: a line a pass
+        with progress_to(get_run_logger().info):  # a line a search candidate; with tree=, a line a pass
             result = jobs.train(inputs["train"]["url"], join(work, "model.zarr"), **params)
         return {"outputs": {"model": "model.zarr"}, "result": result}
 

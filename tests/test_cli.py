@@ -108,6 +108,8 @@ def test_train_predict_evaluate(tmp_path, capsys, scheduler):
                  "--max-epochs", "2", "--seed", "1", "--scheduler", scheduler]) == 0
     out = capsys.readouterr()
     assert f"wrote {model}" in out.out and "Dask dashboard: http" in out.err
+    # the search's candidates (input features, alpha) as they finish, without -v
+    assert out.err.count("held-out search (screening): ") >= 4 and "p@1 0." in out.err
     assert main(["predict", model, test, "--out", pred, "--top-k", "5", "--no-progress",
                  "--scheduler", scheduler]) == 0
     assert "500 rows x top 5" in capsys.readouterr().out

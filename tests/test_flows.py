@@ -260,27 +260,6 @@ def test_tree_stage_grows_without_labels_no_training_row_has(tmp_path, scheduler
     assert "1 labels have no training example" in "\n".join(tree_lines(grown["result"]))
 
 
-def test_progress_from_passes_a_library_loggers_info_lines_to_the_run_log():
-    import logging
-
-    from flows.stage_flows import progress_from
-
-    class Collect:
-        lines: list[str] = []
-
-        def info(self, message):
-            self.lines.append(message)
-
-    source, run_log = logging.getLogger("xmldask.tree.growth"), Collect()
-    before = (source.level, source.propagate)
-    with progress_from("xmldask.tree.growth", run_log):
-        source.info("tree level %d: %d nodes", 3, 8)
-        source.debug("not this one")
-    source.info("nor this one")
-    assert run_log.lines == ["tree level 3: 8 nodes"]
-    assert (source.level, source.propagate) == before
-
-
 def test_deleted_outputs_are_recomputed(first_run, tmp_path, scheduler):
     """A cached record whose outputs are gone is computed again, and a directory without record is not reused."""
     stages = first_run["stages"]

@@ -82,9 +82,13 @@ def test_k_beyond_the_labels_is_lowered_before_any_pass(data, caplog):
     """``k`` (and the search's ``k``) above the number of labels is lowered to it, with a message."""
     root, train, _ = data
     with caplog.at_level("WARNING", logger="xmldask.jobs"):
+        info = jobs.train(train, str(root / "k1.zarr"), k=500, kernel="none", max_epochs=1, search=None)
+    assert "k=500 is more than the 80 labels" in caplog.text and info["params"]["k"] == 80
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="xmldask.jobs"):
         info = jobs.train(train, str(root / "k.zarr"), k=500, kernel="none", max_epochs=1,
                           search={"k": [8, 200, 400]}, search_extensions=0)
-    assert "k=500 is more than the 80 labels" in caplog.text
+    assert "k=500" not in caplog.text  # one message, the search's
     assert "the search's k=[8, 200, 400] exceed the 80 labels" in caplog.text and "trying k=[8, 80]" in caplog.text
     assert [r["params"]["k"] for r in info["search"] if r["screened"]] == [8, 80]
 

@@ -15,6 +15,7 @@ import time
 
 from . import __version__
 from .io.parse import ParseError
+from .progress import progress_to
 from .store import StoreError, format_info
 
 logger = logging.getLogger("xmldask")
@@ -238,12 +239,11 @@ def _cmd_train(args) -> int:
 
 
 def _train_text(info: dict) -> str:
+    """The summary of a trained model (the search's candidates were shown as they finished)."""
     held = ", ".join(f"{key} {value:.4g}" for key, value in info["held_out"].items() if isinstance(value, float))
-    rows = [f"  held-out P@1 {row['val_p@1']:.4f}  {row['params']}  ({row['seconds']:.1f} s)"
-            for row in info.get("search", [])]
     chosen = f"chose {info['params']}; " if "search" in info else ""
-    return "\n".join([*rows, f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, "
-                              f"{info['n_passes']} passes; held out: {held})"])
+    return (f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, {info['n_passes']} passes; "
+            f"held out: {held})")
 
 
 def _add_mask(sub) -> None:
@@ -420,8 +420,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    # a long command's steps (search candidates, tree levels, classifier passes) as they finish; with -v
+    # they come with the other log lines
+    progress = contextlib.nullcontext() if args.verbose else progress_to(
+        lambda line: print(line, file=sys.stderr, flush=True))
     try:
-        return _COMMANDS[args.command](args)
+        with progress:
+            return _COMMANDS[args.command](args)
     except (ParseError, StoreError, FileExistsError, FileNotFoundError, ValueError, ConnectionError) as exc:
         print(f"xmldask {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -165,10 +165,11 @@ def _fit_to_data(p: TrainParams, data) -> tuple[int, dict | None]:
     """``k`` and the search's ``k`` values lowered to what the data allows (a warning says so), before any pass."""
     most, what = (data.n_features, "features") if p.embedding == "pca" else (data.n_labels, "labels")
     k = p.k
-    if k > most:
-        logger.warning("k=%d is more than the %d %s of %s: using k=%d", k, most, what, data.url, most)
-        k = most
     search = dict(p.search) if p.search else None
+    if k > most:
+        if not (search and "k" in search):  # a searched k is reported below, with its grid
+            logger.warning("k=%d is more than the %d %s of %s: using k=%d", k, most, what, data.url, most)
+        k = most
     if search and "k" in search:
         if p.embedding == "rembrandt" and data.n_features < most:
             # X W has rank at most d, and Rembrandt's top-d directions already span it: a larger k gives
