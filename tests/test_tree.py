@@ -373,6 +373,42 @@ def test_tree_classifier_step_helpers_match_the_general_kernels():
     np.testing.assert_allclose(preconditioned[1], Minv @ plain[1], rtol=1e-10)
 
 
+def test_row_heavy_ball_gives_the_dense_iterates():
+    """Steps whose gradients touch a few rows, taken lazily (rows brought forward when read or written), give
+    the dense heavy-ball iterates: after every step on the rows it reads, and at the end on every row."""
+    from xmldask.models.tree_classifier import _DenseHeavyBall, _RowHeavyBall
+
+    rng = np.random.default_rng(3)
+    d, r = 40, 3
+    U0 = rng.normal(size=(d, r))
+    dense, lazy = _DenseHeavyBall(U0.copy(), 0.8), _RowHeavyBall(U0.copy(), 0.8)
+    for step in range(300):
+        rows = np.unique(rng.integers(0, d, rng.integers(0, 6)))  # sometimes none, rows idle for long gaps
+        np.testing.assert_allclose(lazy.rows(rows), dense.rows(rows), rtol=1e-10, atol=1e-12)
+        G = rng.normal(size=(len(rows), r)) * 0.1
+        dense.step(rows, G)
+        lazy.step(rows, G)
+    np.testing.assert_allclose(lazy.result(), dense.result(), rtol=1e-9, atol=1e-12)
+
+
+def test_tree_classifier_on_sparse_rows_steps_only_the_leaf_features(monkeypatch):
+    """Beyond DENSE_PRECONDITIONER_MAX_FEATURES the rows stay sparse and U moves row by row: the same model
+    as the dense steps on the same sparse path (float32 data, uneven row blocks)."""
+    from xmldask.models import tree_classifier as TC
+
+    Xd, Yd = _clustered(seed=5)
+    Xd[np.abs(Xd) < 1.0] = 0  # sparse rows
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=3, leaf_labels=6, random_state=0).fit(X, Y)
+    monkeypatch.setattr(TC, "DENSE_PRECONDITIONER_MAX_FEATURES", 4)
+    lazy = TC.TreeClassifier(tree, rank=5, n_epochs=4, random_state=0).fit(X, Y)
+    monkeypatch.setattr(TC, "_RowHeavyBall", TC._DenseHeavyBall)
+    dense = TC.TreeClassifier(tree, rank=5, n_epochs=4, random_state=0).fit(X, Y)
+    for name in ("U_", "V_", "b_"):
+        np.testing.assert_allclose(getattr(lazy, name), getattr(dense, name), rtol=1e-4, atol=1e-6)
+    assert lazy.history_[-1]["loss"] < lazy.history_[0]["loss"]
+
+
 @pytest.mark.parametrize("options", [{}, {"per_leaf": False}, {"routing": "deterministic"}])
 def test_tree_classifier_fits_predicts_within_candidates_and_round_trips(tmp_path, options):
     from xmldask.models import load_model

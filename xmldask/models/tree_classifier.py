@@ -145,9 +145,13 @@ class TreeClassifier(ParamsMixin):
         A leaf holds a few rows (ALOI: about 6), so a step is a handful of small dense products: the
         block's rows are made dense when narrow and preconditioned once per block (``X M^-1``, so that
         a leaf's preconditioned ``U`` gradient is ``(X M^-1)_l^T delta V_l^T``), its labels looked up
-        per leaf without sparse indexing.
+        per leaf without sparse indexing. With many features (sparse rows, a diagonal preconditioner) a
+        step reads and moves only the rows of ``U`` at the leaf's features (:class:`_RowHeavyBall`): the
+        same iterates, in time proportional to the leaf's nonzeros instead of ``n_features x rank``.
         """
-        mU, mV, mb = np.zeros_like(U), np.zeros_like(V), np.zeros_like(b)
+        sparse_rows = not callable(precond)
+        steps = _RowHeavyBall(U, self.momentum) if sparse_rows else _DenseHeavyBall(U, self.momentum)
+        mV, mb = np.zeros_like(V), np.zeros_like(b)
         eta = float(self.learning_rate)
         for epoch in range(int(self.n_epochs)):
             loss_sum = rows_used = rows_seen = 0
@@ -158,8 +162,8 @@ class TreeClassifier(ParamsMixin):
                                                deterministic=self.routing == "deterministic",
                                                rng=rng if self.routing == "randomized" else None)
                 rows_seen += Xb.shape[0]
-                Xs = Xb.toarray() if Xb.shape[1] <= DENSE_PRECONDITIONER_MAX_FEATURES else Xb
-                XP = precond(Xs)
+                Xs = Xb if sparse_rows else Xb.toarray()
+                XP = None if sparse_rows else precond(Xs)
                 groups = list(rows_by_node(leaf))
                 for i in rng.permutation(len(groups)):
                     node, idx = groups[i][0], rows[groups[i][1]]
@@ -171,16 +175,21 @@ class TreeClassifier(ParamsMixin):
                     if not keep.any():
                         continue
                     idx, Yl = idx[keep], Yl[keep]
-                    loss, pU, gV, gb = _leaf_gradients(Xs[idx], Yl, U, V[:, cols], b[cols], self.task_, XP[idx])
+                    if sparse_rows:  # the leaf's rows on their own features
+                        feats, Xl = _compressed_rows(Xs[idx])
+                        loss, gU, gV, gb = _leaf_gradients(Xl, Yl, steps.rows(feats), V[:, cols], b[cols], self.task_)
+                        gU *= precond[feats][:, None]
+                    else:
+                        feats = None
+                        loss, gU, gV, gb = _leaf_gradients(Xs[idx], Yl, steps.U, V[:, cols], b[cols], self.task_,
+                                                           XP[idx])
                     loss_sum += loss * len(Yl)
                     rows_used += len(Yl)
                     mV[:, cols] = self.momentum * mV[:, cols] - eta * gV
                     mb[cols] = self.momentum * mb[cols] - eta * gb
-                    mU *= self.momentum
-                    mU -= eta * pU
                     V[:, cols] += mV[:, cols]
                     b[cols] += mb[cols]
-                    U += mU
+                    steps.step(feats, eta * gU)
             eta *= self.decay
             self.n_passes_ += 1
             self.history_.append({"epoch": epoch + 1, "loss": loss_sum / max(rows_used, 1),
@@ -189,15 +198,16 @@ class TreeClassifier(ParamsMixin):
             logger.info("tree classifier pass %d of %d: loss %.4f, %.1f%% of the rows skipped (%.1f s)", epoch + 1,
                         self.n_epochs, self.history_[-1]["loss"], 100 * self.history_[-1]["skipped"],
                         self.history_[-1]["seconds"])
-        return U, V, b
+        return steps.result(), V, b
 
     def _slots(self, node) -> tuple[np.ndarray, np.ndarray]:
         """The leaf's candidate labels and their columns of ``V`` / entries of ``b``."""
         return _leaf_slots(self.cand_indptr_, self.cand_indices_, node, bool(self.per_leaf))
 
     def _preconditioner(self, X: da.Array):
-        """``rows -> rows M^-1`` with ``M = 0.5 X^T X + ridge tr(X^T X)/d I`` (Cholesky, once; the diagonal of
-        ``M`` for many features): a leaf's preconditioned ``U`` gradient is then ``(X M^-1)_l^T delta V_l^T``."""
+        """``M = 0.5 X^T X + ridge tr(X^T X)/d I``: up to :data:`DENSE_PRECONDITIONER_MAX_FEATURES` features
+        ``rows -> rows M^-1`` (Cholesky, once), so that a leaf's preconditioned ``U`` gradient is
+        ``(X M^-1)_l^T delta V_l^T``; beyond, the inverse of ``M``'s diagonal (a vector)."""
         d = X.shape[1]
         if d <= DENSE_PRECONDITIONER_MAX_FEATURES:
             G = gram(X, dtype=np.float64).compute()
@@ -208,8 +218,7 @@ class TreeClassifier(ParamsMixin):
 
         _, second = column_moments(X)
         diag = 0.5 * second.compute() * X.shape[0]
-        diag = diag + self.ridge * diag.sum() / d
-        return lambda rows: sp.csr_matrix(rows).multiply(1.0 / diag[None, :]).tocsr()
+        return 1.0 / (diag + self.ridge * diag.sum() / d)
 
     def _check_fitted(self) -> None:
         if getattr(self, "U_", None) is None:
@@ -262,6 +271,75 @@ class TreeClassifier(ParamsMixin):
         for name, value in attrs.get("fitted", {}).items():
             setattr(model, name + "_", value)
         return model
+
+
+class _DenseHeavyBall:
+    """Heavy-ball steps on all of ``U``: ``m <- mu m - g``, ``U <- U + m`` (``g`` the gradient scaled by the
+    step size, on every row or on ``rows``)."""
+
+    def __init__(self, U: np.ndarray, momentum: float):
+        self.U, self.m, self.mu = U, np.zeros_like(U), float(momentum)
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        return self.U[rows]
+
+    def step(self, rows, G: np.ndarray) -> None:
+        self.m *= self.mu
+        if rows is None:
+            self.m -= G
+        else:
+            self.m[rows] -= G
+        self.U += self.m
+
+    def result(self) -> np.ndarray:
+        return self.U
+
+
+class _RowHeavyBall:
+    """The heavy-ball steps of :class:`_DenseHeavyBall` when each gradient has a few nonzero rows (the
+    features of a leaf's rows), in time proportional to those rows.
+
+    Between two steps that touch row ``i``, its momentum only decays: after ``gap`` steps it is
+    ``mu^gap m_i`` and the row has moved by ``m_i (mu + ... + mu^gap)``. Each row keeps the step it is
+    current at and is brought forward when a step reads or writes it (exactly the dense iterates, up to
+    rounding); :meth:`result` brings every row forward.
+    """
+
+    def __init__(self, U: np.ndarray, momentum: float):
+        self.U, self.m, self.mu = U, np.zeros_like(U), float(momentum)
+        self.current = np.zeros(U.shape[0], dtype=np.int64)  # the step each row is current at
+        self.t = 0  # steps taken
+
+    def _forward(self, rows: np.ndarray, to: int) -> None:
+        gap = to - self.current[rows]
+        decay = self.mu ** gap
+        moved = self.mu * (1.0 - decay) / (1.0 - self.mu) if self.mu != 1 else gap.astype(np.float64)
+        self.U[rows] += self.m[rows] * moved[:, None]
+        self.m[rows] *= decay[:, None]
+        self.current[rows] = to
+
+    def rows(self, rows: np.ndarray) -> np.ndarray:
+        """Rows ``rows`` of ``U`` as the dense iterates have them now."""
+        self._forward(rows, self.t)
+        return self.U[rows]
+
+    def step(self, rows: np.ndarray, G: np.ndarray) -> None:
+        """One step whose gradient (scaled by the step size) is ``G`` on ``rows`` and zero elsewhere."""
+        self._forward(rows, self.t)
+        self.t += 1
+        self.m[rows] = self.mu * self.m[rows] - G
+        self.U[rows] += self.m[rows]
+        self.current[rows] = self.t
+
+    def result(self) -> np.ndarray:
+        self._forward(np.arange(self.U.shape[0]), self.t)
+        return self.U
+
+
+def _compressed_rows(Xl: sp.csr_matrix) -> tuple[np.ndarray, sp.csr_matrix]:
+    """The features present in the rows ``Xl`` and the rows on those features only (same values)."""
+    feats, inverse = np.unique(Xl.indices, return_inverse=True)
+    return feats, sp.csr_matrix((Xl.data, inverse.ravel(), Xl.indptr), shape=(Xl.shape[0], len(feats)))
 
 
 def _leaf_gradients(Xl, Yl, U, V, b, task, XPl=None):
