@@ -382,7 +382,7 @@ def test_row_heavy_ball_gives_the_dense_iterates():
     d, r = 40, 3
     U0 = rng.normal(size=(d, r))
     dense, lazy = _DenseHeavyBall(U0.copy(), 0.8), _RowHeavyBall(U0.copy(), 0.8)
-    for step in range(300):
+    for _ in range(300):
         rows = np.unique(rng.integers(0, d, rng.integers(0, 6)))  # sometimes none, rows idle for long gaps
         np.testing.assert_allclose(lazy.rows(rows), dense.rows(rows), rtol=1e-10, atol=1e-12)
         G = rng.normal(size=(len(rows), r)) * 0.1
