@@ -525,3 +525,87 @@ def test_per_block_objects_and_tree_combine_match_the_in_memory_result(n_blocks)
     assert total["top"] == 69.0
     with pytest.raises(ValueError, match="at least one part"):
         passes.tree_combine([], combine)
+
+
+def _non_canonical(n=60, d=25, seed=4):
+    """A float32 CSR block with unsorted column ids, a duplicate entry and a stored zero."""
+    A = sp.random(n, d, density=0.3, format="csr", dtype=np.float32, random_state=seed)
+    A = sp.csr_matrix(sp.diags(np.linspace(1, 2, n).astype(np.float32)) @ A, dtype=np.float32)
+    rows = np.flatnonzero(np.diff(A.indptr) >= 3)
+    A.indices[A.indptr[rows[0]]:A.indptr[rows[0] + 1]] = A.indices[A.indptr[rows[0]]:A.indptr[rows[0] + 1]][::-1]
+    A.indices[A.indptr[rows[1]] + 1] = A.indices[A.indptr[rows[1]]]  # a duplicate column id
+    A.data[A.indptr[rows[2]]] = 0  # a stored zero
+    A.has_sorted_indices = False
+    assert not A.has_canonical_format
+    return A
+
+
+def test_block_kernels_never_change_their_input():
+    """A row block may be read by several tasks at once: no kernel may canonicalise it in place (SciPy's
+    ``power`` did, in block_colsq, which raced with gram in one compute)."""
+    rng = np.random.default_rng(0)
+    A = _non_canonical()
+    n, d = A.shape
+    dense = A.toarray()  # duplicates summed, as SciPy reads them
+    w, Q, B, mu = rng.random(n), rng.standard_normal((d, 3)), rng.standard_normal((n, 2)), rng.random(d)
+    before = (A.data.copy(), A.indices.copy(), A.indptr.copy())
+    calls = {
+        "colsum": (lambda M: K.block_colsum(M, w), dense.T @ w),
+        "colsq": (lambda M: K.block_colsq(M, w), (dense**2).T @ w),
+        "gram": (lambda M: K.block_gram(M, weights=w, center=mu), (dense - mu).T @ (w[:, None] * (dense - mu))),
+        "gram_apply": (lambda M: K.block_gram_apply(M, Q, weights=w), dense.T @ (w[:, None] * (dense @ Q))),
+        "matmul": (lambda M: K.block_matmul(M, Q, center=mu), (dense - mu) @ Q),
+        "tmatmul": (lambda M: K.block_tmatmul(M, B, weights=w), dense.T @ (w[:, None] * B)),
+        "augmented": (lambda M: K.unpack_centered(K._augmented_gram(M, weights=w)), None),
+    }
+    for name, (call, expected) in calls.items():
+        got = call(A)
+        for array, saved in zip((A.data, A.indices, A.indptr), before):
+            np.testing.assert_array_equal(array, saved, err_msg=name)
+        if expected is not None:
+            np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=name)
+
+
+def test_reductions_sharing_unsorted_blocks_in_one_compute_are_deterministic():
+    """gram and the column moments of the same blocks with unsorted column ids, in one threaded compute: the
+    same result every time, equal to the in-memory one (before the fix, about 4 % of such computes differed)."""
+    rng = np.random.default_rng(0)
+    A = sp.random(3000, 300, density=0.05, format="csr", dtype=np.float32, random_state=1)
+    A = sp.csr_matrix(sp.diags(rng.random(3000)) @ A, dtype=np.float32)  # a product: unsorted column ids
+    assert not A.has_sorted_indices
+    X = da.from_array(A, chunks=(700, -1), asarray=False, fancy=False)
+    wm = rng.random(3000)
+    w = da.from_array(wm.astype(np.float32), chunks=700)
+    dense = A.toarray().astype(np.float64)
+    mean = dense.T @ wm / wm.sum()
+    expected = (dense - mean).T @ (wm[:, None] * (dense - mean))
+    with dask.config.set(scheduler="threads", num_workers=4):
+        for _ in range(100):
+            G, m, _sq = dask.compute(linalg.gram(X, weights=w, center=True, dtype=np.float64),
+                                     *linalg.column_moments(X, weights=w))
+            np.testing.assert_allclose(G, expected, rtol=1e-4, atol=1e-6)
+            np.testing.assert_allclose(m, mean, rtol=1e-4, atol=1e-7)
+
+
+def test_in_memory_rows_and_label_blocks_are_canonical_copies():
+    """An in-memory sparse input is split into canonical blocks without changing the user's matrix; LEML's
+    block helper drops stored zeros and duplicates on a copy."""
+    from xmldask.base import as_rows
+    from xmldask.models._leml_kernels import signed_entries
+
+    A = _non_canonical()
+    before = (A.data.copy(), A.indices.copy(), A.indptr.copy())
+    X = as_rows(A, "X", 25)
+    block = X.blocks[0].compute()
+    assert block.has_canonical_format
+    np.testing.assert_allclose(X.compute().toarray(), A.toarray())
+    Y = sp.csr_matrix(A, copy=True)
+    Y.data[:] = 1
+    Y.data[3] = 0  # a stored zero: not a label
+    O = sp.csr_matrix(np.ones(A.shape, dtype=np.float32))
+    saved = (Y.data.copy(), Y.indices.copy(), Y.indptr.copy())
+    S = signed_entries(Y, O, A.shape[1])
+    expected = np.where(Y.toarray() > 0, 1.0, -1.0)
+    np.testing.assert_array_equal(S.toarray(), expected)
+    for array, copy in zip((A.data, A.indices, A.indptr, Y.data, Y.indices, Y.indptr), before + saved):
+        np.testing.assert_array_equal(array, copy)

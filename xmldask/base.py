@@ -20,7 +20,8 @@ class NotFittedError(ValueError, AttributeError):
 
 
 def as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
-    """A Dask array of row blocks (an in-memory matrix is split into blocks of ``block_rows``)."""
+    """A Dask array of row blocks (an in-memory matrix is split into blocks of ``block_rows``; a sparse one
+    first put in canonical form, on a copy when it is not)."""
     if isinstance(A, da.Array):
         if A.ndim != 2:
             raise ValueError(f"{name} must be 2-D, but has shape {A.shape}")
@@ -32,6 +33,9 @@ def as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
         return A
     if sp.issparse(A):
         A = sp.csr_matrix(A)
+        if not A.has_canonical_format:  # sorted unique column ids, on a copy: the user's matrix is not changed
+            A = A.copy()
+            A.sum_duplicates()
     elif np.ndim(A) == 2:
         A = np.asarray(A)
     else:

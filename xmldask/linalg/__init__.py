@@ -7,8 +7,8 @@ package's passes are built with its :func:`per_block` and :func:`tree_sum`), and
 """
 
 from . import passes
-from ._kernels import working_dtype
+from ._kernels import canonical, working_dtype
 from .passes import *  # noqa: F403  (the passes' public names, listed once in passes.__all__)
 from .solvers import MAX_GRAM_FEATURES, LstsqResult, ridge_lstsq
 
-__all__ = [*passes.__all__, "MAX_GRAM_FEATURES", "LstsqResult", "ridge_lstsq", "working_dtype"]
+__all__ = [*passes.__all__, "MAX_GRAM_FEATURES", "LstsqResult", "canonical", "ridge_lstsq", "working_dtype"]

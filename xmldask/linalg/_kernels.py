@@ -71,6 +71,26 @@ def _scale_rows(M, w: np.ndarray | None):
     return M * w[:, None]
 
 
+def canonical(M, *, drop_zeros: bool = False):
+    """``M`` itself when it is dense or a CSR matrix in canonical form (sorted, unique column ids; with
+    ``drop_zeros`` also no stored zeros), else a canonical copy.
+
+    A row block may be an input of several tasks running at once on one worker; SciPy canonicalises some
+    operands in place (``power``, ``eliminate_zeros``), which is a data race on a shared block. Kernels
+    call this instead, and never change an input.
+    """
+    if not sp.issparse(M):
+        return M
+    M = sp.csr_matrix(M)
+    if M.has_canonical_format and not (drop_zeros and M.nnz and not M.data.all()):
+        return M
+    M = M.copy()
+    M.sum_duplicates()
+    if drop_zeros:
+        M.eliminate_zeros()
+    return M
+
+
 def _column_sums(M) -> np.ndarray:
     return np.asarray(M.sum(axis=0)).ravel() if sp.issparse(M) else M.sum(axis=0)
 
@@ -239,8 +259,11 @@ def block_colsum(Xb, weights=None) -> np.ndarray:
 
 def block_colsq(Xb, weights=None) -> np.ndarray:
     """Weighted column sums of squares ``(Xb * Xb)^T w`` of one row block: :func:`block_colsum` of the squares."""
-    squares = _operand(Xb, working_dtype(Xb.dtype))
-    return block_colsum(squares.power(2) if sp.issparse(squares) else np.square(squares), weights)
+    squares = _operand(canonical(Xb), working_dtype(Xb.dtype))
+    if sp.issparse(squares):  # a new matrix: Xb may be read by another task right now
+        return block_colsum(sp.csr_matrix((squares.data ** 2, squares.indices, squares.indptr), squares.shape),
+                            weights)
+    return block_colsum(np.square(squares), weights)
 
 
 def block_augmented(Ub, Rb, *, weights=None, dtype=None) -> np.ndarray:

@@ -30,6 +30,8 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
 
+from ..linalg import canonical
+
 __all__ = ["LOSSES", "ENTRY_BUDGET", "block_grad", "block_hessp", "block_sq_full_grad", "label_grams", "loss_terms",
            "signed_entries"]
 
@@ -79,12 +81,12 @@ def loss_terms(a: np.ndarray, b: np.ndarray, loss: str, *, second: bool = False)
 
 
 def _csr(A, n_cols: int) -> sp.csr_matrix:
+    """``A`` as a canonical CSR matrix without stored zeros (a copy only when it is not one: never changed in
+    place, another task may be reading the same block)."""
     A = sp.csr_matrix(A) if sp.issparse(A) else sp.csr_matrix(np.asarray(A))
     if A.shape[1] != n_cols:
         raise ValueError(f"expected {n_cols} columns, got {A.shape[1]}")
-    if not A.has_sorted_indices:
-        A = A.sorted_indices()
-    return A
+    return canonical(A, drop_zeros=True)
 
 
 def signed_entries(Yb, Ob, n_labels: int) -> sp.csr_matrix:
@@ -103,8 +105,6 @@ def signed_entries(Yb, Ob, n_labels: int) -> sp.csr_matrix:
         ``Ob``'s sparsity pattern with values ``+-1``.
     """
     Y, O = _csr(Yb, n_labels), _csr(Ob, n_labels)
-    O.eliminate_zeros()
-    Y.eliminate_zeros()
     ok = np.repeat(np.arange(O.shape[0], dtype=np.int64), np.diff(O.indptr)) * n_labels + O.indices
     yk = np.repeat(np.arange(Y.shape[0], dtype=np.int64), np.diff(Y.indptr)) * n_labels + Y.indices
     pos = np.isin(ok, yk, assume_unique=True)
