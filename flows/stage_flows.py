@@ -468,23 +468,11 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 def train_flow(train: Store, *, model: TrainParams = DEFAULTS, storage: str | None = None,
                run_dir: str | None = None, scheduler: str | None = None,
                local_cluster: LocalClusterOptions | None = None) -> dict:
-    """Fit the embedding classifier (it fits its own label embedding) on a dataset store.
-
-    Parameters
-    ----------
-    train : str or StoreRef
-        The training dataset store.
-    model : TrainParams or dict
-        The training parameters (:class:`xmldask.params.TrainParams`, the options of ``xmldask train``),
-        e.g. ``{"k": 32, "search": {"alpha": [0.001, 1]}}``; the fields not given keep their defaults.
-    storage, run_dir, scheduler, local_cluster
-        As :func:`spectrum_flow`.
-
-    Returns
-    -------
-    dict
-        The stage record; ``outputs["model"]`` is the model store.
-    """
+    """Train on the dataset store ``train`` the model that ``model`` describes (:class:`xmldask.params.TrainParams`,
+    the options of ``xmldask train``, e.g. ``{"k": 32, "search": {"alpha": [0.001, 1]}}``; the fields not given
+    keep their defaults): by default the self-tuned embedding classifier. ``storage``, ``run_dir``,
+    ``scheduler`` and ``local_cluster`` as in :func:`spectrum_flow`. Returns the stage record;
+    ``outputs["model"]`` is the model store."""
     with dask_client(scheduler, local_cluster):
         return run_cached(train_task, inputs={"train": store_ref(train)}, params=model.model_dump(), storage=storage,
                           run_dir=run_dir)
@@ -506,23 +494,9 @@ def predict_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 def predict_flow(model: Store, test: Store, *, top_k: Annotated[int, Field(ge=1)] = 10, name: str = "predict",
                  storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
                  local_cluster: LocalClusterOptions | None = None) -> dict:
-    """Top-``top_k`` labels and scores of every test row.
-
-    Parameters
-    ----------
-    model, test : str or StoreRef
-        The model store and the dataset store to predict.
-    top_k : int, default 10
-    name : str, default "predict"
-        The output directory: ``<run_dir>/<name>``.
-    storage, run_dir, scheduler, local_cluster
-        As :func:`spectrum_flow`.
-
-    Returns
-    -------
-    dict
-        The stage record; ``outputs["predictions"]`` is the prediction store.
-    """
+    """Top-``top_k`` labels and scores of every row of the dataset store ``test`` by the model store ``model``,
+    into ``<run_dir>/<name>``. ``storage``, ``run_dir``, ``scheduler`` and ``local_cluster`` as in
+    :func:`spectrum_flow`. Returns the stage record; ``outputs["predictions"]`` is the prediction store."""
     with dask_client(scheduler, local_cluster):
         return run_cached(predict_task, inputs={"model": store_ref(model), "test": store_ref(test)},
                           params={"top_k": top_k}, storage=storage, run_dir=run_dir, name=name)

@@ -609,19 +609,24 @@ def test_dataset_float64(tmp_path):
     check_blocks(ds.X, X.astype(np.float64), block_bounds(30, 8), dtype=np.float64)
 
 
+def _write_refused(open_writer, X, Y, message: str, **commit) -> None:
+    """Writing ``X, Y`` (then committing with ``commit``, if given) through ``open_writer()`` fails with
+    ``message``."""
+    with pytest.raises(ValueError, match=message):
+        with open_writer() as writer:
+            writer.write(X, Y)
+            if commit:
+                writer.commit(**commit)
+
+
 def test_dataset_write_checks(tmp_path):
     url = str(tmp_path / "ds.zarr")
-    with pytest.raises(ValueError, match="X has 3 rows but Y has 2"):
-        with DatasetWriter.create(url) as writer:
-            writer.write(random_csr(3, 4), random_labels(2, 3))
-    with pytest.raises(ValueError, match="label id 5 is out of range for 3 labels"):
-        with DatasetWriter.create(url) as writer:
-            writer.write(random_csr(2, 4), sp.csr_matrix(np.eye(2, 6, 4, dtype=np.float32)))
-            writer.commit(n_features=4, n_labels=3)
-    with pytest.raises(ValueError, match="column id 3 is out of range for 2 columns"):
-        with DatasetWriter.create(url) as writer:
-            writer.write(sp.csr_matrix(np.eye(4, dtype=np.float32)), random_labels(4, 3))
-            writer.commit(n_features=2, n_labels=3)
+    create = lambda: DatasetWriter.create(url)  # noqa: E731
+    _write_refused(create, random_csr(3, 4), random_labels(2, 3), "X has 3 rows but Y has 2")
+    _write_refused(create, random_csr(2, 4), sp.csr_matrix(np.eye(2, 6, 4, dtype=np.float32)),
+                   "label id 5 is out of range for 3 labels", n_features=4, n_labels=3)
+    _write_refused(create, sp.csr_matrix(np.eye(4, dtype=np.float32)), random_labels(4, 3),
+                   "column id 3 is out of range for 2 columns", n_features=2, n_labels=3)
     assert not exists(url)
     assert partial_entries(tmp_path) == []
 
@@ -738,10 +743,9 @@ def test_append_refuses_out_of_range_ids(tmp_path):
     url = str(tmp_path / "ds.zarr")
     make_dataset(url, X1, Y1, block_rows=8, n_features=6, n_labels=4)
     before = snapshot(url)
-    with pytest.raises(ValueError, match="block has 7 columns, the matrix 6"):
-        with DatasetWriter.append(url) as writer:
-            writer.write(random_csr(3, 7), random_labels(3, 4))
-    with pytest.raises(ValueError, match="block has 5 columns, the matrix 4"):
+    _write_refused(lambda: DatasetWriter.append(url), random_csr(3, 7), random_labels(3, 4),
+                   "block has 7 columns, the matrix 6")
+    with pytest.raises(ValueError, match="block has 5 columns, the matrix 4"):  # found at the commit
         with DatasetWriter.append(url) as writer:
             writer.write(random_csr(2, 6), sp.csr_matrix(np.eye(2, 5, 3, dtype=np.float32)))
             writer.commit()

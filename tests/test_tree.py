@@ -244,10 +244,16 @@ def test_stopping_rule_budget_and_orphan_repair():
     assert sizes.max() > 2  # repaired leaves exceed the budget
 
 
-def test_leaf_figures_match_a_loop():
+@pytest.fixture(scope="module")
+def multilabel_tree():
+    """A depth-3 tree on clustered multilabel rows: ``(Xd, Yd, X, Y, tree)``."""
     Xd, Yd = _clustered(multilabel=True, seed=11)
     X, Y = _dask(Xd, Yd)
-    tree = SpectralLabelTree(max_depth=3, leaf_labels=4, random_state=0).fit(X, Y)
+    return Xd, Yd, X, Y, SpectralLabelTree(max_depth=3, leaf_labels=4, random_state=0).fit(X, Y)
+
+
+def test_leaf_figures_match_a_loop(multilabel_tree):
+    Xd, Yd, X, Y, tree = multilabel_tree
     got = tree.leaf_figures(X, Y)
     leaf = tree.route(X).compute()
     n_nodes = len(tree.table_)
@@ -272,10 +278,8 @@ def test_leaf_figures_match_a_loop():
     assert got["covered"].sum() / got["assignments"].sum() == pytest.approx(tree.figures(X, Y)["tree_recall"])
 
 
-def test_figures_match_a_loop():
-    Xd, Yd = _clustered(multilabel=True, seed=11)
-    X, Y = _dask(Xd, Yd)
-    tree = SpectralLabelTree(max_depth=3, leaf_labels=4, random_state=0).fit(X, Y)
+def test_figures_match_a_loop(multilabel_tree):
+    Xd, Yd, X, Y, tree = multilabel_tree
     fig = tree.figures(X, Y)
     leaf = tree.route(X).compute()
     t = Xd.astype(np.float64) @ tree.W_[0].astype(np.float64)

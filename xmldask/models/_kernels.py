@@ -330,23 +330,9 @@ def softmax_loss(S: np.ndarray, Yb, *, gradient: bool = True) -> tuple[float, np
 
 
 def logistic_loss(S: np.ndarray, Yb, *, gradient: bool = True) -> tuple[float, np.ndarray | None]:
-    """Independent log loss per label ``sum_ij [ log(1 + exp(s_ij)) - y_ij s_ij ]`` and its gradient.
-
-    Parameters
-    ----------
-    S : ndarray, shape (n_rows, n_labels)
-        Scores (logits); overwritten by the gradient when ``gradient``.
-    Yb : scipy.sparse matrix or ndarray, shape (n_rows, n_labels)
-        Binary labels (any non-zero is a positive).
-    gradient : bool, default True
-
-    Returns
-    -------
-    loss : float
-        Summed over rows and labels (float64).
-    grad : ndarray of shape (n_rows, n_labels) or None
-        ``sigmoid(S) - Y``, in place of ``S``.
-    """
+    """Independent log loss per label ``sum_ij [ log(1 + exp(s_ij)) - y_ij s_ij ]`` (float64, summed over rows
+    and labels) and, when ``gradient``, its gradient ``sigmoid(S) - Y`` written over the logits ``S``
+    (``None`` otherwise); the arguments as in :func:`softmax_loss` (any non-zero label is a positive)."""
     n, L = S.shape
     Y = _binary_csr(Yb, n, L)
     rows = np.repeat(np.arange(n), np.diff(Y.indptr))

@@ -160,14 +160,8 @@ class EnsembleClassifier(ParamsMixin):
         return _graph.ensemble_probabilities(self._rows(X), self._states(), self.task_)
 
     def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:
-        """Top-``k`` labels and their mean probabilities, best first, computed per row block.
-
-        Returns
-        -------
-        labels : dask.array.Array of int32, shape (n_samples, k)
-        scores : dask.array.Array of float32, shape (n_samples, k)
-            Compute both together (``dask.compute(labels, scores)``) for one pass.
-        """
+        """Top-``k`` labels (int32) and their mean probabilities (float32), best first, computed per row block:
+        two lazy ``(n_samples, k)`` arrays, as :meth:`EmbeddingClassifier.predict_topk` gives."""
         X = self._rows(X)
         return _graph.ensemble_topk(X, self._states(), self.task_, self._checked_k(k))
 
