@@ -123,6 +123,36 @@ def test_defaults_follow_the_documented_layout(monkeypatch):
     assert captured["scheduler_kwargs"] == {"dashboard": False}
 
 
+def test_small_data_gets_threads_of_this_process(monkeypatch):
+    """With the data's size known, a local cluster for data of at most IN_PROCESS_MEMORY_SHARE of the
+    memory runs its workers as threads of this process; larger or unknown data gets a worker process;
+    --processes / --no-processes decide otherwise."""
+    import psutil
+
+    from xmldask.cluster import IN_PROCESS_MEMORY_SHARE, add_cluster_arguments, cluster_from_args
+
+    share = int(IN_PROCESS_MEMORY_SHARE * psutil.virtual_memory().total)
+    assert default_layout(data_bytes=share)[2] is False
+    assert default_layout(data_bytes=share + 1)[2] is True and default_layout()[2] is True
+    captured = []
+
+    class Stop(Exception):
+        pass
+
+    def fake_local_cluster(**kwargs):
+        captured.append(kwargs["processes"])
+        raise Stop
+
+    monkeypatch.setattr("distributed.LocalCluster", fake_local_cluster)
+    parser = argparse.ArgumentParser()
+    add_cluster_arguments(parser)
+    for argv, data_bytes in (([], 10**6), ([], 10**15), (["--processes"], 10**6), (["--no-processes"], 10**15)):
+        with pytest.raises(Stop), cluster_from_args(parser.parse_args(argv), data_bytes=data_bytes,
+                                                     dashboard_address=None):
+            pass
+    assert captured == [False, True, True, False]
+
+
 def test_dashboard_link_is_logged_and_exposed(caplog):
     with caplog.at_level(logging.INFO, logger="xmldask.cluster"):
         with cluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as client:
@@ -250,8 +280,9 @@ def test_argparse_options_round_trip(monkeypatch):
     calls = []
     monkeypatch.setattr(xc, "cluster", lambda address, **kwargs: calls.append((address, kwargs)) or "cm")
     assert cluster_from_args(args, dashboard_address=None) == "cm"
-    assert calls == [("tcp://10.0.0.1:8786", {"n_workers": 3, "threads_per_worker": 2, "memory_limit": 2_000_000_000,
-                                              "performance_report": "out/report.html", "dashboard_address": None})]
+    assert calls == [("tcp://10.0.0.1:8786", {"n_workers": 3, "threads_per_worker": 2, "processes": None,
+                                              "memory_limit": 2_000_000_000, "performance_report": "out/report.html",
+                                              "dashboard_address": None})]
 
 
 @pytest.mark.parametrize("argv", [["--workers", "0"], ["--workers", "two"], ["--threads-per-worker", "-1"],

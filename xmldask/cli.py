@@ -186,12 +186,14 @@ def _cmd_spectrum(args) -> int:
 
 
 @contextlib.contextmanager
-def _cluster_context(args):
-    """The Dask cluster of a command (``--scheduler`` / ``$XMLDASK_SCHEDULER``, or a local cluster); prints
-    the dashboard link."""
+def _cluster_context(args, data_url: str):
+    """The Dask cluster of a command on the dataset store ``data_url`` (``--scheduler`` /
+    ``$XMLDASK_SCHEDULER``, or a local cluster: threads of this process for small data); prints the
+    dashboard link."""
     from .cluster import cluster_from_args
+    from .store import open_dataset
 
-    with cluster_from_args(args) as client:
+    with cluster_from_args(args, data_bytes=open_dataset(data_url).nbytes) as client:
         if client.dashboard_link:
             print(f"Dask dashboard: {client.dashboard_link}", file=sys.stderr)
         yield client
@@ -233,7 +235,7 @@ def _cmd_train(args) -> int:
     from .params import from_args
 
     params = from_args(args)
-    with _cluster_context(args):
+    with _cluster_context(args, args.train_url):
         info = jobs.train(args.train_url, args.out, overwrite=args.overwrite, **params)
     return _print(args, info, _train_text)
 
@@ -289,7 +291,7 @@ def _add_predict(sub) -> None:
 def _cmd_predict(args) -> int:
     from . import jobs
 
-    with _cluster_context(args):
+    with _cluster_context(args, args.data_url):
         info = jobs.predict(args.model_url, args.data_url, args.out, top_k=args.top_k, overwrite=args.overwrite,
                             progress=not args.no_progress)
     print(f"wrote {info['url']}: {info['n_samples']:,} rows x top {info['top_k']} in {info['seconds']:.1f} s "
@@ -367,7 +369,7 @@ def _cmd_tree(args) -> int:
     from .params import TreeParams, from_args
 
     params = from_args(args, TreeParams)
-    with _cluster_context(args):
+    with _cluster_context(args, args.train_url):
         info = jobs.tree(args.train_url, args.out, overwrite=args.overwrite, **params)
     return _print(args, info, _tree_text)
 

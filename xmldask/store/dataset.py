@@ -118,6 +118,12 @@ class Dataset:
         return int(self.meta["n_labels"])
 
     @property
+    def nbytes(self) -> int:
+        """Bytes of ``X`` and ``Y`` as in-memory CSR matrices: 4-byte values and column ids, 8-byte row
+        pointers (what a process holding the whole dataset would need)."""
+        return 8 * (int(self.meta["nnz"]) + int(self.meta["nnz_labels"])) + 16 * (self.n_samples + 1)
+
+    @property
     def label_counts(self) -> np.ndarray:
         """Number of rows carrying each label, shape (n_labels,)."""
         group = zarr.open_group(_fs.zarr_store(self.url, read_only=True), mode="r")
@@ -135,6 +141,7 @@ class Dataset:
             "n_labels": self.n_labels,
             "nnz": int(self.meta["nnz"]),
             "nnz_labels": int(self.meta["nnz_labels"]),
+            "nbytes": self.nbytes,
             "avg_features_per_row": self.meta["nnz"] / n,
             "avg_labels_per_row": self.meta["nnz_labels"] / n,
             "rows_without_labels": int(self.meta["rows_without_labels"]),
