@@ -92,6 +92,10 @@ REFERENCE = {"aloi": "84.0 (Omikuji Bonsai-like)", "bibtex": "64.3", "delicious"
 PAPER_ALOI = {"rembrandt": ("RE + LR", 9.7), "pca": ("PCA + LR", 9.7), "cs": ("CS + LR", 10.8)}
 
 
+def _pid_and_peak_rss_mb() -> tuple[int, float]:
+    return os.getpid(), _peak_rss_mb()
+
+
 def _peak_rss_mb() -> float:
     """Peak RSS of this process in MiB: ``VmHWM`` (``ru_maxrss`` would include the parent's)."""
     try:
@@ -146,7 +150,8 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
         for name, values in search.items():  # the search starts from the first value of each
             params[name] = values[0]
     model_url = str(out / "model.zarr")
-    with cluster(dashboard_address=None) as client:
+    # as `xmldask train` starts it: threads of this process for a dataset this small
+    with cluster(dashboard_address=None, data_bytes=open_dataset(spec["train_url"]).nbytes) as client:
         start = time.perf_counter()
         info = jobs.train(spec["train_url"], model_url, **params)
         train_s = time.perf_counter() - start
@@ -155,12 +160,13 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
         preds = open_predictions(str(out / "pred.zarr"))
         labels, scores = preds.labels.compute(), preds.scores.compute()
         predict_s = time.perf_counter() - start
-        workers = client.run(_peak_rss_mb)
+        workers = client.run(_pid_and_peak_rss_mb)
     np.save(out / "labels.npy", labels)
     np.save(out / "scores.npy", scores)
     chosen = ", ".join(f"{name}={value}" for name, value in info["params"].items() if name != "seed")
     tried = "; ".join(f"{_short(r['params'])}: {100 * r['val_p@1']:.1f}" for r in info.get("search", []))
-    return {"train_s": train_s, "predict_s": predict_s, "peak_rss_mb": _peak_rss_mb() + sum(workers.values()),
+    processes = {os.getpid(): _peak_rss_mb(), **dict(workers.values())}  # in-process workers counted once
+    return {"train_s": train_s, "predict_s": predict_s, "peak_rss_mb": sum(processes.values()),
             "model_bytes": _size_bytes(model_url), "n_test": int(labels.shape[0]),
             "settings": chosen + (f" (held-out P@1 on train, {len(info['search'])} fits: {tried})" if tried else ""),
             "search": info.get("search")}
