@@ -109,13 +109,18 @@ class LazyClient:
         self.client, self.dashboard = None, None
         self._stack, self._lock = contextlib.ExitStack(), threading.Lock()
 
-    def get(self):
-        """The client, starting the cluster (or connecting to the scheduler) on the first call."""
+    def get(self, data_url: str | None = None):
+        """The client, starting the cluster (or connecting to the scheduler) on the first call; a local cluster
+        started for the dataset store ``data_url`` runs its workers as threads of this process when the data
+        is small (:func:`xmldask.cluster.default_layout`), unless ``processes`` is given."""
         from xmldask.cluster import cluster
+        from xmldask.store import open_dataset
 
         with self._lock:
             if self.client is None:
-                self.client = self._stack.enter_context(cluster(self.scheduler, **self.local.model_dump()))
+                data_bytes = open_dataset(data_url).nbytes if data_url else None
+                self.client = self._stack.enter_context(cluster(self.scheduler, **self.local.model_dump(),
+                                                                data_bytes=data_bytes))
                 if self.local.dashboard_address is not None or self.scheduler:
                     self.dashboard = self.client.dashboard_link
                 get_run_logger().info("Dask dashboard: %s", self.dashboard or "none")
@@ -205,10 +210,11 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None,
     return args, model, others
 
 
-def compute_on_dask() -> None:
-    """Start the Dask client of the current flow run, if any (called by a stage task that computes)."""
+def compute_on_dask(data_url: str | None = None) -> None:
+    """Start the Dask client of the current flow run, if any (called by a stage task that computes, with the
+    dataset store it reads most: a local cluster for small data runs threads of this process)."""
     if _ACTIVE:
-        _ACTIVE[-1].get()
+        _ACTIVE[-1].get(data_url)
 
 
 def new_run_dir(storage: str | None) -> str:
@@ -349,7 +355,7 @@ def spectrum_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     data = inputs["train"]["url"]
 
     def compute(work: str, scratch: Path) -> dict:
-        compute_on_dask()
+        compute_on_dask(inputs["train"]["url"])
         spectrum = compute_spectrum(data, matrix="Y", n_components=params["n_components"],
                                     random_state=params["seed"])
         write_spectrum(spectrum, scratch)
@@ -402,7 +408,7 @@ def tree_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     from .report import plot_tree
 
     def compute(work: str, scratch: Path) -> dict:
-        compute_on_dask()
+        compute_on_dask(inputs["train"]["url"])
         url = join(work, "tree.zarr")
         with progress_to(get_run_logger().info):  # a line a level
             grown = jobs.tree(inputs["train"]["url"], url, **params)
@@ -453,10 +459,10 @@ def tree_flow(train: Store, test: Store, *, tree: TreeParams = TREE_DEFAULTS,
 
 @task(name="train", **CACHED)
 def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
-    """Fit the embedding classifier on ``inputs["train"]`` into ``model.zarr``."""
+    """Train the model ``params`` describe on ``inputs["train"]`` into ``model.zarr``."""
 
     def compute(work: str, scratch: Path) -> dict:
-        compute_on_dask()
+        compute_on_dask(inputs["train"]["url"])
         with progress_to(get_run_logger().info):  # a line a search candidate; with tree=, a line a pass
             result = jobs.train(inputs["train"]["url"], join(work, "model.zarr"), **params)
         return {"outputs": {"model": "model.zarr"}, "result": result}
@@ -483,7 +489,7 @@ def predict_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     """Top-``top_k`` predictions of ``inputs["model"]`` on ``inputs["test"]`` into ``predictions.zarr``."""
 
     def compute(work: str, scratch: Path) -> dict:
-        compute_on_dask()
+        compute_on_dask(inputs["test"]["url"])
         result = jobs.predict(inputs["model"]["url"], inputs["test"]["url"], join(work, "predictions.zarr"), **params)
         return {"outputs": {"predictions": "predictions.zarr"}, "result": result}
 
@@ -507,7 +513,7 @@ def evaluate_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     """Metrics of ``inputs["predictions"]`` against ``inputs["test"]`` into ``metrics.json``."""
 
     def compute(work: str, scratch: Path) -> dict:
-        compute_on_dask()
+        compute_on_dask(inputs["test"]["url"])
         train = inputs.get("train", {}).get("url")
         metrics = jobs.evaluate(inputs["predictions"]["url"], inputs["test"]["url"], train_url=train,
                                 ks=tuple(params["ks"]))
