@@ -90,6 +90,11 @@ def test_median_distance(kernel):
     i, j = np.triu_indices(40, 1)
     d = np.abs(Z[i] - Z[j]).sum(1) if kernel == "laplacian" else np.linalg.norm(Z[i] - Z[j], axis=1)
     assert K.median_distance(Z, kernel) == pytest.approx(np.median(d))
+    # more pairs than max_pairs: every pair of a random subset of rows, close to the median of all pairs
+    Z = np.random.default_rng(1).normal(size=(600, 5))
+    i, j = np.triu_indices(600, 1)
+    d = np.abs(Z[i] - Z[j]).sum(1) if kernel == "laplacian" else np.linalg.norm(Z[i] - Z[j], axis=1)
+    assert K.median_distance(Z, kernel, max_pairs=20_000) == pytest.approx(np.median(d), rel=0.03)
 
 
 def _finite_difference(f, S, eps=1e-6):
