@@ -452,3 +452,17 @@ def test_an_error_in_a_decoder_step_leaves_no_producer_thread(multiclass, monkey
     assert calls["n"] > 3
     producers = [t for t in threading.enumerate() if t not in before and "_minibatches" in t.name and t.is_alive()]
     assert producers == []
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_inverse_from_cholesky_is_the_inverse(lower):
+    """SGD's preconditioner: the inverse of the decoder's normal matrix from its Cholesky factor (potri)."""
+    import scipy.linalg
+
+    from xmldask.models.embedding_classifier import _inverse_from_cholesky
+
+    A = np.random.default_rng(0).normal(size=(60, 25))
+    H = A.T @ A + 0.1 * np.eye(25)
+    P = _inverse_from_cholesky(scipy.linalg.cho_factor(H, lower=lower))
+    np.testing.assert_allclose(P, np.linalg.inv(H), rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(P, P.T)
