@@ -459,10 +459,10 @@ def test_inverse_from_cholesky_is_the_inverse(lower):
     """SGD's preconditioner: the inverse of the decoder's normal matrix from its Cholesky factor (potri)."""
     import scipy.linalg
 
-    from xmldask.models.embedding_classifier import _inverse_from_cholesky
+    from xmldask.models._kernels import inverse_from_cholesky
 
     A = np.random.default_rng(0).normal(size=(60, 25))
     H = A.T @ A + 0.1 * np.eye(25)
-    P = _inverse_from_cholesky(scipy.linalg.cho_factor(H, lower=lower))
+    P = inverse_from_cholesky(scipy.linalg.cho_factor(H, lower=lower))
     np.testing.assert_allclose(P, np.linalg.inv(H), rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(P, P.T)

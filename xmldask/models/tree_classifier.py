@@ -212,7 +212,7 @@ class TreeClassifier(ParamsMixin):
         if d <= DENSE_PRECONDITIONER_MAX_FEATURES:
             G = gram(X, dtype=np.float64).compute()
             M = 0.5 * G + self.ridge * np.trace(G) / d * np.eye(d)
-            inverse = scipy.linalg.cho_solve(scipy.linalg.cho_factor(M), np.eye(d))  # symmetric
+            inverse = MK.inverse_from_cholesky(scipy.linalg.cho_factor(M))
             return lambda rows: np.asarray(rows @ inverse)
         from ..linalg.passes import column_moments
 
