@@ -535,7 +535,7 @@ def add_cluster_arguments(parser: argparse.ArgumentParser) -> argparse._Argument
                        help=f"address of a running Dask scheduler, e.g. tcp://host:8786 (default ${ENV_SCHEDULER}; "
                             "if unset, start a local cluster)")
     group.add_argument("--workers", metavar="N", type=_positive_int_arg, default=None,
-                       help=f"local cluster: worker processes (default {workers})")
+                       help=f"local cluster: workers (default {workers})")
     group.add_argument("--threads-per-worker", metavar="N", type=_positive_int_arg, default=None,
                        help=f"local cluster: threads per worker (default: the cores shared among the workers; "
                             f"{threads} with one worker)")
