@@ -404,9 +404,8 @@ def test_tree_classifier_on_sparse_rows_steps_only_the_leaf_features(monkeypatch
     Xd[np.abs(Xd) < 1.0] = 0  # sparse rows
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=3, leaf_labels=6, random_state=0).fit(X, Y)
-    assert TC._density(X) > TC.DENSE_ROWS_MIN_DENSITY  # 12 features, rows about a third non-zero
     assert TC.TreeClassifier(tree, rank=5, n_epochs=1).fit(X, Y).preconditioner_ == "full"
-    monkeypatch.setattr(TC, "DENSE_ROWS_MIN_DENSITY", 0.9)  # rows this sparse: the diagonal, sparse rows
+    monkeypatch.setattr(TC, "DENSE_PRECONDITIONER_MAX_FEATURES", 4)  # 12 features: the diagonal, sparse rows
     lazy = TC.TreeClassifier(tree, rank=5, n_epochs=4, random_state=0).fit(X, Y)
     assert lazy.preconditioner_ == "diagonal"
     monkeypatch.setattr(TC, "_RowHeavyBall", TC._DenseHeavyBall)

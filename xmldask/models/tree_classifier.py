@@ -41,14 +41,12 @@ logger = logging.getLogger(__name__)
 
 TREE_CLASSIFIER_VERSION = 1
 #: the preconditioner of ``U``'s gradient is the full ``(0.5 X^T X + ridge tr/d I)^-1`` (rows made dense) up to
-#: this many features when the rows are dense (:data:`DENSE_ROWS_MIN_DENSITY`), its diagonal otherwise (rows
-#: kept sparse, a step touching only the rows of ``U`` at the leaf's features)
+#: this many features, its diagonal beyond (rows kept sparse, a step touching only the rows of ``U`` at the
+#: leaf's features). The diagonal is not used for fewer features however sparse the rows: on the pipeline's
+#: default data (2,000 features, 15 non-zeros a row) it was 7x faster a pass and as good after 20 passes of a
+#: depth-10 tree, but on its depth-14 tree (16,382 leaves, a step each) the loss rose from pass 8 on (6.2 ->
+#: 12.6 at pass 16; test P@1 0.555 against 0.636 with the full preconditioner)
 DENSE_PRECONDITIONER_MAX_FEATURES = 4096
-#: rows with at least this share of non-zero features are dense (ALOI: 22 %); sparser rows (text: bibtex
-#: 3.7 %, the generator's data under 1 %) take the diagonal preconditioner. Measured on the pipeline's default
-#: data (2,000 features, 15 non-zeros a row, a depth-10 tree, 20 passes): 0.69 s a pass and test P@1 0.7645
-#: with the diagonal, 4.85 s and 0.7605 with the full preconditioner on dense rows
-DENSE_ROWS_MIN_DENSITY = 0.1
 
 _ARRAYS = ("U", "V", "b", "cand_indptr", "cand_indices", "table", "W")
 
@@ -90,7 +88,8 @@ class TreeClassifier(ParamsMixin):
         Per pass: ``epoch``, ``loss`` (mean over the trained rows), ``skipped`` (fraction of rows whose
         labels missed their sampled leaf), ``seconds``.
     preconditioner_ : {"full", "diagonal"}
-        Of ``U``'s gradient: the full one for dense rows of few features, else the diagonal (sparse rows).
+        Of ``U``'s gradient: the full one up to :data:`DENSE_PRECONDITIONER_MAX_FEATURES` features, else the
+        diagonal (sparse rows).
     """
 
 
@@ -213,13 +212,12 @@ class TreeClassifier(ParamsMixin):
         return _leaf_slots(self.cand_indptr_, self.cand_indices_, node, bool(self.per_leaf))
 
     def _preconditioner(self, X: da.Array):
-        """``M = 0.5 X^T X + ridge tr(X^T X)/d I``: for dense rows of at most
-        :data:`DENSE_PRECONDITIONER_MAX_FEATURES` features ``rows -> rows M^-1`` (Cholesky, once), so that a
-        leaf's preconditioned ``U`` gradient is ``(X M^-1)_l^T delta V_l^T``; else the inverse of ``M``'s
-        diagonal (a vector). Sets ``preconditioner_`` ("full" or "diagonal")."""
+        """``M = 0.5 X^T X + ridge tr(X^T X)/d I``: up to :data:`DENSE_PRECONDITIONER_MAX_FEATURES` features
+        ``rows -> rows M^-1`` (Cholesky, once), so that a leaf's preconditioned ``U`` gradient is
+        ``(X M^-1)_l^T delta V_l^T``; beyond, the inverse of ``M``'s diagonal (a vector). Sets
+        ``preconditioner_`` ("full" or "diagonal")."""
         d = X.shape[1]
-        self.preconditioner_ = "full" if d <= DENSE_PRECONDITIONER_MAX_FEATURES and _density(X) >= \
-            DENSE_ROWS_MIN_DENSITY else "diagonal"
+        self.preconditioner_ = "full" if d <= DENSE_PRECONDITIONER_MAX_FEATURES else "diagonal"
         if self.preconditioner_ == "full":
             G = gram(X, dtype=np.float64).compute()
             M = 0.5 * G + self.ridge * np.trace(G) / d * np.eye(d)
@@ -283,13 +281,6 @@ class TreeClassifier(ParamsMixin):
         for name, value in attrs.get("fitted", {}).items():
             setattr(model, name + "_", value)
         return model
-
-
-def _density(X: da.Array) -> float:
-    """The share of non-zero entries in the first row block of ``X`` (one block read)."""
-    block = X.blocks[0].compute()
-    nnz = block.nnz if sp.issparse(block) else np.count_nonzero(block)
-    return nnz / max(block.shape[0] * block.shape[1], 1)
 
 
 class _DenseHeavyBall:
