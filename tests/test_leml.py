@@ -94,8 +94,9 @@ def _claim1(X, Y, k):
     return Vt.T @ (Mk / s[:, None])
 
 
+@pytest.mark.parametrize("solver", ["gram", "passes"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_full_label_squared_loss_reaches_claim1_closed_form(dtype):
+def test_full_label_squared_loss_reaches_claim1_closed_form(dtype, solver):
     rng = np.random.default_rng(3)
     n, d, L, k = 60, 10, 8, 3
     X = sp.random(n, d, density=0.6, format="csr", random_state=rng, dtype=np.float64).astype(dtype)
@@ -107,8 +108,9 @@ def test_full_label_squared_loss_reaches_claim1_closed_form(dtype):
     flip = rng.random((n, L)) < 0.03
     Yd[flip] = 1 - Yd[flip]
     Y = sp.csr_matrix(Yd.astype(np.float32))
-    model = LEML(k=k, loss="squared", lam=1e-8, n_iter=30, tol=1e-12, max_cg_iter=500, random_state=0)
+    model = LEML(k=k, loss="squared", lam=1e-8, n_iter=30, tol=1e-12, max_cg_iter=500, solver=solver, random_state=0)
     model.fit(_rows(X, (11, 20, 29)), _rows(Y, (11, 20, 29)))
+    assert model.solver_ == solver
     Xd = X.toarray().astype(np.float64)
     Z_ref = _claim1(Xd, Yd, k)
     Z = model.W_ @ model.H_.T
@@ -198,6 +200,34 @@ def test_objective_never_increases(loss, observed):
     J = [h["J_after_H"] for h in model.history_]
     assert all(b <= a * (1 + 1e-9) + 1e-9 for a, b in zip(J, J[1:])), J
     assert model.threshold_ == (0.5 if observed is None and loss == "squared" else 0.0)
+
+
+@pytest.mark.parametrize("lam", [0.0, 0.5, 20.0])
+def test_gram_solver_equals_the_passes_solved_exactly(lam):
+    """Each alternation of the in-memory shortcut equals the out-of-core one with its CG run to convergence."""
+    X, Y, _ = _data(n=70, d=12, L=9)
+    X = X + sp.identity(70, format="csr", dtype=X.dtype)[:, :12]  # full column rank: a unique W-step at lam = 0
+    fits = {solver: LEML(k=4, loss="squared", lam=lam, n_iter=3, tol=1e-13, max_cg_iter=2000, solver=solver,
+                         random_state=1).fit(_rows(X, (25, 30, 15)), _rows(Y, (25, 30, 15)))
+            for solver in ("gram", "passes")}
+    gram, passes = fits["gram"], fits["passes"]
+    # float32 rows: the passes' products are float32 (the Gram pass accumulates in float64)
+    np.testing.assert_allclose(gram.W_, passes.W_, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(gram.H_, passes.H_, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose([h["J_after_H"] for h in gram.history_], [h["J_after_H"] for h in passes.history_],
+                               rtol=1e-6)
+    assert gram.n_passes_ == 2 < passes.n_passes_  # nnz(Y), then X^T X and X^T Y in one pass
+
+
+def test_gram_solver_auto_and_refusals():
+    X, Y, O = _data(n=40, d=8, L=6, observed=0.4)
+    assert LEML(k=2, lam=1.0, n_iter=1).fit(_rows(X), _rows(Y)).solver_ == "gram"
+    assert LEML(k=2, lam=1.0, n_iter=1).fit(_rows(X), _rows(Y), _rows(O)).solver_ == "passes"
+    assert LEML(k=2, loss="logistic", lam=1.0, n_iter=1).fit(_rows(X), _rows(Y)).solver_ == "passes"
+    with pytest.raises(ValueError, match="observed-entry mask"):
+        LEML(k=2, lam=1.0, solver="gram").fit(_rows(X), _rows(Y), _rows(O))
+    with pytest.raises(ValueError, match="solver must be one of"):
+        LEML(k=2, lam=1.0, solver="exact").fit(_rows(X), _rows(Y))
 
 
 def test_binary_relevance_equals_per_label_ridge():

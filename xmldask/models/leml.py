@@ -52,7 +52,8 @@ import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
-from ..linalg import dense_operand, x_q, xt_x_q, yt_x_z
+from ..linalg import dense_operand, x_q, xt_b, xt_x_q, yt_x_z
+from ..linalg import gram as linalg_gram
 from ..linalg.passes import per_block, tree_sum
 from ..store.models import jsonable, open_model_store, write_model_store
 from . import _graph
@@ -75,9 +76,15 @@ THRESHOLD_01, THRESHOLD_PM1 = 0.5, 0.0
 #: largest per-block result of the squared-loss H-step on ``Omega`` (``n_labels x (k^2 + k + 1)`` float64)
 LABEL_GRAM_MAX_BYTES = 1 << 30
 
+#: ``solver="auto"`` solves the full-label squared loss exactly in memory (``solver="gram"``) when
+#: ``X^T X`` and ``X^T Y`` (``n_features x (n_features + n_labels)`` float64) take at most this much
+GRAM_MAX_BYTES = 256 << 20
+
+SOLVERS = ("auto", "gram", "passes")
+
 ROWS, WHOLE = "rows", "whole"
 _ARRAYS = ("W", "H")
-_SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction")
+_SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction", "solver")
 
 
 # --------------------------------------------------------------------------------------------
@@ -199,6 +206,48 @@ def _solve_newton(fun_grad, hessp, x0: np.ndarray, *, tol: float, max_iter: int)
     return res.x, {"newton_iterations": int(res.nit), "converged": bool(res.success), "fun": float(res.fun)}
 
 
+class _GramProblem:
+    """The full-label squared loss from ``G = X^T X`` and ``C = X^T Y`` alone (one pass), exactly.
+
+    The small-feature shortcut of the paper's Algorithm 2: with ``G = U diag(g) U^T`` (once) and
+    ``H^T H = V diag(m) V^T``, the W-step ``G W H^T H + lam/2 W = C H`` is solved exactly as
+    ``W = U [(U^T C H V) / (g m^T + lam/2)] V^T``, and the H-step needs only ``Z^T Z = W^T G W`` and
+    ``Y^T Z = C^T W``: no further pass over the rows. Where ``g_a m_b + lam/2`` vanishes (``lam = 0``,
+    a singular ``G``) that entry is 0: the minimum-norm solution.
+    """
+
+    def __init__(self, G: np.ndarray, C: np.ndarray, nnz_y: float):
+        self.G, self.C, self.nnz_y = 0.5 * (G + G.T), C, float(nnz_y)
+        self.g, self.U = np.linalg.eigh(self.G)
+        self.g = np.clip(self.g, 0.0, None)
+
+    def h_step(self, W: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
+        return _h_full_sq(self.C.T @ W, W.T @ self.G @ W, W, lam, self.nnz_y)
+
+    def w_step(self, H: np.ndarray, lam: float) -> tuple[np.ndarray, float]:
+        m, V = np.linalg.eigh(H.T @ H)
+        m = np.clip(m, 0.0, None)
+        den = np.multiply.outer(self.g, m) + 0.5 * lam
+        num = self.U.T @ (self.C @ (H @ V))
+        scale = max(float(den.max()), 1.0) * np.finfo(np.float64).eps * den.size
+        W = self.U @ np.divide(num, den, out=np.zeros_like(num), where=den > scale) @ V.T
+        return W, self.objective(W, H, lam)
+
+    def objective(self, W: np.ndarray, H: np.ndarray, lam: float) -> float:
+        """``||Y - X W H^T||^2 + lam/2 (||W||^2 + ||H||^2)`` with ``||Y||^2 = nnz(Y)`` (binary ``Y``)."""
+        loss = self.nnz_y - 2.0 * float(np.vdot(W, self.C @ H)) + float(np.vdot(W.T @ self.G @ W, H.T @ H))
+        return loss + 0.5 * lam * (float(np.vdot(W, W)) + float(np.vdot(H, H)))
+
+
+def _h_full_sq(YtZ: np.ndarray, ZtZ: np.ndarray, W: np.ndarray, lam: float, nnz_y: float) -> tuple[np.ndarray, float]:
+    """``H = Y^T Z (Z^T Z + lam/2 I)^-1`` and ``J`` after it, from ``Y^T Z`` and ``Z^T Z``."""
+    C = 0.5 * (ZtZ + ZtZ.T)
+    H = _solve_sym(C + 0.5 * lam * np.eye(C.shape[0]), YtZ.T).T
+    # J = ||Y||^2 - 2 <H, Y^T Z> + <H^T H, Z^T Z> + lam/2 (||W||^2 + ||H||^2); ||Y||^2 = nnz(Y) (binary)
+    loss = nnz_y - 2.0 * float(np.vdot(H, YtZ)) + float(np.vdot(H.T @ H, C))
+    return H, loss + 0.5 * lam * (float(np.vdot(W, W)) + float(np.vdot(H, H)))
+
+
 def _solve_sym(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """``A^-1 B`` for symmetric positive (semi)definite ``A`` (least squares when singular)."""
     try:
@@ -307,6 +356,12 @@ class _LowRankLinear(ParamsMixin):
             self.observed_fraction_ = float(n_obs) / max(X.shape[0] * Y.shape[1], 1)
 
 
+def _check_solver(solver) -> str:
+    if solver not in SOLVERS:
+        raise ValueError(f"solver must be one of {', '.join(map(repr, SOLVERS))}, but is {solver!r}")
+    return solver
+
+
 def _check_loss(loss) -> str:
     if loss not in LOSSES:
         raise ValueError(f"loss must be one of {', '.join(map(repr, LOSSES))}, but is {loss!r}")
@@ -337,6 +392,12 @@ class LEML(_LowRankLinear):
         Most trust-region Newton iterations of one W-step or H-step (logistic / squared hinge).
     init_scale : float, default 1.0
         The initial ``W`` is normal with standard deviation ``init_scale / sqrt(n_features)``.
+    solver : {"auto", "gram", "passes"}, default "auto"
+        How the full-label squared loss is solved. ``gram``: one pass for ``X^T X`` and ``X^T Y``,
+        then every alternation exactly in memory (each W-step solved exactly, not by ``max_cg_iter``
+        CG steps; the paper's small-feature shortcut of Algorithm 2); ``passes``: the gradient and
+        every CG step are passes over the rows. ``auto``: ``gram`` when those two matrices take at
+        most :data:`GRAM_MAX_BYTES`, else ``passes``. Other losses and masked labels always make passes.
     random_state : int, Generator, SeedSequence or None
         Seed of the initial ``W``.
 
@@ -350,6 +411,8 @@ class LEML(_LowRankLinear):
         Per alternation: ``J`` after the H-step and after the W-step, passes, solver iterations.
     n_passes_ : int
         Passes over the row blocks during ``fit``.
+    solver_ : {"gram", "passes"}
+        The solver used.
     """
 
 
@@ -362,7 +425,8 @@ class LEML(_LowRankLinear):
                    **extra)
 
     def __init__(self, *, k: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5, tol: float = 1e-3,
-                 max_cg_iter: int = 20, max_newton_iter: int = 10, init_scale: float = 1.0, random_state=None):
+                 max_cg_iter: int = 20, max_newton_iter: int = 10, init_scale: float = 1.0, solver: str = "auto",
+                 random_state=None):
         self.k = k
         self.loss = loss
         self.lam = lam
@@ -371,6 +435,7 @@ class LEML(_LowRankLinear):
         self.max_cg_iter = max_cg_iter
         self.max_newton_iter = max_newton_iter
         self.init_scale = init_scale
+        self.solver = solver
         self.random_state = random_state
 
     def __repr__(self) -> str:
@@ -390,7 +455,8 @@ class LEML(_LowRankLinear):
                     tol=check_float(self.tol, "tol", low_open=True, high=1.0),
                     max_cg_iter=check_int(self.max_cg_iter, "max_cg_iter", 1),
                     max_newton_iter=check_int(self.max_newton_iter, "max_newton_iter", 1),
-                    init_scale=check_float(self.init_scale, "init_scale", low_open=True))
+                    init_scale=check_float(self.init_scale, "init_scale", low_open=True),
+                    solver=_check_solver(self.solver))
 
     def fit(self, X, Y, observed=None) -> LEML:
         """Alternating minimisation of eq. (4): ``n_iter`` times an H-step, then a W-step.
@@ -421,11 +487,21 @@ class LEML(_LowRankLinear):
         d, L, k = X.shape[1], Y.shape[1], p["k"]
         W = rng.standard_normal((d, k)) * (p["init_scale"] / math.sqrt(max(d, 1)))
         H = np.zeros((L, k))
-        E = None
+        E = gram = None
         nnz_y = counter.compute(_nnz_pass(Y))[0] if self.full_sq_ else None
+        self.solver_ = self._solver(p["solver"], d, L)
+        if self.solver_ == "gram":
+            G, C = counter.compute(linalg_gram(X, dtype=np.float64), xt_b(X, Y))
+            gram = _GramProblem(np.asarray(G, np.float64), np.asarray(C, np.float64), nnz_y)
         history = []
         for it in range(p["n_iter"]):
             before = counter.n
+            if gram is not None:
+                H, j_h = gram.h_step(W, p["lam"])
+                W, j_w = gram.w_step(H, p["lam"])
+                history.append({"iteration": it + 1, "J_after_H": j_h, "J_after_W": j_w, "passes": counter.n - before,
+                                "seconds": round(time.perf_counter() - t0, 3)})
+                continue
             if self.full_sq_:
                 H, j_h = self._h_step_full_sq(X, Y, W, p["lam"], counter, nnz_y)
             elif p["loss"] == "squared":
@@ -451,19 +527,22 @@ class LEML(_LowRankLinear):
         self.history_, self.n_passes_ = history, counter.n
         return self
 
+    def _solver(self, solver: str, d: int, L: int) -> str:
+        """``gram`` or ``passes`` (``gram`` only for the full-label squared loss)."""
+        fits = 8 * d * (d + L) <= GRAM_MAX_BYTES
+        if solver == "gram" and not self.full_sq_:
+            has = f"the {self.loss_} loss" if self.loss_ != "squared" else "an observed-entry mask"
+            raise ValueError(f"solver='gram' solves the full-label squared loss only; this fit has {has}: use "
+                             "solver='auto' or 'passes'")
+        return "gram" if solver == "gram" or (solver == "auto" and self.full_sq_ and fits) else "passes"
+
     # -- H-steps (eq. (5)) ---------------------------------------------------------------------
 
     @staticmethod
     def _h_step_full_sq(X, Y, W, lam, counter, nnz_y):
         """``H = Y^T Z (Z^T Z + lam/2 I)^-1``, ``Z = X W``; one pass (``Y^T Z`` and ``X^T X W``)."""
         YtZ, XtXW = counter.compute(yt_x_z(Y, X, W), xt_x_q(X, W))
-        YtZ, C = np.asarray(YtZ, np.float64), W.T @ np.asarray(XtXW, np.float64)
-        C = 0.5 * (C + C.T)
-        k = W.shape[1]
-        H = _solve_sym(C + 0.5 * lam * np.eye(k), YtZ.T).T
-        # J = ||Y||^2 - 2 <H, Y^T Z> + <H^T H, Z^T Z> + lam/2 (||W||^2 + ||H||^2); ||Y||^2 = nnz(Y) (binary)
-        loss = nnz_y - 2.0 * float(np.vdot(H, YtZ)) + float(np.vdot(H.T @ H, C))
-        return H, loss + 0.5 * lam * (float(np.vdot(W, W)) + float(np.vdot(H, H)))
+        return _h_full_sq(np.asarray(YtZ, np.float64), W.T @ np.asarray(XtXW, np.float64), W, lam, nnz_y)
 
     @staticmethod
     def _h_step_sq_omega(X, Y, O, W, lam, counter):
