@@ -81,6 +81,9 @@ def _add_ingest(sub) -> None:
     mode.add_argument("--append", action="store_true", help="add the rows to the existing dataset at --out")
     p.add_argument("--skip-ingested", action="store_true",
                    help="with --append: skip files the dataset already holds (same sha256)")
+    p.add_argument("--observed", nargs="+", default=None, metavar="FILE",
+                   help="missing labels: one file per SOURCE whose line i lists the comma-separated label ids "
+                        "known (relevant or not) for row i; every other entry is unknown (default: all known)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -91,7 +94,7 @@ def _cmd_ingest(args) -> int:
     ds = ingest(args.sources, args.out, format=args.format, one_based=args.one_based, block_rows=args.block_rows,
                 normalize=args.normalize, bias=args.bias, n_features=args.n_features, n_labels=args.n_labels,
                 duplicates=args.duplicates, overwrite=args.overwrite, append=args.append,
-                skip_ingested=args.skip_ingested, progress=not args.no_progress)
+                skip_ingested=args.skip_ingested, observed=args.observed, progress=not args.no_progress)
     print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
     print(format_info(ds.info()))
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
+import itertools
 import logging
 import re
 import zlib
@@ -12,13 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import fsspec
+import numpy as np
 import scipy.sparse as sp
 from tqdm.auto import tqdm
 
 from ..store import check_target, exists
 from ..store.dataset import Dataset, DatasetWriter, check_dimension, open_dataset
 from ..store.layout import BLOCK_ROWS
-from .parse import FORMATS, ParseError, parse_batch, parse_header, sniff_format
+from .parse import FORMATS, ParseError, parse_batch, parse_header, parse_observed, sniff_format
 from .transforms import NORMALIZATIONS, transform_rows
 
 __all__ = ["ingest", "IngestError"]
@@ -156,6 +158,7 @@ def ingest(
     overwrite: bool = False,
     append: bool = False,
     skip_ingested: bool = False,
+    observed: str | Sequence[str] | None = None,
     batch_bytes: int = BATCH_BYTES,
     progress: bool = False,
 ) -> Dataset:
@@ -191,6 +194,12 @@ def ingest(
         ``skip_ingested``.
     skip_ingested : bool
         With ``append``: skip sources whose checksum the dataset already lists.
+    observed : str or list of str, optional
+        A dataset with missing labels: one file of observed label entries per source (same order),
+        line ``i`` listing the comma-separated label ids whose entries are known for row ``i`` of its
+        source, relevant and irrelevant alike (an empty line: none known; ids 0-based, or 1-based
+        with ``one_based``). Stored as the dataset's ``observed`` mask (:class:`Dataset.observed`);
+        every relevant label of a row must be observed. Without it every entry is observed.
     progress : bool
         Show a progress bar (bytes read).
 
@@ -210,9 +219,11 @@ def ingest(
     sources = [sources] if isinstance(sources, str) else [str(s) for s in sources]
     _check_options(sources, out, format=format, normalize=normalize, append=append, overwrite=overwrite,
                    n_features=n_features, n_labels=n_labels)
+    observed = _observed_files(observed, sources)
     existing = open_dataset(out) if append else None
     if existing is not None:
         _check_same_encoding(existing, normalize, bias)
+        _check_same_mask(existing, observed)
         n_features = existing.n_features - (1 if bias is not None else 0)
         n_labels = existing.n_labels
     inspected = [_inspect(path, format) for path in sources]
@@ -226,15 +237,20 @@ def ingest(
             return existing
         writer = _append_writer(out, inspected, block_rows)
     else:
+        if observed is not None and n_labels is None:
+            raise ValueError("observed entries need the number of labels up front: pass n_labels (--n-labels) or "
+                             "use the XC format, whose header gives it")
         writer = DatasetWriter.create(out, block_rows=block_rows, overwrite=overwrite,
                                       n_features=None if n_features is None else n_features + (bias is not None),
-                                      n_labels=n_labels)
+                                      n_labels=n_labels, observed=observed is not None)
+    masks = dict(zip(sources, observed)) if observed is not None else {}
     rows = _RowOptions(one_based=one_based, n_features=n_features, n_labels=n_labels, duplicates=duplicates,
                        normalize=normalize, bias=bias, batch_bytes=batch_bytes)
     bar = tqdm(total=sum(s.size for s in inspected), unit="B", unit_scale=True, desc="ingest",
                disable=not progress)
     with writer, bar:
-        seen_features = max((_write_source(writer, source, rows, bar) for source in inspected), default=0)
+        seen_features = max((_write_source(writer, source, rows, bar, masks.get(source.path))
+                             for source in inspected), default=0)
         if existing is not None:
             return writer.commit()
         d = n_features if n_features is not None else seen_features
@@ -282,6 +298,29 @@ def _check_same_encoding(existing: Dataset, normalize: str, bias: float | None) 
                          "would mix two encodings")
 
 
+def _observed_files(observed, sources: list[str]) -> list[str] | None:
+    """One file of observed entries per source, or ``None``."""
+    if observed is None:
+        return None
+    observed = [observed] if isinstance(observed, str) else [str(o) for o in observed]
+    if len(observed) != len(sources):
+        raise ValueError(f"give one file of observed entries per source: {len(sources)} sources but "
+                         f"{len(observed)} observed files")
+    for path in observed:
+        fs, fpath = fsspec.core.url_to_fs(path)
+        if not fs.exists(fpath):
+            raise FileNotFoundError(f"no such file of observed entries: {path}")
+    return observed
+
+
+def _check_same_mask(existing: Dataset, observed) -> None:
+    if (existing.observed is None) != (observed is None):
+        raise ValueError(f"{existing.url} has an observed-entry mask: give the new sources' observed entries "
+                         "(observed= / --observed)" if observed is None else
+                         f"{existing.url} has no observed-entry mask (every label entry is observed): append "
+                         "without observed= / --observed")
+
+
 def _not_yet_ingested(existing: Dataset, inspected: list[_Source], skip_ingested: bool) -> list[_Source]:
     """The sources whose sha256 the dataset does not list yet (one it lists is an error unless skipped)."""
     known = {s["sha256"]: s for s in existing.meta["sources"]}
@@ -310,18 +349,79 @@ def _append_writer(out: str, todo: list[_Source], block_rows: int) -> DatasetWri
     return writer
 
 
-def _write_source(writer: DatasetWriter, source: _Source, opts: _RowOptions, bar) -> int:
-    """Parse, transform and write the rows of one source, and record it in the writer; the widest
-    feature id seen plus one."""
+class _ObservedReader:
+    """The lines of a file of observed entries, taken a batch of rows at a time."""
+
+    def __init__(self, path: str, source: _Source, n_labels: int, one_based: bool):
+        self.path, self.source, self.n_labels, self.one_based = path, source, n_labels, one_based
+        self.text, _, self.raw = _open_text(path)
+        self.line = 1
+
+    def take(self, batch) -> sp.csr_matrix:
+        """The observed entries of a parsed batch's rows, checked to cover its relevant labels."""
+        n = batch.Y.shape[0]
+        try:
+            got = [ln.rstrip("\n") for ln in itertools.islice(self.text, n)]
+        except (EOFError, OSError, zlib.error, UnicodeDecodeError) as exc:
+            raise _read_error(self.path, exc) from None
+        if len(got) < n:
+            row = int(batch.line_numbers[len(got)])
+            raise ParseError(f"the file ends after {self.line - 1 + len(got)} lines, but {self.source.path} has more "
+                             f"rows (its line {row}): one line of observed entries per row", path=self.path,
+                             line=self.line + len(got))
+        O = parse_observed(got, self.line, n_labels=self.n_labels, one_based=self.one_based, path=self.path)
+        missing = batch.Y - batch.Y.multiply(O)
+        missing.eliminate_zeros()
+        if missing.nnz:
+            r = int(np.flatnonzero(np.diff(missing.indptr))[0])
+            label = int(missing.indices[missing.indptr[r]]) + self.one_based
+            data_line = int(batch.line_numbers[r])
+            raise ParseError(f"label {label} is relevant in {self.source.path}, line {data_line}, but not observed "
+                             "here: a relevant label is observed by definition", path=self.path, line=self.line + r,
+                             text=got[r])
+        self.line += n
+        return O
+
+    def finish(self) -> None:
+        """Check that no line is left over."""
+        extra = self.text.readline()
+        if extra.strip():
+            raise ParseError(f"more lines than the {self.line - 1} rows of {self.source.path}: one line of observed "
+                             "entries per row", path=self.path, line=self.line, text=extra)
+
+
+def _write_source(writer: DatasetWriter, source: _Source, opts: _RowOptions, bar, observed: str | None) -> int:
+    """Parse, transform and write the rows of one source (and its observed entries), and record it in
+    the writer; the widest feature id seen plus one."""
     rows_before = writer.n_samples
     reader = _read(source, opts.batch_bytes)
+    mask = None if observed is None else _ObservedReader(observed, source, writer.n_labels, opts.one_based)
+    try:
+        tap, next_line, seen_features = _write_batches(writer, reader, source, opts, bar, mask)
+        if mask is not None:
+            mask.finish()
+    finally:
+        if mask is not None:
+            mask.raw.close()
+    rows = writer.n_samples - rows_before
+    if source.header is not None and rows != source.header[0]:
+        raise ParseError(f"the header says {source.header[0]} rows but the file has {rows}",
+                         path=source.path, line=1, text=" ".join(map(str, source.header)))
+    writer.sources.append({"path": source.path, "format": source.fmt, "sha256": tap.sha256.hexdigest(),
+                           "bytes": tap.bytes, "rows": rows, "first_row": rows_before, "lines": next_line - 1,
+                           **({} if observed is None else {"observed": observed})})
+    return seen_features
+
+
+def _write_batches(writer: DatasetWriter, reader, source: _Source, opts: _RowOptions, bar, mask):
+    """Write every batch of rows of ``reader``; ``(tap, next line, widest feature id seen + 1)``."""
     seen_features, done = 0, 0
     while True:
         try:
             lines, first, done_now = next(reader)
         except StopIteration as stop:
             tap, next_line = stop.value
-            break
+            return tap, next_line, seen_features
         batch = parse_batch(lines, first, fmt=source.fmt, one_based=opts.one_based, n_features=opts.n_features,
                             n_labels=opts.n_labels, duplicates=opts.duplicates, path=source.path)
         X = batch.X
@@ -333,16 +433,11 @@ def _write_source(writer: DatasetWriter, source: _Source, opts: _RowOptions, bar
             line = int(batch.line_numbers[row])
             raise ParseError("negative feature value: the sqrt (Hellinger) map needs values >= 0",
                              path=source.path, line=line, text=lines[line - first])
-        writer.write(transform_rows(X, normalize=opts.normalize, bias=opts.bias), batch.Y)
+        O = None if mask is None else mask.take(batch)
+        writer.write(transform_rows(X, normalize=opts.normalize, bias=opts.bias), batch.Y,
+                     **({} if O is None else {"observed": O}))
         bar.update(done_now - done)
         done = done_now
-    rows = writer.n_samples - rows_before
-    if source.header is not None and rows != source.header[0]:
-        raise ParseError(f"the header says {source.header[0]} rows but the file has {rows}",
-                         path=source.path, line=1, text=" ".join(map(str, source.header)))
-    writer.sources.append({"path": source.path, "format": source.fmt, "sha256": tap.sha256.hexdigest(),
-                           "bytes": tap.bytes, "rows": rows, "first_row": rows_before, "lines": next_line - 1})
-    return seen_features
 
 
 def _dimensions(sources: list[_Source], n_features: int | None, n_labels: int | None):

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["FORMATS", "ParseError", "Batch", "parse_batch", "sniff_format"]
+__all__ = ["FORMATS", "ParseError", "Batch", "parse_batch", "parse_observed", "sniff_format"]
 
 FORMATS = ("xc", "libsvm", "vw")
 _DOUBLE_COLON = re.compile(r":[^\s:]*:")
@@ -315,3 +315,37 @@ def _line_error(ln: str, fmt: str) -> str | None:
         if reason := _number(value, f"value of feature {_clip(fid, TOKEN_CHARS)}"):
             return reason
     return None
+
+
+def parse_observed(lines: list[str], first_line: int, *, n_labels: int, one_based: bool = False,
+                   path: str = "?") -> sp.csr_matrix:
+    """Observed label entries, one line per row: comma-separated label ids (an empty line: none).
+
+    The file of observed entries of a dataset with missing labels (``xmldask ingest --observed``):
+    line ``i`` lists the label ids whose entries are known for row ``i`` of the data, relevant and
+    irrelevant alike. Returns a CSR matrix of ones, ``(len(lines), n_labels)``, sorted, a repeated
+    id counted once. Raises :class:`ParseError` naming the line for a malformed id or one outside
+    ``[0, n_labels)``.
+    """
+    offset = 1 if one_based else 0
+    rows, ids = [], []
+    for i, ln in enumerate(lines):
+        text = ln.strip()
+        if not text:
+            continue
+        for token in text.split(","):
+            token = token.strip()
+            reason = "empty label id (two commas or a trailing comma)" if not token else _int_id(token, "label")
+            if reason:
+                raise ParseError(reason, path=path, line=first_line + i, text=ln)
+            label = int(float(token)) - offset
+            if not 0 <= label < n_labels:
+                raise ParseError(f"label id {token} is outside [{offset}, {n_labels + offset})", path=path,
+                                 line=first_line + i, text=ln)
+            rows.append(i)
+            ids.append(label)
+    O = sp.csr_matrix((np.ones(len(ids), np.float32), (np.asarray(rows, np.int64), np.asarray(ids, np.int64))),
+                      shape=(len(lines), n_labels))
+    O.sum_duplicates()
+    O.data[:] = 1.0
+    return O
