@@ -151,7 +151,9 @@ class Dataset:
             "labels_seen_at_most_5_times": int(np.count_nonzero(counts <= 5)),
             "top_10_label_share": float(ordered[:10].sum() / max(counts.sum(), 1)),
             "row_blocks": len(self.meta["row_blocks"]) - 1,
-            "sources": [{k: s[k] for k in ("path", "format", "rows", "sha256")} for s in self.meta["sources"]],
+            "nnz_observed": int(self.meta["nnz_observed"]) if self.meta.get(OBSERVED) else None,
+            "sources": [{k: s[k] for k in ("path", "format", "rows", "sha256", "observed") if k in s}
+                        for s in self.meta["sources"]],
             "transforms": self.meta.get("transforms", {}),
             "layout_version": self.meta["layout_version"],
         }
@@ -407,8 +409,13 @@ def format_info(info: dict) -> str:
                             f"{info['labels_seen_at_most_5_times']:,} labels seen <= 5 times, "
                             f"top 10 labels carry {100 * info['top_10_label_share']:.1f}% of assignments"),
     ]
+    if info.get("nnz_observed") is not None:
+        share = info["nnz_observed"] / max(info["n_samples"] * info["n_labels"], 1)
+        rows.append(("observed entries", f"{info['nnz_observed']:,} ({100 * share:.2f}% of rows x labels; "
+                                         "the rest are unknown)"))
     for source in info["sources"]:
         rows.append(("source", f"{source['path']} ({source['format']}, {source['rows']:,} rows, "
-                               f"sha256 {source['sha256'][:12]}...)"))
+                               f"sha256 {source['sha256'][:12]}...)"
+                               + (f", observed entries from {source['observed']}" if "observed" in source else "")))
     width = max(len(name) for name, _ in rows)
     return "\n".join(f"  {name:<{width}}  {value}" for name, value in rows)
