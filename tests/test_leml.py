@@ -193,9 +193,10 @@ def test_h_step_equals_per_label_solution(loss):
 
 @pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
 @pytest.mark.parametrize("observed", [None, 0.3])
-def test_objective_never_increases(loss, observed):
+@pytest.mark.parametrize("init", ["spectral", "random"])
+def test_objective_never_increases(loss, observed, init):
     X, Y, O = _data(n=50, d=10, L=8, observed=observed)
-    model = LEML(k=3, loss=loss, lam=0.5, n_iter=4, tol=1e-6, random_state=0)
+    model = LEML(k=3, loss=loss, lam=0.5, n_iter=4, tol=1e-6, init=init, random_state=0)
     model.fit(_rows(X, (20, 30)), _rows(Y, (20, 30)), None if O is None else _rows(O, (20, 30)))
     J = [h["J_after_H"] for h in model.history_]
     assert all(b <= a * (1 + 1e-9) + 1e-9 for a, b in zip(J, J[1:])), J
@@ -228,6 +229,61 @@ def test_gram_solver_auto_and_refusals():
         LEML(k=2, lam=1.0, solver="gram").fit(_rows(X), _rows(Y), _rows(O))
     with pytest.raises(ValueError, match="solver must be one of"):
         LEML(k=2, lam=1.0, solver="exact").fit(_rows(X), _rows(Y))
+
+
+@pytest.mark.parametrize("case", ["full01", "fullpm1", "masked"])
+def test_target_sketch_kernel_equals_dense(case):
+    X, Y, O = _data(n=30, d=7, L=6, observed=0.4 if case == "masked" else None)
+    Omega = np.random.default_rng(1).standard_normal((6, 4))
+    A, mask = _signs(Y, O)
+    T = Y.toarray() if case == "full01" else A * mask
+    got = LK.block_target_sketch(X, Y, Omega, None if O is None else O, n_labels=6,
+                                 encoding="01" if case == "full01" else "pm1")
+    np.testing.assert_allclose(got, X.toarray().astype(np.float64).T @ T @ Omega, rtol=1e-6, atol=1e-9)
+
+
+def _initial_w(model, X, Y, O, rng, solver):
+    """``model``'s initial ``W`` (and the passes it took) for in-memory data in two row blocks."""
+    from xmldask.models.leml import _Counter, _GramProblem
+
+    Xr, Yr, Or = model._inputs(_rows(X, (25, X.shape[0] - 25)), _rows(Y, (25, Y.shape[0] - 25)),
+                               None if O is None else _rows(O, (25, O.shape[0] - 25)))
+    counter = _Counter()
+    model._common_fit_state(Xr, Yr, Or, "squared", counter)
+    gram = None
+    if solver == "gram":
+        Xd = X.toarray().astype(np.float64)
+        gram = _GramProblem(Xd.T @ Xd, Xd.T @ Y.toarray(), Y.nnz)
+    W = model._initial_w(Xr, Yr, Or, model._validated(Y.shape[1]), rng, counter, gram)
+    return W, counter.n
+
+
+@pytest.mark.parametrize(("solver", "observed"), [("gram", None), ("passes", None), ("passes", 0.4)])
+def test_spectral_init_spans_the_top_directions_of_the_sketch(solver, observed):
+    from xmldask.models.leml import INIT_OVERSAMPLE
+
+    X, Y, O = _data(n=60, d=10, L=9, observed=observed)
+    k = 3
+    W, passes = _initial_w(LEML(k=k, lam=1.0, init_scale=2.0, solver=solver), X, Y, O, np.random.default_rng(4),
+                           solver)
+    rng = np.random.default_rng(4)
+    rng.standard_normal((10, k))
+    Omega = rng.standard_normal((9, min(9, k + INIT_OVERSAMPLE)))
+    A, mask = _signs(Y, O)
+    T = Y.toarray() if observed is None else A * mask
+    U = np.linalg.svd(X.toarray().astype(np.float64).T @ T @ Omega, full_matrices=False)[0][:, :k]
+    np.testing.assert_allclose(W @ W.T, 4.0 * U @ U.T, atol=1e-8)  # the same subspace, columns of norm 2
+    assert passes == (1 if solver == "passes" else 0) + (1 if observed is not None else 0)
+
+
+def test_spectral_init_beyond_the_rank_of_the_targets_is_random():
+    X, Y, _ = _data(n=40, d=8, L=6)
+    Y = sp.csr_matrix(np.repeat(Y.toarray()[:, :1], 6, axis=1))  # X^T Y has rank 1
+    W, _ = _initial_w(LEML(k=4, lam=1.0, solver="gram"), X, Y, None, np.random.default_rng(0), "gram")
+    u = np.linalg.svd(X.toarray().astype(np.float64).T @ Y.toarray()[:, :1])[0][:, 0]
+    np.testing.assert_allclose(abs(W[:, 0] @ u), 1.0, rtol=1e-9)  # the one direction, unit norm
+    random = np.random.default_rng(0).standard_normal((8, 4)) / np.sqrt(8)
+    np.testing.assert_array_equal(W[:, 1:], random[:, 1:])  # the other three: the random start
 
 
 def test_binary_relevance_equals_per_label_ridge():

@@ -115,6 +115,24 @@ def signed_entries(Yb, Ob, n_labels: int) -> sp.csr_matrix:
     return sp.csr_matrix((np.where(pos, 1.0, -1.0), O.indices, O.indptr), shape=O.shape)
 
 
+def block_target_sketch(Xb, Yb, Omega: np.ndarray, Ob=None, *, n_labels: int, encoding: str) -> np.ndarray:
+    """``X_b^T (T_b Omega)``: a block's share of a random sketch of ``X^T T`` (spectral initialisation).
+
+    ``T`` is the training target: ``Y`` in ``{0, 1}`` (``encoding="01"``), every entry ``+-1``
+    (``"pm1"``, formed as ``2 Y Omega - 1 1^T Omega`` without a dense ``T``), or with a mask ``Ob`` the
+    observed entries ``+-1`` and zeros elsewhere. Returns ``(n_features, Omega.shape[1])`` float64.
+    """
+    if Ob is not None:
+        TO = signed_entries(Yb, Ob, n_labels) @ Omega
+    else:
+        TO = _csr(Yb, n_labels).astype(np.float64) @ Omega
+        if encoding == "pm1":
+            TO = 2.0 * TO - Omega.sum(axis=0)[None, :]
+        elif encoding != "01":
+            raise ValueError(f"encoding must be '01' or 'pm1', but is {encoding!r}")
+    return np.asarray(Xb.T @ TO, dtype=np.float64)
+
+
 def _sub_rows(n_rows: int, per_row: float, k: int, budget: int) -> int:
     return max(1, min(n_rows, int(budget // max(per_row * max(k, 1), 1.0))))
 

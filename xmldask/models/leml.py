@@ -82,6 +82,10 @@ GRAM_MAX_BYTES = 256 << 20
 
 SOLVERS = ("auto", "gram", "passes")
 
+INITS = ("spectral", "random")
+#: extra columns of the random sketch of ``X^T T`` that the spectral initialisation takes
+INIT_OVERSAMPLE = 10
+
 ROWS, WHOLE = "rows", "whole"
 _ARRAYS = ("W", "H")
 _SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction", "solver")
@@ -356,10 +360,10 @@ class _LowRankLinear(ParamsMixin):
             self.observed_fraction_ = float(n_obs) / max(X.shape[0] * Y.shape[1], 1)
 
 
-def _check_solver(solver) -> str:
-    if solver not in SOLVERS:
-        raise ValueError(f"solver must be one of {', '.join(map(repr, SOLVERS))}, but is {solver!r}")
-    return solver
+def _check_choice(value, name: str, choices: tuple) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {', '.join(map(repr, choices))}, but is {value!r}")
+    return value
 
 
 def _check_loss(loss) -> str:
@@ -390,8 +394,16 @@ class LEML(_LowRankLinear):
         CG is warm-started from the previous ``W``, so an inexact W-step still lowers ``J``).
     max_newton_iter : int, default 10
         Most trust-region Newton iterations of one W-step or H-step (logistic / squared hinge).
+    init : {"spectral", "random"}, default "spectral"
+        The initial ``W``. ``spectral``: the top ``k`` left singular vectors of a random sketch
+        ``X^T T Omega`` of ``X^T T`` (``T`` the training targets: ``Y``, or the observed entries as
+        ``+-1``; ``Omega`` Gaussian with ``k + 10`` columns; one pass, or none on the Gram path), scaled
+        by ``init_scale``: the subspace that best explains the targets linearly, as the SVD start of
+        alternating minimisation for matrix completion (Jain, Netrapalli and Sanghavi 2013); columns
+        beyond the rank of ``X^T T`` are random. ``random`` (the paper's code starts at random): normal
+        with standard deviation ``init_scale / sqrt(n_features)``.
     init_scale : float, default 1.0
-        The initial ``W`` is normal with standard deviation ``init_scale / sqrt(n_features)``.
+        Norm of each initial column of ``W`` (``random``: in expectation).
     solver : {"auto", "gram", "passes"}, default "auto"
         How the full-label squared loss is solved. ``gram``: one pass for ``X^T X`` and ``X^T Y``,
         then every alternation exactly in memory (each W-step solved exactly, not by ``max_cg_iter``
@@ -425,8 +437,8 @@ class LEML(_LowRankLinear):
                    **extra)
 
     def __init__(self, *, k: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5, tol: float = 1e-3,
-                 max_cg_iter: int = 20, max_newton_iter: int = 10, init_scale: float = 1.0, solver: str = "auto",
-                 random_state=None):
+                 max_cg_iter: int = 20, max_newton_iter: int = 10, init: str = "spectral", init_scale: float = 1.0,
+                 solver: str = "auto", random_state=None):
         self.k = k
         self.loss = loss
         self.lam = lam
@@ -434,6 +446,7 @@ class LEML(_LowRankLinear):
         self.tol = tol
         self.max_cg_iter = max_cg_iter
         self.max_newton_iter = max_newton_iter
+        self.init = init
         self.init_scale = init_scale
         self.solver = solver
         self.random_state = random_state
@@ -455,8 +468,9 @@ class LEML(_LowRankLinear):
                     tol=check_float(self.tol, "tol", low_open=True, high=1.0),
                     max_cg_iter=check_int(self.max_cg_iter, "max_cg_iter", 1),
                     max_newton_iter=check_int(self.max_newton_iter, "max_newton_iter", 1),
+                    init=_check_choice(self.init, "init", INITS),
                     init_scale=check_float(self.init_scale, "init_scale", low_open=True),
-                    solver=_check_solver(self.solver))
+                    solver=_check_choice(self.solver, "solver", SOLVERS))
 
     def fit(self, X, Y, observed=None) -> LEML:
         """Alternating minimisation of eq. (4): ``n_iter`` times an H-step, then a W-step.
@@ -485,7 +499,6 @@ class LEML(_LowRankLinear):
         self._common_fit_state(X, Y, O, p["loss"], counter)
         rng = np.random.default_rng(seed_of(self.random_state))
         d, L, k = X.shape[1], Y.shape[1], p["k"]
-        W = rng.standard_normal((d, k)) * (p["init_scale"] / math.sqrt(max(d, 1)))
         H = np.zeros((L, k))
         E = gram = None
         nnz_y = counter.compute(_nnz_pass(Y))[0] if self.full_sq_ else None
@@ -493,6 +506,7 @@ class LEML(_LowRankLinear):
         if self.solver_ == "gram":
             G, C = counter.compute(linalg_gram(X, dtype=np.float64), xt_b(X, Y))
             gram = _GramProblem(np.asarray(G, np.float64), np.asarray(C, np.float64), nnz_y)
+        W = self._initial_w(X, Y, O, p, rng, counter, gram)
         history = []
         for it in range(p["n_iter"]):
             before = counter.n
@@ -526,6 +540,25 @@ class LEML(_LowRankLinear):
         self.W_, self.H_ = W, H
         self.history_, self.n_passes_ = history, counter.n
         return self
+
+    def _initial_w(self, X, Y, O, p: dict, rng, counter, gram) -> np.ndarray:
+        """``W`` to start from (``init``): ``n_features x k``, columns of norm ``init_scale``."""
+        d, L, k = X.shape[1], Y.shape[1], p["k"]
+        W = rng.standard_normal((d, k)) * (p["init_scale"] / math.sqrt(max(d, 1)))
+        if p["init"] == "random":
+            return W
+        Omega = rng.standard_normal((L, min(L, k + INIT_OVERSAMPLE)))
+        if gram is not None:
+            B = gram.C @ Omega
+        else:
+            B = _pass(LK.block_target_sketch, X, Y, O, {"Omega": Omega}, tail=(d, Omega.shape[1]),
+                      static={"n_labels": L, "encoding": "01" if self.full_sq_ else "pm1"}, token="leml-init-block")
+            (B,) = counter.compute(B)
+        U, s, _ = np.linalg.svd(np.asarray(B, np.float64), full_matrices=False)
+        rank = int(np.count_nonzero(s > s[0] * max(B.shape) * np.finfo(np.float64).eps)) if s.size and s[0] > 0 else 0
+        rank = min(rank, k)
+        W[:, :rank] = p["init_scale"] * U[:, :rank]
+        return W
 
     def _solver(self, solver: str, d: int, L: int) -> str:
         """``gram`` or ``passes`` (``gram`` only for the full-label squared loss)."""
