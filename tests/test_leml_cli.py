@@ -51,13 +51,24 @@ def test_mask_train_predict_evaluate(tmp_path, capsys, scheduler):
     assert main(["train", masked, "--out", br, "--model", "br", "--lam", "1", "--scheduler", scheduler]) == 0
 
 
-def test_embedding_classifier_refuses_masked_data(tmp_path, capsys, scheduler):
+def test_every_model_without_a_mask_refuses_masked_data(tmp_path, capsys, scheduler):
+    """Only LEML and binary relevance read the mask; every other model says so before any pass."""
     full, masked = str(tmp_path / "full.zarr"), str(tmp_path / "masked.zarr")
     _dataset(full)
     main(["mask", full, "--observed", "0.5", "--out", masked])
+    tree = str(tmp_path / "tree.zarr")
+    assert main(["tree", full, "--out", tree, "--depth", "2", "--leaf-labels", "3"]) == 0
     capsys.readouterr()
-    assert main(["train", masked, "--out", str(tmp_path / "m.zarr"), "--k", "4", "--scheduler", scheduler]) == 2
-    assert "missing labels" in capsys.readouterr().err
+    out = str(tmp_path / "m.zarr")
+    for what, argv in {"the embedding classifier": ["train", masked, "--out", out, "--k", "4"],
+                       "GradFac": ["train", masked, "--out", out, "--model", "gradfac"],
+                       "OneVsRestBoosting": ["train", masked, "--out", out, "--model", "ovr"],
+                       "the tree classifier": ["train", masked, "--out", out, "--tree", tree],
+                       "the spectral tree": ["tree", masked, "--out", out]}.items():
+        assert main([*argv, "--scheduler", scheduler]) == 2, what
+        err = capsys.readouterr().err
+        assert "has missing labels" in err and what in err, (what, err)
+        assert not (tmp_path / "m.zarr").exists()
 
 
 def test_bad_input(tmp_path, capsys, scheduler):

@@ -87,6 +87,14 @@ MODEL_CLASSES: dict[str, type] = {}
 FAMILIES: dict[str, type] = {}
 
 
+def check_fully_observed(data, what: str) -> None:
+    """Refuse a dataset with missing labels (an observed-entry mask) for a model that reads every entry."""
+    if getattr(data, "observed", None) is not None:
+        raise ValueError(f"{data.url} has missing labels (an observed-entry mask) and {what} treats every label "
+                         "entry as observed (unknown ones as irrelevant); train --model leml or --model br on it, or "
+                         "use the fully labelled dataset")
+
+
 class ParamsMixin:
     """scikit-learn's estimator contract: the constructor only stores its parameters; ``get_params`` /
     ``set_params`` over them (``deep`` and ``name__param`` for nested estimators, so
@@ -114,7 +122,9 @@ class ParamsMixin:
         raise NotImplementedError(f"{cls.__name__} is not a model family of xmldask train")
 
     def fit_dataset(self, data):
-        """Fit on a dataset store opened by :func:`xmldask.store.open_dataset` (its ``X`` and ``Y``)."""
+        """Fit on a dataset store opened by :func:`xmldask.store.open_dataset` (its ``X`` and ``Y``);
+        a dataset with missing labels is refused (only models that override this use the mask)."""
+        check_fully_observed(data, type(self).__name__)
         return self.fit(data.X, data.Y)
 
     def train_summary(self) -> dict:

@@ -32,7 +32,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .base import FAMILIES
+from .base import FAMILIES, check_fully_observed
 from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, validated
 from .scheduling import release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
@@ -91,10 +91,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
                          f"{', '.join([*TrainParams.model_fields, *_estimator_only()])}")
     check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
-    if data.observed is not None:
-        raise ValueError(f"{train_url} has missing labels (an observed-entry mask) and the embedding classifier "
-                         "treats every label entry as observed; train --model leml or --model br on it, or train on "
-                         "the fully labelled dataset")
+    check_fully_observed(data, "the embedding classifier")
     k, search = _fit_to_data(p, data)
     model = EmbeddingClassifier(embedding=p.embedding, n_components=k, kernel=KERNELS[p.kernel], features=p.features,
                                 alpha=p.alpha, n_random_features=p.n_random_features, max_epochs=p.max_epochs,
@@ -370,6 +367,7 @@ def tree(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict
     if exists(out) and not overwrite:
         raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
     data = open_dataset(train_url)
+    check_fully_observed(data, "the spectral tree")
     missing = np.flatnonzero(data.label_counts == 0)
     if len(missing) and p.unseen_labels == "error":
         raise ValueError(f"{train_url} has {len(missing)} labels with no training example (first: "
@@ -421,6 +419,7 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
                          f"k (rank), max_epochs (passes), seed and {', '.join(TreeClassifier._get_param_names())}")
     check_target(out, kind="model", overwrite=overwrite, inputs=[train_url, p.tree])
     data = open_dataset(train_url)
+    check_fully_observed(data, "the tree classifier")
     model = TreeClassifier(p.tree, rank=p.k, n_epochs=p.max_epochs, random_state=p.seed, **extra)
     start = time.perf_counter()
     model.fit(data.X, data.Y)
