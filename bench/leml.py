@@ -13,14 +13,16 @@ Sections (``--only``, comma-separated; default ``table2,table4``):
   memory limit, on a ``LocalCluster`` (``--workers`` x 1 thread, ``--memory-limit`` each): seconds,
   passes and the peak RSS of each worker.
 
-``lam`` is chosen on held-out training rows: a seeded random 20 % of the training rows is written to
-a validation store, every ``lam`` of ``--lams`` (powers of ten) is fitted on the other 80 % and
-scored by held-out P@3 (on the observed relevant labels when labels are missing); a winner at an end
-of the grid extends it by a factor of ten while the held-out P@3 improves (at most
-``MAX_EXTENSIONS`` steps, like ``HeldOutSearch``); the winner is refitted on all training rows.
-Nothing is tuned on the test split. Rows get a constant feature (``--bias``, default 1: the
-intercept of LIBLINEAR's ``-B 1``, an ingest option), which every label needs for its base rate:
-most entries are irrelevant (-1 in the +-1 encoding). Rows report seconds and passes
+``lam`` and the row normalisation are chosen on held-out training rows: a seeded random 20 % of the
+training rows is written to a validation store; for each normalisation of ``--normalizations``
+(``none``, ``l2``: ``xmldask ingest --normalize``, the constant feature set after it), every ``lam`` of
+``--lams`` (decades) is fitted on the other 80 % and scored by held-out P@3 (on the observed relevant
+labels when labels are missing); a winner at an end of the grid extends it by a factor of ten while
+the held-out P@3 improves (at most ``MAX_EXTENSIONS`` steps, like ``HeldOutSearch``), then the
+winner's two neighbours a factor ``sqrt(10)`` away are tried; the best (normalisation, ``lam``) is
+refitted on all training rows. Nothing is tuned on the test split. Rows get a constant feature
+(``--bias``, default 1: the intercept of LIBLINEAR's ``-B 1``, an ingest option), which every label
+needs for its base rate: most entries are irrelevant (-1 in the +-1 encoding). Rows report seconds and passes
 of the final fit and the peak RSS of this process (``table2``/``table4`` run on Dask's threaded
 scheduler in this process, so it is the peak of the one worker).
 
@@ -28,7 +30,7 @@ Datasets are ingested into a temporary directory (``--workdir``), never into the
 
     python bench/leml.py [--only table2,table4,synthetic] [--datasets bibtex,delicious]
                          [--losses squared,logistic,sqhinge] [--ratios 0.2,0.4,0.6] [--lams 1,10,100,1000]
-                         [--n-iter 5] [--json FILE] [--workdir DIR]
+                         [--normalizations none,l2] [--n-iter 5] [--json FILE] [--workdir DIR]
 """
 
 from __future__ import annotations
@@ -61,21 +63,29 @@ HOLDOUT_FRACTION = 0.2
 #: most factor-of-ten steps past a winning end of the lam grid
 MAX_EXTENSIONS = 2
 GRID_STEP = 10.0
+#: after the decades, the winner's two neighbours this factor away are tried (coarse to fine)
+FINE_STEP = 10.0 ** 0.5
 
 
 def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def _ingest(name: str, workdir: Path, bias: float | None):
+def _ingest(name: str, workdir: Path, bias: float | None, normalize: str = "none"):
+    """``(train, test)`` stores of a shared dataset, rows normalised at ingest (the bias set after)."""
     from xmldask.io import ingest
 
     out = {}
     for split in ("train", "test"):
-        url = workdir / f"{name}_{split}.zarr"
+        url = workdir / f"{name}_{normalize}_{split}.zarr"
         out[split] = ingest(str(SHARED / name / f"{split}.txt.gz"), str(url), block_rows=2048, progress=False,
-                            overwrite=True, bias=bias)
+                            overwrite=True, bias=bias, normalize=normalize)
     return out["train"], out["test"]
+
+
+def _ingest_all(name: str, workdir: Path, bias: float | None, normalizations) -> dict:
+    """``{normalize: (train, test)}`` for every normalisation to choose from."""
+    return {normalize: _ingest(name, workdir, bias, normalize) for normalize in normalizations}
 
 
 def _split(ds, workdir: Path, seed: int = 0):
@@ -109,11 +119,13 @@ def _scores(model, ds, *, full: bool = True) -> dict:
     return {"P@1": r["P@1"], "P@3": r["P@3"], "avg_AUC": r["avg_AUC"], "hamming_loss": r["hamming_loss"]}
 
 
-def _choose_lam(make, train, workdir: Path, lams: list[float]) -> tuple[float, list]:
-    fit, val = _split(train, workdir)
+def _held_out_by_lam(make, fit, val, lams: list[float]) -> dict[float, float]:
+    """Held-out P@3 by ``lam``: the decades of ``lams``, extended past a winning end (at most
+    :data:`MAX_EXTENSIONS` steps), then the winner's neighbours :data:`FINE_STEP` away."""
     scores = {}
 
     def score(lam):
+        lam = float(f"{lam:.6g}")
         if lam not in scores:
             model = make(lam).fit(fit.X, fit.Y, fit.observed)
             scores[lam] = round(_scores(model, val, full=False)["P@3"], 4)
@@ -129,7 +141,16 @@ def _choose_lam(make, train, workdir: Path, lams: list[float]) -> tuple[float, l
         if score(nxt) <= scores[best]:
             break
     best = max(scores, key=scores.get)
-    return best, sorted(scores.items())
+    score(best / FINE_STEP)
+    score(best * FINE_STEP)
+    return scores
+
+
+def _choose(make, trains: dict, workdir: Path, lams: list[float]) -> tuple[str, float, dict]:
+    """``(normalize, lam)`` with the best held-out P@3, and every score tried, by normalisation."""
+    tried = {normalize: _held_out_by_lam(make, *_split(train, workdir), lams) for normalize, train in trains.items()}
+    normalize, lam = max(((nz, lam) for nz in tried for lam in tried[nz]), key=lambda t: tried[t[0]][t[1]])
+    return normalize, lam, {nz: sorted(scores.items()) for nz, scores in tried.items()}
 
 
 def _final(make, lam, train, test) -> tuple[object, dict]:
@@ -140,57 +161,66 @@ def _final(make, lam, train, test) -> tuple[object, dict]:
                    "peak_rss_mb": round(_peak_rss_mb(), 1)}
 
 
-def bench_table2(workdir: Path, datasets, losses, ratios, lams, n_iter: int, bias: float | None) -> list[dict]:
+def bench_table2(workdir: Path, datasets, losses, ratios, lams, n_iter: int, bias: float | None,
+                 normalizations) -> list[dict]:
     from xmldask.models import LEML
 
     rows = []
     for name in datasets:
-        train, test = _ingest(name, workdir, bias)
-        L = train.n_labels
+        stores = _ingest_all(name, workdir, bias, normalizations)
+        L = next(iter(stores.values()))[0].n_labels
         for ratio in ratios:
             k = int(round(ratio * L))
             for loss in losses:
                 def make(lam, k=k, loss=loss):
                     return LEML(k=k, loss=loss, lam=lam, n_iter=n_iter, random_state=0)
 
-                lam, tried = _choose_lam(make, train, workdir, lams)
-                _, row = _final(make, lam, train, test)
+                normalize, lam, tried = _choose(make, {nz: tt[0] for nz, tt in stores.items()}, workdir, lams)
+                model, row = _final(make, lam, *stores[normalize])
                 p3, auc = PAPER_T2[(name, ratio)][loss]
-                row = {"dataset": name, "k/L": ratio, "k": k, "loss": loss, "top3": round(100 * row["P@3"], 2),
-                       "paper_top3": p3, "AUC": round(row["avg_AUC"], 4), "paper_AUC": auc, **row,
-                       "held_out_P@3_by_lam": tried}
+                row = {"dataset": name, "k/L": ratio, "k": k, "loss": loss, "normalize": normalize,
+                       "top3": round(100 * row["P@3"], 2), "paper_top3": p3, "AUC": round(row["avg_AUC"], 4),
+                       "paper_AUC": auc, **row, "solver": model.solver_, "held_out_P@3_by_lam": tried}
                 print(markdown_table([row], T2_KEYS), flush=True)
                 rows.append(row)
     return rows
 
 
-def bench_table4(workdir: Path, lams, n_iter: int, mask_seed: int, bias: float | None) -> list[dict]:
+def bench_table4(workdir: Path, lams, n_iter: int, mask_seed: int, bias: float | None,
+                 normalizations) -> list[dict]:
     from xmldask.missing import mask_dataset
     from xmldask.models import LEML, BinaryRelevance
     from xmldask.store import open_dataset
 
-    full, test = _ingest("bibtex", workdir, bias)
-    url = str(workdir / "bibtex_train_obs20.zarr")
-    info = mask_dataset(full.url, url, observed=0.2, seed=mask_seed, overwrite=True)
-    train = open_dataset(url)
-    k = int(round(0.4 * train.n_labels))
+    stores = {}
+    for normalize, (full, test) in _ingest_all("bibtex", workdir, bias, normalizations).items():
+        url = str(workdir / f"bibtex_{normalize}_train_obs20.zarr")
+        # the same seed and row blocks: the same entries observed for every normalisation
+        info = mask_dataset(full.url, url, observed=0.2, seed=mask_seed, overwrite=True)
+        stores[normalize] = (open_dataset(url), test)
+    k = int(round(0.4 * full.n_labels))
     methods = {
         "LEML": lambda lam: LEML(k=k, loss="squared", lam=lam, n_iter=n_iter, random_state=0),
         "BR": lambda lam: BinaryRelevance(loss="squared", lam=lam),
     }
     rows = []
     for method, make in methods.items():
-        lam, tried = _choose_lam(make, train, workdir, lams)
-        _, row = _final(make, lam, train, test)
-        p3, ham, auc = PAPER_T4[method]
-        row = {"method": method, "k": k if method == "LEML" else train.n_labels,
-               "observed_fraction": round(info["observed_fraction"], 4), "mask_seed": mask_seed,
-               "top3": round(100 * row["P@3"], 2), "paper_top3": p3, "hamming": round(row["hamming_loss"], 4),
-               "paper_hamming": ham, "AUC": round(row["avg_AUC"], 4), "paper_AUC": auc, **row,
-               "held_out_P@3_by_lam": tried}
-        print(markdown_table([row], T4_KEYS), flush=True)
-        rows.append(row)
+        normalize, lam, tried = _choose(make, {nz: tt[0] for nz, tt in stores.items()}, workdir, lams)
+        rows.append(_table4_row(method, make, normalize, lam, stores, k, info, mask_seed, tried))
     return rows
+
+
+def _table4_row(method, make, normalize, lam, stores, k, info, mask_seed, tried) -> dict:
+    _, row = _final(make, lam, *stores[normalize])
+    train = stores[normalize][0]
+    p3, ham, auc = PAPER_T4[method]
+    row = {"method": method, "k": k if method == "LEML" else train.n_labels, "normalize": normalize,
+           "observed_fraction": round(info["observed_fraction"], 4), "mask_seed": mask_seed,
+           "top3": round(100 * row["P@3"], 2), "paper_top3": p3, "hamming": round(row["hamming_loss"], 4),
+           "paper_hamming": ham, "AUC": round(row["avg_AUC"], 4), "paper_AUC": auc, **row,
+           "held_out_P@3_by_lam": tried}
+    print(markdown_table([row], T4_KEYS), flush=True)
+    return row
 
 
 def _worker_peak_mb() -> float:
@@ -215,7 +245,10 @@ def bench_synthetic(workdir: Path, n_rows: int, workers: int, memory_limit: str,
     with LocalCluster(n_workers=workers, threads_per_worker=1, memory_limit=memory_limit,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         start = time.perf_counter()
-        model = LEML(k=k, loss="squared", lam=1.0, n_iter=2, max_cg_iter=5, random_state=0).fit(ds.X, ds.Y)
+        # the solver that makes a pass per CG step (the memory to keep flat); solver="auto" would take the
+        # one-pass Gram shortcut on these 1,000 features
+        model = LEML(k=k, loss="squared", lam=1.0, n_iter=2, max_cg_iter=5, solver="passes",
+                     random_state=0).fit(ds.X, ds.Y)
         seconds = time.perf_counter() - start
         peaks = client.run(_worker_peak_mb)
         limit = cluster.workers[next(iter(cluster.workers))].memory_manager.memory_limit / 2**20
@@ -226,10 +259,10 @@ def bench_synthetic(workdir: Path, n_rows: int, workers: int, memory_limit: str,
              "J_after_H": [round(float(h["J_after_H"]), 1) for h in model.history_]}]
 
 
-T2_KEYS = ["dataset", "k/L", "k", "loss", "lam", "top3", "paper_top3", "AUC", "paper_AUC", "seconds", "passes",
-           "peak_rss_mb"]
-T4_KEYS = ["method", "k", "lam", "top3", "paper_top3", "hamming", "paper_hamming", "AUC", "paper_AUC", "seconds",
-           "passes", "peak_rss_mb"]
+T2_KEYS = ["dataset", "k/L", "k", "loss", "normalize", "lam", "top3", "paper_top3", "AUC", "paper_AUC", "seconds",
+           "passes", "solver", "peak_rss_mb"]
+T4_KEYS = ["method", "k", "normalize", "lam", "top3", "paper_top3", "hamming", "paper_hamming", "AUC", "paper_AUC",
+           "seconds", "passes", "peak_rss_mb"]
 
 
 def main() -> None:
@@ -238,7 +271,9 @@ def main() -> None:
     parser.add_argument("--datasets", default="bibtex,delicious")
     parser.add_argument("--losses", default="squared,logistic,sqhinge")
     parser.add_argument("--ratios", default="0.2,0.4,0.6")
-    parser.add_argument("--lams", default="1,10,100,1000", help="lam grid for the held-out choice")
+    parser.add_argument("--lams", default="1,10,100,1000", help="lam grid (decades) for the held-out choice")
+    parser.add_argument("--normalizations", default="none,l2",
+                        help="row normalisations (ingest --normalize) for the held-out choice")
     parser.add_argument("--n-iter", type=int, default=5, help="alternations (the paper reports 5)")
     parser.add_argument("--mask-seed", type=int, default=0)
     parser.add_argument("--bias", type=float, default=1.0, help="constant feature appended to every row (0: none)")
@@ -251,18 +286,20 @@ def main() -> None:
     args = parser.parse_args()
     sections = [s.strip() for s in args.only.split(",") if s.strip()]
     lams = [float(v) for v in args.lams.split(",")]
+    normalizations = [v.strip() for v in args.normalizations.split(",") if v.strip()]
     rows: list[dict] = []
     with tempfile.TemporaryDirectory(dir=args.workdir) as tmp:
         tmp = Path(tmp)
         if "table2" in sections:
             print("## Table 2: full labels (top-3 = P@3 in %, average AUC)\n", flush=True)
             got = bench_table2(tmp, args.datasets.split(","), args.losses.split(","),
-                               [float(r) for r in args.ratios.split(",")], lams, args.n_iter, args.bias or None)
+                               [float(r) for r in args.ratios.split(",")], lams, args.n_iter, args.bias or None,
+                               normalizations)
             print("\n" + markdown_table(got, T2_KEYS) + "\n")
             rows += got
         if "table4" in sections:
             print("## Table 4: bibtex, 20% of the entries observed, squared loss, k = 0.4 L\n", flush=True)
-            got = bench_table4(tmp, lams, args.n_iter, args.mask_seed, args.bias or None)
+            got = bench_table4(tmp, lams, args.n_iter, args.mask_seed, args.bias or None, normalizations)
             print("\n" + markdown_table(got, T4_KEYS) + "\n")
             rows += got
         if "synthetic" in sections:
