@@ -513,33 +513,38 @@ class LEML(_LowRankLinear):
             if gram is not None:
                 H, j_h = gram.h_step(W, p["lam"])
                 W, j_w = gram.w_step(H, p["lam"])
-                history.append({"iteration": it + 1, "J_after_H": j_h, "J_after_W": j_w, "passes": counter.n - before,
-                                "seconds": round(time.perf_counter() - t0, 3)})
-                continue
-            if self.full_sq_:
-                H, j_h = self._h_step_full_sq(X, Y, W, p["lam"], counter, nnz_y)
-            elif p["loss"] == "squared":
-                H, j_h = self._h_step_sq_omega(X, Y, O, W, p["lam"], counter)
+                info = {}
             else:
-                if E is None:
-                    E = self._gather_entries(Y, O, counter)
-                H, j_h = self._h_step_newton(X, E, W, H, p, counter)
-            problem = _WProblem(X, Y, O, H, p["lam"], p["loss"], self.full_sq_, counter)
-            if p["loss"] == "squared":
-                W, info = _solve_quadratic(problem, W, tol=p["tol"], max_iter=p["max_cg_iter"])
-            else:
-                w, info = _solve_newton(problem.fun_grad, problem.hessp, W.ravel(), tol=p["tol"],
-                                        max_iter=p["max_newton_iter"])
-                W = w.reshape(d, k)
-            j_w = info.pop("fun", None)
-            if j_w is not None:
-                j_w += 0.5 * p["lam"] * float(np.vdot(H, H))
+                W, H, E, j_h, j_w, info = self._alternate(X, Y, O, W, H, E, p, counter, nnz_y)
             history.append({"iteration": it + 1, "J_after_H": j_h, "J_after_W": j_w, "passes": counter.n - before,
                             "seconds": round(time.perf_counter() - t0, 3), **info})
             logger.info("LEML iteration %d: J %.6g after the H-step, %d passes", it + 1, j_h, counter.n - before)
         self.W_, self.H_ = W, H
         self.history_, self.n_passes_ = history, counter.n
         return self
+
+    def _alternate(self, X, Y, O, W, H, E, p: dict, counter, nnz_y):
+        """One H-step and one W-step by passes over the rows; ``(W, H, E, J after H, J after W, solver info)``
+        (``E``: the observed entries, gathered once for the Newton H-steps)."""
+        if self.full_sq_:
+            H, j_h = self._h_step_full_sq(X, Y, W, p["lam"], counter, nnz_y)
+        elif p["loss"] == "squared":
+            H, j_h = self._h_step_sq_omega(X, Y, O, W, p["lam"], counter)
+        else:
+            if E is None:
+                E = self._gather_entries(Y, O, counter)
+            H, j_h = self._h_step_newton(X, E, W, H, p, counter)
+        problem = _WProblem(X, Y, O, H, p["lam"], p["loss"], self.full_sq_, counter)
+        if p["loss"] == "squared":
+            W, info = _solve_quadratic(problem, W, tol=p["tol"], max_iter=p["max_cg_iter"])
+        else:
+            w, info = _solve_newton(problem.fun_grad, problem.hessp, W.ravel(), tol=p["tol"],
+                                    max_iter=p["max_newton_iter"])
+            W = w.reshape(W.shape)
+        j_w = info.pop("fun", None)
+        if j_w is not None:
+            j_w += 0.5 * p["lam"] * float(np.vdot(H, H))
+        return W, H, E, j_h, j_w, info
 
     def _initial_w(self, X, Y, O, p: dict, rng, counter, gram) -> np.ndarray:
         """``W`` to start from (``init``): ``n_features x k``, columns of norm ``init_scale``."""
@@ -555,8 +560,8 @@ class LEML(_LowRankLinear):
                       static={"n_labels": L, "encoding": "01" if self.full_sq_ else "pm1"}, token="leml-init-block")
             (B,) = counter.compute(B)
         U, s, _ = np.linalg.svd(np.asarray(B, np.float64), full_matrices=False)
-        rank = int(np.count_nonzero(s > s[0] * max(B.shape) * np.finfo(np.float64).eps)) if s.size and s[0] > 0 else 0
-        rank = min(rank, k)
+        tol = s[0] * max(B.shape) * np.finfo(np.float64).eps if s.size else 0.0
+        rank = min(k, int(np.count_nonzero(s > tol)))
         W[:, :rank] = p["init_scale"] * U[:, :rank]
         return W
 
