@@ -65,6 +65,14 @@ def test_block_gradient_and_hessp_match_dense_reference(loss, observed):
     np.testing.assert_allclose(hv, ref_hv, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
+def test_curvature_is_the_second_derivative_of_loss_terms(loss):
+    rng = np.random.default_rng(2)
+    a, b = np.where(rng.random(200) < 0.5, 1.0, -1.0), rng.normal(scale=3.0, size=200)
+    b[:5] = a[:5]  # the hinge's kink at a b = 1
+    np.testing.assert_array_equal(LK.curvature(a, b, loss), LK.loss_terms(a, b, loss, second=True)[2])
+
+
 def test_full_squared_gradient_kernel():
     X, Y, _ = _data()
     rng = np.random.default_rng(2)

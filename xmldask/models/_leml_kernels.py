@@ -32,8 +32,8 @@ from scipy.special import expit
 
 from ..linalg import canonical
 
-__all__ = ["LOSSES", "ENTRY_BUDGET", "block_grad", "block_hessp", "block_sq_full_grad", "label_grams", "loss_terms",
-           "signed_entries"]
+__all__ = ["LOSSES", "ENTRY_BUDGET", "block_grad", "block_hessp", "block_sq_full_grad", "block_target_sketch",
+           "curvature", "label_grams", "loss_terms", "signed_entries"]
 
 #: loss names: squared ``(a - b)^2``, logistic ``log(1 + exp(-a b))``, squared hinge ``max(0, 1 - a b)^2``
 LOSSES = ("squared", "logistic", "sqhinge")
@@ -195,6 +195,20 @@ def block_grad(Xb, Yb, W: np.ndarray, H: np.ndarray, Ob=None, *, loss: str, budg
     return out
 
 
+def curvature(a: np.ndarray, b: np.ndarray, loss: str) -> np.ndarray:
+    """``l''(a, b)`` element-wise (the generalised one for the squared hinge), as :func:`loss_terms` gives
+    it with ``second=True``, without the loss value and first derivative a Hessian-vector product
+    does not need (the logistic loss's ``log(1 + e^-z)`` costs more than ``l''`` itself)."""
+    if loss == "squared":
+        return np.full_like(b, 2.0)
+    if loss == "logistic":
+        p = expit(a * b)
+        return p * (1.0 - p)
+    if loss == "sqhinge":
+        return 2.0 * (a * b < 1.0)
+    raise ValueError(f"loss must be one of {', '.join(map(repr, LOSSES))}, but is {loss!r}")
+
+
 def block_hessp(Xb, Yb, W: np.ndarray, H: np.ndarray, S: np.ndarray, Ob=None, *, loss: str,
                 budget: int = ENTRY_BUDGET) -> np.ndarray:
     """Hessian-vector product ``X_b^T U H`` of the block's loss at ``W`` along ``S`` (eq. (10)).
@@ -209,10 +223,10 @@ def block_hessp(Xb, Yb, W: np.ndarray, H: np.ndarray, S: np.ndarray, Ob=None, *,
         AB = np.asarray(Xs @ WS, dtype=np.float64)
         A, B = AB[:, :k], AB[:, k:]
         if Es is None:
-            _, _, d2 = loss_terms(_dense_signs(Ys, "pm1"), A @ H.T, loss, second=True)
+            d2 = curvature(_dense_signs(Ys, "pm1"), A @ H.T, loss)
             UH = (d2 * (B @ H.T)) @ H
         else:
-            _, _, d2 = loss_terms(Es.data, _entry_scores(A, H, Es), loss, second=True)
+            d2 = curvature(Es.data, _entry_scores(A, H, Es), loss)
             U = sp.csr_matrix((d2 * _entry_scores(B, H, Es), Es.indices, Es.indptr), shape=Es.shape)
             UH = U @ H
         out += Xs.T @ UH
