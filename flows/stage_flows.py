@@ -278,14 +278,16 @@ CACHED = {"cache_key_fn": cache_key, "persist_result": True, "result_serializer"
 
 @task(name="ingest", retries=2, retry_delay_seconds=1, **CACHED)
 def ingest_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
-    """Text files (``inputs`` ``source0``, ``source1``, ...) into the dataset store ``data.zarr``."""
+    """Text files (``inputs`` ``source0``, ``source1``, ..., and with missing labels their files of observed
+    entries ``observed0``, ...) into the dataset store ``data.zarr``."""
     from xmldask.io import ingest
 
-    sources = [inputs[f"source{i}"]["url"] for i in range(len(inputs))]
+    sources = [inputs[f"source{i}"]["url"] for i in range(sum(name.startswith("source") for name in inputs))]
+    observed = [inputs[f"observed{i}"]["url"] for i in range(len(sources))] if "observed0" in inputs else None
 
     def compute(work: str, scratch: Path) -> dict:
         data = join(work, "data.zarr")
-        ds = ingest(sources, data, **params)
+        ds = ingest(sources, data, observed=observed, **params)
         return {"outputs": {"data": "data.zarr"}, "fingerprints": {"data": dataset_fingerprint(data)},
                 "result": {k: v for k, v in ds.info().items() if isinstance(v, (int, float, str))}}
 
@@ -294,8 +296,8 @@ def ingest_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
 @flow(name="xmldask-ingest", log_prints=True)
 def ingest_flow(sources: list[str], *, split: str = "train", like: str | None = None, format: Format = "auto",
-                one_based: bool = False, normalize: Normalize = "none", storage: str | None = None,
-                run_dir: str | None = None) -> dict:
+                one_based: bool = False, normalize: Normalize = "none", observed: list[str] | None = None,
+                storage: str | None = None, run_dir: str | None = None) -> dict:
     """A dataset store from text files (ingested once per content), or an existing store as it is.
 
     Parameters
@@ -308,6 +310,9 @@ def ingest_flow(sources: list[str], *, split: str = "train", like: str | None = 
         The training dataset store, whose dimensions the test data takes.
     format, one_based, normalize
         How the text files are read (:func:`xmldask.io.ingest`).
+    observed : list of str, optional
+        Missing labels: one file of observed label entries per source (:func:`xmldask.io.ingest`'s
+        ``observed``, ``xmldask ingest --observed``); part of the stage's cache key like the sources.
     storage : str, optional
         Storage root (path or fsspec URL; default ``$XMLDASK_STORAGE`` or ``storage``).
     run_dir : str, optional
@@ -334,6 +339,12 @@ def ingest_flow(sources: list[str], *, split: str = "train", like: str | None = 
         meta = open_dataset(like).meta
         params.update(n_features=meta["n_features"], n_labels=meta["n_labels"])
     inputs = {f"source{i}": {"url": str(s), "fingerprint": file_sha256(str(s))} for i, s in enumerate(sources)}
+    if observed is not None:
+        if len(observed) != len(sources):
+            raise ValueError(f"give one file of observed entries per source: {len(sources)} sources but "
+                             f"{len(observed)} observed files")
+        inputs.update({f"observed{i}": {"url": str(o), "fingerprint": file_sha256(str(o))}
+                       for i, o in enumerate(observed)})
     return run_cached(ingest_task, inputs=inputs, params=params, storage=storage, run_dir=run_dir,
                       name=f"ingest-{split}")
 

@@ -373,3 +373,25 @@ def test_deploy_builds_the_scheduled_refresh_deployment(monkeypatch):
     assert [s.schedule.cron for s in deployment.schedules] == ["*/15 * * * *"]
     assert deployment.parameters == served["parameters"]
     assert deployment.entrypoint == "flows.refresh.refresh"  # imported as a module of the package
+
+
+def test_ingest_flow_with_missing_labels(data, storage, tmp_path):
+    """The observed-entry files are inputs of the ingest stage: stored as the mask, and part of its cache key."""
+    import numpy as np
+
+    from xmldask.io import read_text
+    from xmldask.store import open_dataset, to_scipy
+
+    _, Y = read_text(data["test"])
+    Y = Y.tocsr()
+    extra = np.random.default_rng(0).integers(0, Y.shape[1], Y.shape[0])
+    lines = [sorted(set(Y[i].indices.tolist()) | {int(extra[i])}) for i in range(Y.shape[0])]
+    obs = tmp_path / "test.observed"
+    obs.write_text("".join(",".join(map(str, ids)) + "\n" for ids in lines))
+    first = ingest_flow([data["test"]], split="observed", observed=[str(obs)], storage=storage)
+    ds = open_dataset(first["outputs"]["data"])
+    assert ds.observed is not None and to_scipy(ds.observed).nnz == sum(map(len, lines))
+    assert ingest_flow([data["test"]], split="observed", observed=[str(obs)], storage=storage)["state"] == "Cached"
+    obs.write_text("".join(",".join(map(str, sorted(set(Y[i].indices.tolist())))) + "\n" for i in range(Y.shape[0])))
+    again = ingest_flow([data["test"]], split="observed", observed=[str(obs)], storage=storage)
+    assert again["state"] == "Completed" and to_scipy(open_dataset(again["outputs"]["data"]).observed).nnz == Y.nnz
