@@ -666,6 +666,16 @@ def test_dataset_append(tmp_path, tiny_shards):
     assert zarr.open_group(url, mode="r")["X/data"].shards == (32,)  # appends really crossed shards
 
 
+def check_unchanged_then_appends(url, before, X1, Y1, X_new, Y_new, row_blocks):
+    """The failed append left the dataset at ``url`` as ``before`` (holding ``X1, Y1``), and a new append of
+    ``X_new, Y_new`` commits on top of it with these row blocks (block size their first step)."""
+    assert_same_snapshot(snapshot(url), before)
+    with DatasetWriter.append(url, block_rows=row_blocks[1]) as writer:
+        writer.write(X_new, Y_new)
+        ds = writer.commit()
+    check_dataset(ds, sp.vstack([X1, X_new], format="csr"), sp.vstack([Y1, Y_new], format="csr"), row_blocks)
+
+
 def test_append_that_raises_leaves_dataset_unchanged(tmp_path, tiny_shards):
     X1, Y1 = random_csr(80, 10, seed=40), random_labels(80, 6, seed=41)
     X2, Y2 = random_csr(90, 10, seed=42), random_labels(90, 6, seed=43)
@@ -679,12 +689,7 @@ def test_append_that_raises_leaves_dataset_unchanged(tmp_path, tiny_shards):
             raise RuntimeError("boom")
     # the rows reached the disk beyond the committed end, yet readers see the old dataset
     assert zarr.open_group(url, mode="r")["X/data"].shape[0] > X1.nnz
-    assert_same_snapshot(snapshot(url), before)
-    with DatasetWriter.append(url, block_rows=30) as writer:
-        writer.write(X2[:20], Y2[:20])
-        ds = writer.commit()
-    check_dataset(ds, sp.vstack([X1, X2[:20]], format="csr"), sp.vstack([Y1, Y2[:20]], format="csr"),
-                  [0, 30, 60, 80, 100])
+    check_unchanged_then_appends(url, before, X1, Y1, X2[:20], Y2[:20], [0, 30, 60, 80, 100])
 
 
 def test_append_that_crashes_without_exit(tmp_path, tiny_shards):
@@ -699,14 +704,9 @@ def test_append_that_crashes_without_exit(tmp_path, tiny_shards):
     writer.write(X2, Y2)
     del writer
     assert zarr.open_group(url, mode="r")["X/data"].shape[0] > X1.nnz
-    assert_same_snapshot(snapshot(url), before)
-    with DatasetWriter.append(url, block_rows=16) as writer:
-        writer.write(X3, Y3)
-        ds = writer.commit()
-    X, Y = sp.vstack([X1, X3], format="csr"), sp.vstack([Y1, Y3], format="csr")
-    check_dataset(ds, X, Y, [0, 16, 32, 48, 64, 79])
+    check_unchanged_then_appends(url, before, X1, Y1, X3, Y3, [0, 16, 32, 48, 64, 79])
     group = zarr.open_group(url, mode="r")
-    assert group["X/data"].shape[0] == X.nnz
+    assert group["X/data"].shape[0] == X1.nnz + X3.nnz
     assert group["Y/indptr"].shape[0] == 80
 
 
@@ -730,12 +730,7 @@ def test_append_that_crashes_inside_commit(tmp_path, tiny_shards, monkeypatch):
     group = zarr.open_group(url, mode="r")
     assert group["X"].attrs[ATTR]["nnz"] == X1.nnz + X2.nnz  # X's own attributes moved on
     assert "label_counts_next" in group  # and the other label-count slot was written
-    assert_same_snapshot(snapshot(url), before)
-    with DatasetWriter.append(url, block_rows=16) as writer:
-        writer.write(X2[:5], Y2[:5])
-        ds = writer.commit()
-    check_dataset(ds, sp.vstack([X1, X2[:5]], format="csr"), sp.vstack([Y1, Y2[:5]], format="csr"),
-                  [0, 16, 32, 40, 45])
+    check_unchanged_then_appends(url, before, X1, Y1, X2[:5], Y2[:5], [0, 16, 32, 40, 45])
 
 
 def test_append_refuses_out_of_range_ids(tmp_path):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import inspect
 import json
 import logging
 import sys
@@ -37,9 +38,21 @@ def _add_out(p, what: str, metavar: str = "URL", *, overwrite: bool = True, prog
         p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
+def _add_seed(p, of: str = "of the random draws") -> None:
+    """``--seed S`` (default 0): the same seed gives the same result."""
+    p.add_argument("--seed", type=int, default=0, metavar="S", help=f"seed {of} (default 0)")
+
+
 def _print(args, result: dict, text) -> int:
     """Print ``result`` as JSON (``--json``) or as ``text(result)``; the command's exit status 0."""
     print(json.dumps(result, indent=2, default=float) if args.json else text(result))
+    return 0
+
+
+def _print_dataset(ds, start: float) -> int:
+    """Print where the dataset store ``ds`` was written, in how long since ``start``, and its summary."""
+    print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
+    print(format_info(ds.info()))
     return 0
 
 
@@ -49,16 +62,9 @@ def _add_json(p, keys: str | None = None) -> None:
                    "print the result as JSON")
 
 
-def _add_ingest(sub) -> None:
+def _add_ingest(p) -> None:
     from .store.layout import BLOCK_ROWS
 
-    p = sub.add_parser(
-        "ingest",
-        help="read text files (XC, LIBSVM, Vowpal Wabbit; gzip or plain) into a dataset store",
-        description="Stream one or more text files into a dataset store of CSR row blocks. Several "
-        "SOURCE files are concatenated row-wise. Memory stays bounded whatever the file size. "
-        "On bad input the error names the file, the line and its text, and no store is left behind.",
-    )
     p.add_argument("sources", nargs="+", metavar="SOURCE", help="text file path or fsspec URL")
     _add_out(p, "dataset store", overwrite=False)
     p.add_argument("--format", default="auto", choices=["auto", "xc", "libsvm", "vw"],
@@ -88,6 +94,12 @@ def _add_ingest(sub) -> None:
 
 
 def _cmd_ingest(args) -> int:
+    """Read text files (XC, LIBSVM, Vowpal Wabbit; gzip or plain) into a dataset store.
+
+    Stream one or more text files into a dataset store of CSR row blocks. Several SOURCE files are concatenated row-
+    wise. Memory stays bounded whatever the file size. On bad input the error names the file, the line and its text,
+    and no store is left behind.
+    """
     from .io import ingest
 
     start = time.perf_counter()
@@ -95,27 +107,18 @@ def _cmd_ingest(args) -> int:
                 normalize=args.normalize, bias=args.bias, n_features=args.n_features, n_labels=args.n_labels,
                 duplicates=args.duplicates, overwrite=args.overwrite, append=args.append,
                 skip_ingested=args.skip_ingested, observed=args.observed, progress=not args.no_progress)
-    print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
-    print(format_info(ds.info()))
-    return 0
+    return _print_dataset(ds, start)
 
 
-def _add_synth(sub) -> None:
+def _add_synth(p) -> None:
     from .store.layout import BLOCK_ROWS
 
-    p = sub.add_parser(
-        "synth",
-        help="generate a synthetic XMC dataset (power-law labels, planted low-rank structure)",
-        description="Generate a realistic synthetic extreme-classification dataset straight into a store, "
-        "block by block (any size fits in bounded memory). The same --seed gives the same data; "
-        "--split test draws other rows from the same planted model, for a held-out set.",
-    )
     _add_out(p, "dataset store", progress=True)
     p.add_argument("--n-samples", type=_positive, required=True, metavar="N")
     p.add_argument("--n-features", type=_positive, required=True, metavar="D")
     p.add_argument("--n-labels", type=_positive, required=True, metavar="L")
     p.add_argument("--multiclass", action="store_true", help="exactly one label per row")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
+    _add_seed(p)
     p.add_argument("--split", default="train", help="rows to draw from the model: train (default), test, ...")
     p.add_argument("--rank", type=_positive, default=None,
                    help="number of planted topics (default: 32, or fewer with fewer labels or features)")
@@ -128,6 +131,12 @@ def _add_synth(sub) -> None:
 
 
 def _cmd_synth(args) -> int:
+    """Generate a synthetic XMC dataset (power-law labels, planted low-rank structure).
+
+    Generate a realistic synthetic extreme-classification dataset straight into a store, block by block (any size
+    fits in bounded memory). The same --seed gives the same data; --split test draws other rows from the same
+    planted model, for a held-out set.
+    """
     from .datasets import make_synthetic
 
     start = time.perf_counter()
@@ -135,46 +144,45 @@ def _cmd_synth(args) -> int:
                         multiclass=args.multiclass, seed=args.seed, split=args.split, rank=args.rank,
                         avg_features=args.avg_features, avg_labels=args.avg_labels, block_rows=args.block_rows,
                         normalize=args.normalize, overwrite=args.overwrite, progress=not args.no_progress)
-    print(f"wrote {ds.url} in {time.perf_counter() - start:.1f} s")
-    print(format_info(ds.info()))
-    return 0
+    return _print_dataset(ds, start)
 
 
-def _add_info(sub) -> None:
-    p = sub.add_parser("info", help="summarise a dataset store",
-                       description="Print the size, density and label-frequency profile of a dataset store.")
+def _add_info(p) -> None:
     p.add_argument("url", metavar="URL")
     _add_json(p, "n_samples, n_features, n_labels, nnz")
 
 
 def _cmd_info(args) -> int:
+    """Summarise a dataset store.
+
+    Print the size, density and label-frequency profile of a dataset store.
+    """
     from .store import open_dataset
 
     info = open_dataset(args.url).info()
     return _print(args, info, format_info)
 
 
-def _add_spectrum(sub) -> None:
-    p = sub.add_parser(
-        "spectrum",
-        help="estimate the spectrum of the label covariance Y^T Y (or of X^T X) by randomized PCA",
-        description="Estimate the top eigenvalues of Y^T Y (the empirical label covariance) or X^T X of a dataset "
-        "store with randomized PCA (Algorithm 1 of the Rembrandt paper: n-iter + 1 passes over the data), as in "
-        "the paper's Figure 1b. Writes spectrum.csv and spectrum.md (rank, eigenvalue, share of the trace) and "
-        "spectrum.png (log-scale plot) into --out.",
-    )
+def _add_spectrum(p) -> None:
     p.add_argument("url", metavar="DATA_URL", help="dataset store")
     p.add_argument("--matrix", default="Y", choices=["Y", "X"], help="Y (labels, default) or X (features)")
     p.add_argument("--k", type=_positive, default=100, help="eigenvalues to estimate (default 100)")
     p.add_argument("--oversample", type=int, default=20, help="oversampling p (default 20)")
     p.add_argument("--n-iter", type=int, default=1, help="power iterations q (default 1: two passes)")
     p.add_argument("--center", action="store_true", help="centre the columns first (covariance)")
-    p.add_argument("--seed", type=int, default=0, metavar="S")
+    _add_seed(p)
     p.add_argument("--out", required=True, metavar="DIR", help="directory for spectrum.csv, .md and .png")
     p.add_argument("--no-plot", action="store_true", help="do not write spectrum.png")
 
 
 def _cmd_spectrum(args) -> int:
+    """Estimate the spectrum of the label covariance Y^T Y (or of X^T X) by randomized PCA.
+
+    Estimate the top eigenvalues of Y^T Y (the empirical label covariance) or X^T X of a dataset store with
+    randomized PCA (Algorithm 1 of the Rembrandt paper: n-iter + 1 passes over the data), as in the paper's Figure
+    1b. Writes spectrum.csv and spectrum.md (rank, eigenvalue, share of the trace) and spectrum.png (log-scale plot)
+    into --out.
+    """
     from .embedding.spectrum import compute_spectrum, write_spectrum
 
     spectrum = compute_spectrum(args.url, matrix=args.matrix, n_components=args.k, oversample=args.oversample,
@@ -202,14 +210,12 @@ def _cluster_context(args, data_url: str):
         yield client
 
 
-def _add_fitting(sub, name: str, params, title: str, *, help: str, description: str, out: tuple[str, str],
-                 keys: str) -> None:
-    """A command that fits on ``TRAIN_URL`` with the options generated from ``params`` (a parameters model)
+def _add_fitting(p, params, title: str, *, out: tuple[str, str], keys: str) -> None:
+    """The options of a command that fits on ``TRAIN_URL``, generated from ``params`` (a parameters model),
     and writes a model store at ``--out``."""
     from .cluster import add_cluster_arguments
     from .params import add_arguments
 
-    p = sub.add_parser(name, help=help, description=description)
     p.add_argument("train_url", metavar="TRAIN_URL", help="training dataset store")
     _add_out(p, *out)
     _add_json(p, keys)
@@ -217,23 +223,22 @@ def _add_fitting(sub, name: str, params, title: str, *, help: str, description: 
     add_cluster_arguments(p)
 
 
-def _add_train(sub) -> None:
+def _add_train(p) -> None:
     from .params import TrainParams
 
-    _add_fitting(
-        sub, "train", TrainParams, "training parameters", out=("model store", "MODEL_URL"),
-        keys="model, seconds, params, held_out",
-        help="fit a classifier on a dataset store and save it (by default the label-embedding classifier, its "
-        "parameters chosen on held-out training rows)",
-        description="Fit a model on a dataset store and write a model store. The default model embeds the labels "
-        "(rembrandt, cs, plst) or the features (pca), regresses onto the embedding, optionally maps through "
-        "random Fourier features, and fits a softmax/logistic decoder early-stopped on a held-out slice of the "
-        "training rows; --model chooses LEML, binary relevance or multiclass boosting, --tree a spectral label "
-        "tree's candidate-restricted classifier.",
-    )
+    _add_fitting(p, TrainParams, "training parameters", out=("model store", "MODEL_URL"),
+                 keys="model, seconds, params, held_out")
 
 
 def _cmd_train(args) -> int:
+    """Fit a classifier on a dataset store and save it (by default the label-embedding classifier, its
+    parameters chosen on held-out training rows).
+
+    Fit a model on a dataset store and write a model store. The default model embeds the labels (rembrandt, cs,
+    plst) or the features (pca), regresses onto the embedding, optionally maps through random Fourier features, and
+    fits a softmax/logistic decoder early-stopped on a held-out slice of the training rows; --model chooses LEML,
+    binary relevance or multiclass boosting, --tree a spectral label tree's candidate-restricted classifier.
+    """
     from . import jobs
     from .params import from_args
 
@@ -251,22 +256,21 @@ def _train_text(info: dict) -> str:
             f"held out: {held})")
 
 
-def _add_mask(sub) -> None:
-    p = sub.add_parser(
-        "mask",
-        help="copy a dataset revealing a uniformly random fraction of its label entries (missing labels)",
-        description="Write a copy of a fully labelled dataset store in which each of the n x L label entries is "
-        "observed independently with probability --observed (LEML's missing-label simulation): Y keeps the "
-        "observed relevant labels and the CSR group 'observed' beside it stores the observed entries.",
-    )
+def _add_mask(p) -> None:
     p.add_argument("data_url", metavar="DATA_URL", help="fully labelled dataset store")
     p.add_argument("--observed", type=float, required=True, metavar="FRACTION", help="fraction in (0, 1], e.g. 0.2")
-    p.add_argument("--seed", type=int, default=0, metavar="S", help="seed of the mask (default 0)")
+    _add_seed(p, "of the mask")
     _add_out(p, "dataset store")
     _add_json(p, "url, nnz_observed, observed_fraction")
 
 
 def _cmd_mask(args) -> int:
+    """Copy a dataset revealing a uniformly random fraction of its label entries (missing labels).
+
+    Write a copy of a fully labelled dataset store in which each of the n x L label entries is observed
+    independently with probability --observed (LEML's missing-label simulation): Y keeps the observed relevant
+    labels and the CSR group 'observed' beside it stores the observed entries.
+    """
     from .missing import mask_dataset
 
     info = mask_dataset(args.data_url, args.out, observed=args.observed, seed=args.seed, overwrite=args.overwrite)
@@ -275,15 +279,9 @@ def _cmd_mask(args) -> int:
         f"of n x L, seed {info['seed']}), {info['nnz_labels']:,} observed relevant labels"))
 
 
-def _add_predict(sub) -> None:
+def _add_predict(p) -> None:
     from .cluster import add_cluster_arguments
 
-    p = sub.add_parser(
-        "predict",
-        help="top-k labels and scores of every row of a dataset store, into a prediction store",
-        description="Stream the rows of a dataset store through a model, block by block, into a prediction "
-        "store holding the Zarr arrays labels (int32, n x top_k, best first) and scores (float32).",
-    )
     p.add_argument("model_url", metavar="MODEL_URL")
     p.add_argument("data_url", metavar="DATA_URL")
     _add_out(p, "prediction store", "PRED_URL", progress=True)
@@ -292,6 +290,11 @@ def _add_predict(sub) -> None:
 
 
 def _cmd_predict(args) -> int:
+    """Top-k labels and scores of every row of a dataset store, into a prediction store.
+
+    Stream the rows of a dataset store through a model, block by block, into a prediction store holding the Zarr
+    arrays labels (int32, n x top_k, best first) and scores (float32).
+    """
     from . import jobs
 
     with _cluster_context(args, args.data_url):
@@ -302,14 +305,7 @@ def _cmd_predict(args) -> int:
     return 0
 
 
-def _add_evaluate(sub) -> None:
-    p = sub.add_parser(
-        "evaluate",
-        help="P@k, nDCG@k, PSP@k, recall, accuracy of a prediction store against a dataset's labels",
-        description="Score a prediction store against the labels of a dataset store in one pass. Propensities "
-        "(Jain et al. 2016) come from the training set's label counts: --train, else the training data "
-        "recorded in the model, else the evaluated data.",
-    )
+def _add_evaluate(p) -> None:
     p.add_argument("pred_url", metavar="PRED_URL")
     p.add_argument("data_url", metavar="DATA_URL")
     p.add_argument("--train", default=None, metavar="TRAIN_URL", help="training dataset for the propensities")
@@ -320,6 +316,12 @@ def _add_evaluate(sub) -> None:
 
 
 def _cmd_evaluate(args) -> int:
+    """P@k, nDCG@k, PSP@k, recall, accuracy of a prediction store against a dataset's labels.
+
+    Score a prediction store against the labels of a dataset store in one pass. Propensities (Jain et al. 2016) come
+    from the training set's label counts: --train, else the training data recorded in the model, else the evaluated
+    data.
+    """
     from . import jobs, metrics
 
     try:
@@ -331,22 +333,21 @@ def _cmd_evaluate(args) -> int:
     return _print(args, results, lambda results: metrics.report(results, title=f"{args.pred_url} on {args.data_url}"))
 
 
-def _add_demo(sub) -> None:
-    p = sub.add_parser(
-        "demo",
-        help="synthesize, ingest and summarise a dataset in storage/ (the main job, the whole pipeline, is "
-        "python -m flows.pipeline)",
-        description="Generate a synthetic multilabel dataset as XC text files under the storage root, ingest "
-        "them into dataset stores, and print their summary. Re-running reuses what is already there.",
-    )
+def _add_demo(p) -> None:
     p.add_argument("--root", default=None, help="storage root (default: $XMLDASK_STORAGE or ./storage)")
     p.add_argument("--n-samples", type=_positive, default=100_000, help="training rows (default 100000)")
     p.add_argument("--n-features", type=_positive, default=50_000)
     p.add_argument("--n-labels", type=_positive, default=10_000)
-    p.add_argument("--seed", type=int, default=0)
+    _add_seed(p)
 
 
 def _cmd_demo(args) -> int:
+    """Synthesize, ingest and summarise a dataset in storage/ (the main job, the whole pipeline, is python -m
+    flows.pipeline).
+
+    Generate a synthetic multilabel dataset as XC text files under the storage root, ingest them into dataset
+    stores, and print their summary. Re-running reuses what is already there.
+    """
     from .demo import run_demo
 
     run_demo(root=args.root, n_samples=args.n_samples, n_features=args.n_features, n_labels=args.n_labels,
@@ -354,20 +355,20 @@ def _cmd_demo(args) -> int:
     return 0
 
 
-def _add_tree(sub) -> None:
+def _add_tree(p) -> None:
     from .params import TreeParams
 
-    _add_fitting(
-        sub, "tree", TreeParams, "tree parameters", out=("tree store", "TREE_URL"),
-        keys="tree, seconds, n_passes, n_leaves, train_figures",
-        help="grow a hierarchical spectral label tree (candidate-label filter) on a dataset store",
-        description="Grow the label tree of Mineiro and Karampatziakis (2015) level by level over the row blocks: "
-        "each node routes by the top eigenvector of eq. (2) and a weighted median; training rows are routed "
-        "fractionally; a leaf keeps its most probable labels. Writes a tree store (a model store).",
-    )
+    _add_fitting(p, TreeParams, "tree parameters", out=("tree store", "TREE_URL"),
+                 keys="tree, seconds, n_passes, n_leaves, train_figures")
 
 
 def _cmd_tree(args) -> int:
+    """Grow a hierarchical spectral label tree (candidate-label filter) on a dataset store.
+
+    Grow the label tree of Mineiro and Karampatziakis (2015) level by level over the row blocks: each node routes by
+    the top eigenvector of eq. (2) and a weighted median; training rows are routed fractionally; a leaf keeps its
+    most probable labels. Writes a tree store (a model store).
+    """
     from . import jobs
     from .params import TreeParams, from_args
 
@@ -384,22 +385,32 @@ def _tree_text(info: dict) -> str:
             f"{fig['mean_depth']:.2f}, mean candidates {fig['mean_candidates']:.2f})")
 
 
-def _add_tree_info(sub) -> None:
-    p = sub.add_parser("tree-info", help="figures of a spectral label tree on a dataset store",
-                       description="Route every row of a dataset store through a tree (one pass) and report tree "
-                       "recall, root purity and balance, mean depth, mean candidates and the recall of the most "
-                       "frequent training labels.")
+def _add_tree_info(p) -> None:
     p.add_argument("tree_url", metavar="TREE_URL")
     p.add_argument("data_url", metavar="DATA_URL")
     _add_json(p, "tree_recall, root_purity, mean_depth, mean_candidates, top_labels_recall")
 
 
 def _cmd_tree_info(args) -> int:
+    """Figures of a spectral label tree on a dataset store.
+
+    Route every row of a dataset store through a tree (one pass) and report tree recall, root purity and balance,
+    mean depth, mean candidates and the recall of the most frequent training labels.
+    """
     from . import jobs
 
     info = jobs.tree_info(args.tree_url, args.data_url)
     return _print(args, info, lambda info: "\n".join(f"  {key:<18} {value:.4f}" if isinstance(value, float)
                                                      else f"  {key:<18} {value}" for key, value in info.items()))
+
+
+# each command: the function adding its options, and the one running it, whose docstring is its help (the
+# first paragraph, in ``xmldask --help``) and description (the rest, in ``xmldask COMMAND --help``)
+_COMMANDS = {"ingest": (_add_ingest, _cmd_ingest), "synth": (_add_synth, _cmd_synth), "info": (_add_info, _cmd_info),
+             "spectrum": (_add_spectrum, _cmd_spectrum), "train": (_add_train, _cmd_train),
+             "predict": (_add_predict, _cmd_predict), "evaluate": (_add_evaluate, _cmd_evaluate),
+             "demo": (_add_demo, _cmd_demo), "tree": (_add_tree, _cmd_tree),
+             "tree-info": (_add_tree_info, _cmd_tree_info), "mask": (_add_mask, _cmd_mask)}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -410,15 +421,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"xmldask {__version__}")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in (_add_ingest, _add_synth, _add_info, _add_spectrum, _add_train, _add_predict, _add_evaluate,
-                _add_demo, _add_tree, _add_tree_info, _add_mask):
-        add(sub)
+    for name, (add, run) in _COMMANDS.items():
+        summary, _, description = inspect.cleandoc(run.__doc__).partition("\n\n")
+        add(sub.add_parser(name, help=" ".join(summary.split()).rstrip("."), description=description))
     return parser
-
-
-_COMMANDS = {"ingest": _cmd_ingest, "synth": _cmd_synth, "info": _cmd_info, "spectrum": _cmd_spectrum,
-             "train": _cmd_train, "predict": _cmd_predict, "evaluate": _cmd_evaluate, "demo": _cmd_demo,
-             "tree": _cmd_tree, "tree-info": _cmd_tree_info, "mask": _cmd_mask}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -431,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         lambda line: print(line, file=sys.stderr, flush=True))
     try:
         with progress:
-            return _COMMANDS[args.command](args)
+            return _COMMANDS[args.command][1](args)
     except (ParseError, StoreError, FileExistsError, FileNotFoundError, ValueError, ConnectionError) as exc:
         print(f"xmldask {args.command}: error: {exc}", file=sys.stderr)
         return 2

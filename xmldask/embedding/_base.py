@@ -22,7 +22,7 @@ import scipy.sparse as sp
 
 from ..base import MODEL_CLASSES, NotFittedError, ParamsMixin
 from ..store.layout import StoreError
-from ..store.models import jsonable, open_model_store, write_model_store
+from ..store.models import SavedModel, open_model_store
 
 __all__ = ["MODEL_VERSION", "EmbeddingModel", "NotFittedError", "load_model"]
 
@@ -30,15 +30,14 @@ __all__ = ["MODEL_VERSION", "EmbeddingModel", "NotFittedError", "load_model"]
 MODEL_VERSION = 1
 
 
-class EmbeddingModel(ParamsMixin):
+class EmbeddingModel(SavedModel, ParamsMixin):
     """Base class: ``__init__`` stores parameters only; ``fit`` sets the attributes ending in ``_``.
 
-    Subclasses list their fitted array attributes in ``_arrays`` and fitted scalars in ``_scalars``
-    (names without the trailing underscore).
+    Subclasses list their fitted array attributes in ``_ARRAYS`` and fitted scalars in ``_SCALARS``
+    (names without the trailing underscore), which ``save`` writes and ``load`` reads.
     """
 
-    _arrays: tuple[str, ...] = ()
-    _scalars: tuple[str, ...] = ()
+    _MODEL_VERSION = MODEL_VERSION
     _required: str = "embedding"
 
     # -- parameters (ParamsMixin: get_params / set_params from the constructor) -------------
@@ -58,67 +57,15 @@ class EmbeddingModel(ParamsMixin):
         if getattr(self, self._required + "_", None) is None:
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(...) first")
 
-    # -- persistence -----------------------------------------------------------------------
-
-    def save(self, url: str, *, overwrite: bool = False) -> str:
-        """Write the parameters and fitted arrays to a new Zarr store at ``url``.
-
-        Parameters
-        ----------
-        url : str
-            Path or fsspec URL.
-        overwrite : bool, default False
-            Replace an existing store at ``url`` (otherwise ``FileExistsError``).
-
-        Returns
-        -------
-        str
-            ``url``.
-        """
-        self._check_fitted()
-        return write_model_store(
-            url, class_name=type(self).__name__, model_version=MODEL_VERSION,
-            params={name: jsonable(value) for name, value in self.get_params(deep=False).items()},
-            fitted={name: jsonable(getattr(self, name + "_", None)) for name in self._scalars},
-            arrays={name: getattr(self, name + "_", None) for name in self._arrays}, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, url: str):
-        """Read a model saved by :meth:`save`; refuses a store of another class.
-
-        Parameters
-        ----------
-        url : str
-
-        Returns
-        -------
-        EmbeddingModel
-            An instance of ``cls``, fitted.
-        """
-        group, _ = open_model_store(url, model_version=MODEL_VERSION, class_name=cls.__name__,
-                                    hint=" or xmldask.embedding.load_model(url)")
-        return cls._from_group(group)
-
-    @classmethod
-    def _from_group(cls, group):
-        attrs = dict(group.attrs)
-        names = set(cls._get_param_names())
-        model = cls(**{k: v for k, v in attrs["params"].items() if k in names})
-        for name in cls._arrays:
-            setattr(model, name + "_", group[name][...] if name in group else None)
-        for name, value in attrs.get("fitted", {}).items():
-            setattr(model, name + "_", value)
-        return model
-
 
 def load_model(url: str) -> EmbeddingModel:
-    """The embedding model saved at ``url``, whatever its class (:func:`xmldask.load_model` opens any model)."""
+    """The embedding model saved at ``url``, whatever its class (:func:`xmldask.models.load_model` opens any model)."""
     group, meta = open_model_store(url, model_version=MODEL_VERSION)
     cls = MODEL_CLASSES.get(meta.get("class"))
     if cls is None or not issubclass(cls, EmbeddingModel):
         raise StoreError(f"{url} holds a {meta.get('class')!r} model, which is not an embedding model of this "
                          f"xmldask")
-    return cls._from_group(group)
+    return cls._from_group(group, meta)
 
 
 # -- helpers shared by the estimators ----------------------------------------------------------

@@ -60,8 +60,8 @@ class RandomizedPCA(EmbeddingModel):
     Mineiro & Karampatziakis (2015), Algorithm 1.
     """
 
-    _arrays = ("components", "eigenvalues", "explained_variance_ratio", "mean")
-    _scalars = ("trace", "n_samples", "n_features_in", "n_passes")
+    _ARRAYS = ("components", "eigenvalues", "explained_variance_ratio", "mean")
+    _SCALARS = ("trace", "n_samples", "n_features_in", "n_passes")
     _required = "components"
 
     def __init__(self, n_components: int = 50, *, oversample: int = 20, n_iter: int = 1, center: bool = False,
@@ -153,7 +153,7 @@ class PLST(RandomizedPCA):
     Tai & Lin (2012); Mineiro & Karampatziakis (2015), Section 2.3 and Table 4.
     """
 
-    _scalars = RandomizedPCA._scalars + ("n_labels_in",)
+    _SCALARS = RandomizedPCA._SCALARS + ("n_labels_in",)
 
     def __init__(self, n_components: int = 50, *, oversample: int = 20, n_iter: int = 1, center: bool = False,
                  random_state=None, split_every: int = 8):

@@ -349,8 +349,8 @@ class Rembrandt(EmbeddingModel):
     (600, 3)
     """
 
-    _arrays = ("embedding", "eigenvalues", "singular_values", "feature_map", "intercept")
-    _scalars = ("alpha", "n_passes", "converged", "n_features_in", "n_labels_in")
+    _ARRAYS = ("embedding", "eigenvalues", "singular_values", "feature_map", "intercept")
+    _SCALARS = ("alpha", "n_passes", "converged", "n_features_in", "n_labels_in")
 
     def __init__(self, n_components: int = 50, *, oversample: int = 20, n_iter: int = 1, alpha: float = 1e-3,
                  scale_alpha: bool = True, solver: str = "auto", center: bool = False, tol: float = 1e-4,

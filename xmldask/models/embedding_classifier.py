@@ -41,7 +41,7 @@ import scipy.sparse as sp
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..embedding import PLST, CompressedSensing, PCAEmbedding, Rembrandt
 from ..linalg import ridge_lstsq, x_q
-from ..store.models import jsonable, open_model_store, write_model_store
+from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
 from ._screen import Screener
@@ -58,8 +58,6 @@ _STOP_METRICS = ("loss", "p@1")
 #: names accepted for ``embedding=`` and the class looked up in :mod:`xmldask.embedding` at fit time
 _EMBEDDING_CLASSES = {"rembrandt": Rembrandt, "cs": CompressedSensing, "plst": PLST, "pca": PCAEmbedding}
 #: fitted arrays written by :meth:`EmbeddingClassifier.save`
-_ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
-_SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
 
 
 #: held-out rows on which the ridge warm start is rescaled to the log-loss scale (:meth:`_rescale`) at most,
@@ -87,7 +85,7 @@ def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
     return False
 
 
-class EmbeddingClassifier(ParamsMixin):
+class EmbeddingClassifier(SavedModel, ParamsMixin):
     """Multiclass / multilabel classifier through a label embedding (Algorithm 3 of Rembrandt).
 
     Parameters
@@ -204,6 +202,10 @@ class EmbeddingClassifier(ParamsMixin):
     >>> bool((labels.compute()[:, 0] == y).mean() > 0.8)
     True
     """
+
+    _MODEL_VERSION = MODEL_VERSION
+    _ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
+    _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
 
     def __init__(self, *, embedding=None, n_components: int = 50, features: str = "raw", kernel: str = "gaussian",
                  n_random_features: int = 2000, bandwidth_scale: float = 1.0, alpha: float = 1e-3,
@@ -731,79 +733,21 @@ class EmbeddingClassifier(ParamsMixin):
         X = self._check_x(X)
         return _graph.topk(X, self._state(), self._checked_k(k))
 
-    # -- persistence ----------------------------------------------------------------------------
-
-    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
-        """Write the parameters and the fitted model to a new Zarr store at ``url`` (atomically).
-
-        Layout: a Zarr v3 group with attributes ``xmldask`` (``kind: "model"``, ``class``,
-        ``model_version``, ``layout_version``, ``complete``), ``params`` (the constructor parameters as
-        JSON; an array embedding is recorded as ``"ndarray"``, an estimator by its class name) and
-        ``fitted`` (scalars, ``history``), and one array per fitted array (``W``, ``intercept``,
-        ``omega``, ``phase``, ``Q``, ``bias``, ``R``). Written under a hidden temporary name beside
-        ``url`` and moved into place when complete.
-
-        Parameters
-        ----------
-        url : str
-            Path or fsspec URL.
-        overwrite : bool, default False
-            Replace an existing store (otherwise ``FileExistsError``).
-        meta : dict, optional
-            Extra JSON-serialisable facts recorded in the ``xmldask`` attribute (for example the
-            URL of the training data, ``{"train_url": ...}``).
-
-        Returns
-        -------
-        str
-            ``url``.
-        """
-        params, fitted, arrays = self._parts()
-        return write_model_store(url, class_name=type(self).__name__, model_version=MODEL_VERSION, params=params,
-                                 fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
+    # -- persistence (save and load: SavedModel) ------------------------------------------------
 
     def _parts(self) -> tuple[dict, dict, dict]:
-        """What :meth:`save` writes: the parameters and fitted scalars as JSON, the fitted arrays."""
-        self._check_fitted()
-        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
+        """What :meth:`save` writes: the constructor parameters as JSON (an array embedding is recorded as
+        ``"ndarray"``, an estimator by its class name, ``dtype`` by its name), the fitted scalars
+        (``history`` among them) and one array per fitted array (``W``, ``intercept``, ``omega``, ``phase``,
+        ``Q``, ``bias``, ``R``, ``idf``)."""
+        params, fitted, arrays = super()._parts()
         params["dtype"] = np.dtype(self.dtype).name
-        fitted = {name: jsonable(getattr(self, name + "_", None)) for name in _SCALARS}
-        return params, fitted, {name: getattr(self, name + "_", None) for name in _ARRAYS}
+        return params, fitted, arrays
 
     @classmethod
     def _from_parts(cls, params: dict, fitted: dict, arrays) -> EmbeddingClassifier:
-        """The fitted model from :meth:`_parts` (``arrays``: a mapping that may lack the ``None`` ones)."""
-        params = {k: v for k, v in params.items() if k in cls._get_param_names()}
-        arrays = {name: arrays[name][...] if name in arrays else None for name in _ARRAYS}
-        params["embedding"] = arrays["R"]
-        params["dtype"] = np.dtype(params.get("dtype", "float32"))
-        model = cls(**params)
-        for name, value in arrays.items():
-            setattr(model, name + "_", value)
-        for name, value in fitted.items():
-            setattr(model, name + "_", value)
+        """The fitted model; its ``embedding`` parameter is the saved ``R`` (``None`` for a feature
+        embedding)."""
+        model = super()._from_parts({**params, "dtype": np.dtype(params.get("dtype", "float32"))}, fitted, arrays)
+        model.embedding = model.R_
         return model
-
-    @classmethod
-    def load(cls, url: str) -> EmbeddingClassifier:
-        """Read a model written by :meth:`save`; refuses a store of another class.
-
-        Parameters
-        ----------
-        url : str
-
-        Returns
-        -------
-        EmbeddingClassifier
-            Fitted; its ``embedding`` parameter is the saved ``R`` (or ``None`` for a feature
-            embedding).
-
-        Raises
-        ------
-        StoreError
-            No model at ``url``, an incomplete or newer store, or a model of another class.
-        """
-        group, _ = open_model_store(url, model_version=MODEL_VERSION, class_name=cls.__name__,
-                                    hint=" (or xmldask.models.load_model(url) for any model)")
-        attrs = dict(group.attrs)
-        return cls._from_parts(attrs["params"], attrs.get("fitted", {}), group)

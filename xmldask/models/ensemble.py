@@ -19,7 +19,7 @@ import dask.array as da
 import numpy as np
 
 from ..base import NotFittedError, ParamsMixin, as_rows, kept_epoch, seed_of
-from ..store.models import jsonable, open_model_store, write_model_store
+from ..store.models import SavedModel, jsonable
 from . import _graph
 from .embedding_classifier import EmbeddingClassifier
 
@@ -36,7 +36,7 @@ def member_seed(seed: int, index: int) -> int:
     return int(np.random.SeedSequence([int(seed), int(index)]).generate_state(1, np.uint64)[0] >> 1)
 
 
-class EnsembleClassifier(ParamsMixin):
+class EnsembleClassifier(SavedModel, ParamsMixin):
     """Mean of the probabilities of ``n_estimators`` :class:`EmbeddingClassifier` s fitted with different seeds.
 
     Parameters
@@ -78,6 +78,7 @@ class EnsembleClassifier(ParamsMixin):
     True
     """
 
+    _MODEL_VERSION = ENSEMBLE_VERSION
 
     def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None, share_embedding: bool = True):
         self.estimator = estimator
@@ -167,13 +168,10 @@ class EnsembleClassifier(ParamsMixin):
 
     # -- persistence ----------------------------------------------------------------------------
 
-    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
-        """Write the ensemble to a new Zarr store at ``url`` (atomically).
-
-        Layout: a model store (:mod:`xmldask.store.models`) of class ``EnsembleClassifier`` whose
-        ``fitted`` attribute lists every member's parameters and fitted scalars, with member ``i``'s
-        arrays under ``members/i/`` (``W``, ``Q``, ... as in :meth:`EmbeddingClassifier.save`).
-        """
+    def _parts(self) -> tuple[dict, dict, dict]:
+        """What :meth:`save` writes: a model store whose ``fitted`` attribute lists every member's parameters
+        and fitted scalars, with member ``i``'s arrays under ``members/i/`` (``W``, ``Q``, ... as an
+        :class:`EmbeddingClassifier` saves them)."""
         self._check_fitted()
         members, arrays = [], {}
         for i, member in enumerate(self.estimators_):
@@ -182,15 +180,10 @@ class EnsembleClassifier(ParamsMixin):
             arrays.update({f"members/{i}/{name}": value for name, value in member_arrays.items()})
         params = {"n_estimators": len(self.estimators_), "random_state": jsonable(self.random_state),
                   "estimator": members[0]["params"]}
-        fitted = {"members": members, "held_out": self.held_out_}
-        return write_model_store(url, class_name=type(self).__name__, model_version=ENSEMBLE_VERSION, params=params,
-                                 fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
+        return params, {"members": members, "held_out": self.held_out_}, arrays
 
     @classmethod
-    def load(cls, url: str) -> EnsembleClassifier:
-        """Read an ensemble written by :meth:`save`; refuses a store of another class."""
-        group, _ = open_model_store(url, model_version=ENSEMBLE_VERSION, class_name=cls.__name__,
-                                    hint=" (or xmldask.models.load_model(url) for any model)")
+    def _from_group(cls, group, meta: dict) -> EnsembleClassifier:
         attrs = dict(group.attrs)
         members = [EmbeddingClassifier._from_parts(m["params"], m["fitted"], group[f"members/{i}"])
                    for i, m in enumerate(attrs["fitted"]["members"])]

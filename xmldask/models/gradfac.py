@@ -55,7 +55,7 @@ from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int,
 from ..linalg import dense_operand
 from ..linalg.passes import ROWS, WHOLE, per_block, per_block_objects, tree_sum
 from ..store import remove, zarr_store
-from ..store.models import jsonable, open_model_store, write_model_store
+from ..store.models import SavedModel
 from . import _boost_kernels as BK
 
 __all__ = ["BOOSTING_VERSION", "GradFac", "GradFacEN", "MultinomialBoosting", "OneVsRestBoosting"]
@@ -163,7 +163,7 @@ class _DaskRows:
 # the estimators
 
 
-class _Boosting(ParamsMixin):
+class _Boosting(SavedModel, ParamsMixin):
     """What the four boosting models share: inputs, binning, the round loop, prediction and storage."""
 
     #: how a round grows its trees: "factor" (one tree on the factorised residuals) or "per_class"
@@ -441,33 +441,22 @@ class _Boosting(ParamsMixin):
 
     # ---------------------------------------------------------------- persistence
 
+    _MODEL_VERSION = BOOSTING_VERSION
     _ARRAYS = ("features", "tree_borders", "values", "vectors", "classes")
     _SCALARS = ("n_features_in", "n_labels", "n_bins", "rounds", "n_passes", "history", "fit_seconds")
 
-    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
-        """Write the parameters, trees, borders and fitted scalars to a new model store (atomically)."""
-        self._check_fitted()
-        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
-        fitted = {name: jsonable(getattr(self, name + "_", None)) for name in self._SCALARS}
-        arrays = {name: getattr(self, name + "_") for name in self._ARRAYS}
+    def _parts(self) -> tuple[dict, dict, dict]:
+        """The parameters, trees and fitted scalars, and the per-feature bin borders concatenated."""
+        params, fitted, arrays = super()._parts()
         arrays["border_values"] = np.concatenate(self.borders_ + [np.zeros(0)])
         arrays["border_counts"] = np.array([len(b) for b in self.borders_], dtype=np.int64)
-        return write_model_store(url, class_name=type(self).__name__, model_version=BOOSTING_VERSION, params=params,
-                                 fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
+        return params, fitted, arrays
 
     @classmethod
-    def load(cls, url: str):
-        """Read a model written by :meth:`save`; refuses a store of another class."""
-        group, _ = open_model_store(url, model_version=BOOSTING_VERSION, class_name=cls.__name__,
-                                    hint=" (or xmldask.models.load_model(url) for any model)")
-        attrs = dict(group.attrs)
-        model = cls(**{k: v for k, v in attrs["params"].items() if k in cls._get_param_names()})
-        for name in cls._ARRAYS:
-            setattr(model, name + "_", np.asarray(group[name][...]))
-        for name, value in attrs.get("fitted", {}).items():
-            setattr(model, name + "_", value)
-        cuts = np.cumsum(np.asarray(group["border_counts"][...]))[:-1]
-        model.borders_ = list(np.split(np.asarray(group["border_values"][...]), cuts))
+    def _from_parts(cls, params: dict, fitted: dict, arrays):
+        model = super()._from_parts(params, fitted, arrays)
+        cuts = np.cumsum(np.asarray(arrays["border_counts"][...]))[:-1]
+        model.borders_ = list(np.split(np.asarray(arrays["border_values"][...]), cuts))
         return model
 
     def train_summary(self) -> dict:

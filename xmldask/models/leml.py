@@ -55,7 +55,7 @@ from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int,
 from ..linalg import dense_operand, x_q, xt_b, xt_x_q, yt_x_z
 from ..linalg import gram as linalg_gram
 from ..linalg.passes import per_block, tree_sum
-from ..store.models import jsonable, open_model_store, write_model_store
+from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
 from . import _leml_kernels as LK
@@ -87,8 +87,6 @@ INITS = ("spectral", "random")
 INIT_OVERSAMPLE = 10
 
 ROWS, WHOLE = "rows", "whole"
-_ARRAYS = ("W", "H")
-_SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction", "solver")
 
 
 # --------------------------------------------------------------------------------------------
@@ -264,8 +262,13 @@ def _solve_sym(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 # estimators
 
 
-class _LowRankLinear(ParamsMixin):
+class _LowRankLinear(SavedModel, ParamsMixin):
     """Scores ``x^T W H^T``: prediction, persistence and input checks shared by LEML and binary relevance."""
+
+    _MODEL_VERSION = LEML_VERSION
+    _ARRAYS = ("W", "H")
+    _SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction",
+                "solver")
 
     def _check_fitted(self) -> None:
         if getattr(self, "H_", None) is None:
@@ -316,28 +319,6 @@ class _LowRankLinear(ParamsMixin):
         packed = _graph._map_rows(_topk_kernel, X, whole={"W": self.W_, "HT": np.ascontiguousarray(self.H_.T)},
                                   static={"k": k}, out_cols=2 * k, dtype=np.float64, token="leml-topk")
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
-
-    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
-        """Write the parameters, ``W``, ``H`` and fitted scalars to a new model store (atomically)."""
-        self._check_fitted()
-        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
-        fitted = {name: jsonable(getattr(self, name + "_", None)) for name in _SCALARS}
-        arrays = {name: getattr(self, name + "_") for name in _ARRAYS}
-        return write_model_store(url, class_name=type(self).__name__, model_version=LEML_VERSION, params=params,
-                                 fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, url: str):
-        """Read a model written by :meth:`save`; refuses a store of another class."""
-        group, _ = open_model_store(url, model_version=LEML_VERSION, class_name=cls.__name__,
-                                    hint=" (or xmldask.models.load_model(url) for any model)")
-        attrs = dict(group.attrs)
-        model = cls(**{k: v for k, v in attrs["params"].items() if k in cls._get_param_names()})
-        for name in _ARRAYS:
-            setattr(model, name + "_", np.asarray(group[name][...]))
-        for name, value in attrs.get("fitted", {}).items():
-            setattr(model, name + "_", value)
-        return model
 
     def fit_dataset(self, data):
         """Fit on a dataset store's ``X``, ``Y`` and its observed-entry mask, if any."""

@@ -30,7 +30,7 @@ from threadpoolctl import threadpool_limits
 
 from ..base import NotFittedError, ParamsMixin, as_rows
 from ..linalg.passes import ROWS, WHOLE, dense_operand, gram, per_block
-from ..store.models import jsonable, open_model_store, write_model_store
+from ..store.models import SavedModel
 from ..tree import leaf_of, route_pairs, rows_by_node
 from ..tree.model import SpectralLabelTree
 from . import _kernels as MK
@@ -48,10 +48,9 @@ TREE_CLASSIFIER_VERSION = 1
 #: 12.6 at pass 16; test P@1 0.555 against 0.636 with the full preconditioner)
 DENSE_PRECONDITIONER_MAX_FEATURES = 4096
 
-_ARRAYS = ("U", "V", "b", "cand_indptr", "cand_indices", "table", "W")
 
 
-class TreeClassifier(ParamsMixin):
+class TreeClassifier(SavedModel, ParamsMixin):
     """Spectral label tree + candidate-restricted rank-``rank`` logistic regression.
 
     Parameters
@@ -92,6 +91,10 @@ class TreeClassifier(ParamsMixin):
         diagonal (sparse rows).
     """
 
+    _MODEL_VERSION = TREE_CLASSIFIER_VERSION
+    _ARRAYS = ("U", "V", "b", "cand_indptr", "cand_indices", "table", "W")
+    _SCALARS = ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history",
+                "preconditioner")
 
     def __init__(self, tree=None, *, rank: int = 50, per_leaf: bool = True, routing: str = "randomized",
                  n_epochs: int = 200, learning_rate: float = 0.25, decay: float = 0.999, momentum: float = 0.8,
@@ -248,7 +251,7 @@ class TreeClassifier(ParamsMixin):
         """
         X = self._rows(X)
         k = self._checked_k(k)
-        whole = {name: getattr(self, name + "_") for name in _ARRAYS}
+        whole = {name: getattr(self, name + "_") for name in self._ARRAYS}
         operands = [("Xb", X, ROWS)] + [(n, dense_operand(v, name=n), WHOLE) for n, v in whole.items()]
         packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="tree-classifier-topk",
                             stack=False, static={"k": k, "form": self.sigma_form_, "task": self.task_,
@@ -257,30 +260,12 @@ class TreeClassifier(ParamsMixin):
 
     # -- persistence ----------------------------------------------------------------------------
 
-    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
-        """Write the model (with the tree's routers and candidates) to a new model store, atomically."""
-        self._check_fitted()
-        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
+    def _parts(self) -> tuple[dict, dict, dict]:
+        """The parameters (``tree`` as its URL, or ``None``: its routers and candidates are among the arrays),
+        fitted scalars and arrays."""
+        params, fitted, arrays = super()._parts()
         params["tree"] = self.tree if isinstance(self.tree, str) else None
-        fitted = {name: jsonable(getattr(self, name + "_")) for name in
-                  ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history",
-                   "preconditioner")}
-        arrays = {name: getattr(self, name + "_") for name in _ARRAYS}
-        return write_model_store(url, class_name=type(self).__name__, model_version=TREE_CLASSIFIER_VERSION,
-                                 params=params, fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
-
-    @classmethod
-    def load(cls, url: str) -> TreeClassifier:
-        """Read a model written by :meth:`save`."""
-        group, _ = open_model_store(url, model_version=TREE_CLASSIFIER_VERSION, class_name=cls.__name__,
-                                    hint=" (or xmldask.models.load_model(url) for any model)")
-        attrs = dict(group.attrs)
-        model = cls(**{k: v for k, v in attrs["params"].items() if k in cls._get_param_names()})
-        for name in _ARRAYS:
-            setattr(model, name + "_", group[name][...])
-        for name, value in attrs.get("fitted", {}).items():
-            setattr(model, name + "_", value)
-        return model
+        return params, fitted, arrays
 
 
 class _DenseHeavyBall:

@@ -19,7 +19,7 @@ from . import _fs
 from .integrity import INVENTORY_ATTR, open_root, record_inventory
 from .layout import ATTR, LAYOUT_VERSION, StoreError, compressors
 
-__all__ = ["jsonable", "model_class", "open_model_store", "write_model_store"]
+__all__ = ["SavedModel", "jsonable", "model_class", "open_model_store", "write_model_store"]
 
 #: largest chunk side of a model array
 MODEL_CHUNK = 1 << 16
@@ -116,3 +116,79 @@ def open_model_store(url: str, *, model_version: int, class_name: str | None = N
         raise StoreError(f"{url} holds a {meta.get('class')} model, not a {class_name}; load it with "
                          f"{meta.get('class')}.load(url){hint}")
     return group, dict(meta)
+
+
+class SavedModel:
+    """``save`` and ``load`` of an estimator as a model store: its constructor parameters, the fitted scalars
+    named in ``_SCALARS`` and the fitted arrays named in ``_ARRAYS`` (attribute names without their trailing
+    underscore), under the version ``_MODEL_VERSION`` of the class's saved form.
+
+    Mixed into the estimators (:class:`xmldask.base.ParamsMixin` gives ``get_params`` and
+    ``_get_param_names``; each estimator its ``_check_fitted``). A class that saves more extends
+    :meth:`_parts`; one that restores more extends :meth:`_from_parts`.
+    """
+
+    _MODEL_VERSION: int = 1
+    _ARRAYS: tuple[str, ...] = ()
+    _SCALARS: tuple[str, ...] = ()
+
+    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
+        """Write the fitted model to a new model store at ``url`` (atomically).
+
+        Parameters
+        ----------
+        url : str
+            Path or fsspec URL.
+        overwrite : bool, default False
+            Replace an existing store (otherwise ``FileExistsError``).
+        meta : dict, optional
+            Extra JSON-serialisable facts recorded in the ``xmldask`` attribute (for example the URL of the
+            training data, ``{"train_url": ...}``).
+
+        Returns
+        -------
+        str
+            ``url``.
+        """
+        params, fitted, arrays = self._parts()
+        return write_model_store(url, class_name=type(self).__name__, model_version=self._MODEL_VERSION,
+                                 params=params, fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
+
+    def _parts(self) -> tuple[dict, dict, dict]:
+        """What :meth:`save` writes: the parameters and fitted scalars as JSON, the fitted arrays."""
+        self._check_fitted()
+        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
+        fitted = {name: jsonable(getattr(self, name + "_", None)) for name in self._SCALARS}
+        return params, fitted, {name: getattr(self, name + "_", None) for name in self._ARRAYS}
+
+    @classmethod
+    def load(cls, url: str):
+        """Read a model written by :meth:`save`.
+
+        Raises
+        ------
+        StoreError
+            No model at ``url``, an incomplete or newer store, or a model of another class
+            (:func:`xmldask.models.load_model` reads any).
+        """
+        group, meta = open_model_store(url, model_version=cls._MODEL_VERSION, class_name=cls.__name__,
+                                       hint=" (or xmldask.models.load_model(url) for any model)")
+        return cls._from_group(group, meta)
+
+    @classmethod
+    def _from_group(cls, group, meta: dict):
+        """The fitted model in an opened model store (``meta``: its ``xmldask`` attribute)."""
+        attrs = dict(group.attrs)
+        return cls._from_parts(attrs["params"], attrs.get("fitted", {}), group)
+
+    @classmethod
+    def _from_parts(cls, params: dict, fitted: dict, arrays):
+        """The fitted model from :meth:`_parts` (``arrays``: a mapping, such as the store's group, that lacks
+        the arrays that were ``None``)."""
+        names = cls._get_param_names()
+        model = cls(**{key: value for key, value in params.items() if key in names})
+        for name in cls._ARRAYS:
+            setattr(model, name + "_", np.asarray(arrays[name][...]) if name in arrays else None)
+        for name, value in fitted.items():
+            setattr(model, name + "_", value)
+        return model

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..base import NotFittedError, ParamsMixin, as_rows
 from ..linalg.passes import ROWS, WHOLE, check_rows_operand, dense_operand, per_block, tree_sum
-from ..store.models import jsonable, open_model_store, write_model_store
+from ..store.models import SavedModel
 from . import _kernels as K
 from .growth import grow_tree
 
@@ -17,12 +17,8 @@ __all__ = ["TREE_VERSION", "SpectralLabelTree"]
 #: version of the tree's saved form
 TREE_VERSION = 1
 
-_ARRAYS = ("table", "W", "depth", "eigenvalue", "mass", "cand_indptr", "cand_indices", "cand_scores",
-           "root_label_mass", "top_labels")
-_SCALARS = ("task", "n_passes", "n_orphans", "fit_seconds", "levels", "n_features_in", "n_labels")
 
-
-class SpectralLabelTree(ParamsMixin):
+class SpectralLabelTree(SavedModel, ParamsMixin):
     """Hierarchical spectral label tree: a filter from a row to a small set of candidate labels.
 
     Every internal node routes left iff ``w^T x > b``, with ``w`` the top eigenvector of
@@ -72,6 +68,10 @@ class SpectralLabelTree(ParamsMixin):
     eq. (2), sections 3.3-3.4, Algorithm 1.
     """
 
+    _MODEL_VERSION = TREE_VERSION
+    _ARRAYS = ("table", "W", "depth", "eigenvalue", "mass", "cand_indptr", "cand_indices", "cand_scores",
+               "root_label_mass", "top_labels")
+    _SCALARS = ("task", "n_passes", "n_orphans", "fit_seconds", "levels", "n_features_in", "n_labels")
 
     def __init__(self, *, max_depth: int = 14, leaf_labels: int = 25, recall: float = 0.999,
                  routing: str = "fractional", sigma: str = "code", task: str = "auto", block_size: int = 10,
@@ -211,28 +211,10 @@ class SpectralLabelTree(ParamsMixin):
 
     # -- persistence ----------------------------------------------------------------------------
 
-    def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
-        """Write the tree to a new model store at ``url`` (atomically; :mod:`xmldask.store.models`).
-
-        The arrays of the Attributes section are stored as arrays; ``meta`` (for example the training
-        data's URL and fingerprint) goes into the ``xmldask`` attribute.
-        """
-        self._check_fitted()
-        params = {name: jsonable(value) for name, value in self.get_params(deep=False).items()}
-        fitted = {name: jsonable(getattr(self, name + "_")) for name in _SCALARS}
-        arrays = {name: getattr(self, name + "_") for name in _ARRAYS}
-        return write_model_store(url, class_name=type(self).__name__, model_version=TREE_VERSION, params=params,
-                                 fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
-
     @classmethod
-    def load(cls, url: str) -> SpectralLabelTree:
-        """Read a tree written by :meth:`save` (``StoreError`` for another class or an incomplete store)."""
-        group, meta = open_model_store(url, model_version=TREE_VERSION, class_name=cls.__name__)
-        attrs = dict(group.attrs)
-        tree = cls(**{k: v for k, v in attrs["params"].items() if k in cls._get_param_names()})
-        for name in _ARRAYS:
-            setattr(tree, name + "_", group[name][...])
-        for name, value in attrs.get("fitted", {}).items():
-            setattr(tree, name + "_", value)
+    def _from_group(cls, group, meta: dict):
+        """The saved tree, with ``meta_`` = its store's ``xmldask`` attribute (for example the training data's
+        URL and fingerprint, given to :meth:`save` as ``meta``)."""
+        tree = super()._from_group(group, meta)
         tree.meta_ = meta
         return tree
