@@ -509,8 +509,10 @@ def good_lines(fmt, n=30):
 
 BAD_LINES = [
     # id, format, bad line, options, expected text in the message
+    # tokens
     ("malformed-token", "xc", "1 3:4:5 6:1", {}, "malformed token '3:4:5'"),
     ("token-without-value", "libsvm", "1 3:4 oops", {}, "malformed token 'oops'"),
+    # feature values
     ("non-numeric-value", "xc", "1 3:abc", {}, "value of feature 3 'abc' is not a number"),
     ("underscore-value", "xc", "1 3:1_0", {}, "'1_0' is not a number"),
     ("non-ascii-digit", "xc", "1 3:\u0661", {}, "'\u0661' is not a number"),
@@ -518,6 +520,7 @@ BAD_LINES = [
     ("nan-value", "xc", "1 3:nan", {}, "feature value nan is not a finite number"),
     ("inf-value", "xc", "1 3:inf", {}, "feature value inf is not a finite number"),
     ("minus-inf-value", "libsvm", "1 3:-Infinity", {}, "feature value -inf is not a finite number"),
+    # feature ids
     ("feature-out-of-range", "xc", "1 10:1", {}, "feature id 10 is out of range: ids must be integers [0, 10)"),
     ("feature-out-of-range-1-based", "xc", "1 11:1", {"one_based": True},
      "feature id 11 is out of range: ids must be integers [1, 11)"),
@@ -526,18 +529,22 @@ BAD_LINES = [
     ("negative-feature-id-libsvm", "libsvm", "1 -3:2", {}, "feature id -3 is out of range: ids must be integers >= 0"),
     ("feature-id-not-integer", "xc", "1 2.5:1", {}, "feature id 2.5 is not an integer"),
     ("feature-id-not-a-number", "libsvm", "1 x:1", {}, "feature id 'x' is not an integer"),
+    # label ids
     ("label-out-of-range", "xc", "5 3:1", {}, "label id 5 is out of range: ids must be integers [0, 5)"),
     ("label-out-of-range-1-based", "xc", "6 3:1", {"one_based": True}, "label id 6 is out of range"),
     ("label-not-integer", "xc", "1.5 3:1", {}, "label id 1.5 is not an integer"),
     ("label-not-a-number", "libsvm", "a,b 3:1", {}, "label id 'a' is not an integer"),
     ("empty-label", "xc", "1,,2 3:1", {}, "malformed labels: empty label id"),
+    # repeated ids
     ("duplicate-feature", "xc", "1 3:1 5:1 3:2", {}, "feature id 3 appears twice in the row"),
     ("duplicate-feature-1-based", "xc", "1 3:1 3:2", {"one_based": True}, "feature id 3 appears twice"),
     ("duplicate-label", "xc", "1,2,1 3:1", {}, "label id 1 appears twice in the row"),
+    # Vowpal Wabbit
     ("vw-namespace", "vw", "1 |ns 3:1", {}, "Vowpal Wabbit namespaces ('|name') are not supported"),
     ("vw-importance-weight", "vw", "1 2.0 | 3:1", {}, "importance weights and tags are not supported"),
     ("vw-without-bar", "vw", "1 3:1", {}, "a Vowpal Wabbit line needs 'labels | features'"),
     ("vw-bad-value", "vw", "1 | 3:x", {}, "value of feature 3 'x' is not a number"),
+    # transforms
     ("sqrt-of-negative", "xc", "1 3:-2", {"normalize": "sqrt"}, "negative feature value"),
 ]
 

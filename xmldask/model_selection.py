@@ -120,13 +120,8 @@ class HeldOutSearch:
 
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
                  max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1):
-        self.estimator = estimator
-        self.param_grid = param_grid
-        self.strategy = strategy
-        self.scoring = scoring
-        self.max_extensions = max_extensions
-        self.screen = screen
-        self.screen_repeats = screen_repeats
+        self.estimator, self.param_grid, self.strategy, self.scoring = estimator, param_grid, strategy, scoring
+        self.max_extensions, self.screen, self.screen_repeats = max_extensions, screen, screen_repeats
 
     def _validated(self) -> dict[str, list]:
         if self.strategy not in _STRATEGIES:

@@ -66,12 +66,8 @@ class RandomizedPCA(EmbeddingModel):
 
     def __init__(self, n_components: int = 50, *, oversample: int = 20, n_iter: int = 1, center: bool = False,
                  random_state=None, split_every: int = 8):
-        self.n_components = n_components
-        self.oversample = oversample
-        self.n_iter = n_iter
-        self.center = center
-        self.random_state = random_state
-        self.split_every = split_every
+        self.n_components, self.oversample, self.n_iter, self.center = n_components, oversample, n_iter, center
+        self.random_state, self.split_every = random_state, split_every
 
     def _run(self, A) -> None:
         res = randomized_pca(A, self.n_components, oversample=self.oversample, n_iter=self.n_iter,

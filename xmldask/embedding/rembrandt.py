@@ -131,9 +131,9 @@ def rembrandt(X, Y, n_components: int, *, oversample: int = 20, n_iter: int = 1,
         CG tolerance and iteration limit of each solve.
     feature_map : bool, default False
         Also fit ``W = argmin ||Y V - X W||^2`` (one more solve).
-    random_state : None, int or numpy.random.Generator
-    split_every : int, default 8
-        Fan-in of the tree sums.
+    random_state, split_every
+        The seed of the test matrix, and the fan-in of the tree sums (default 8), as in
+        :func:`xmldask.linalg.randomized.randomized_pca`.
 
     Returns
     -------
@@ -355,18 +355,10 @@ class Rembrandt(EmbeddingModel):
     def __init__(self, n_components: int = 50, *, oversample: int = 20, n_iter: int = 1, alpha: float = 1e-3,
                  scale_alpha: bool = True, solver: str = "auto", center: bool = False, tol: float = 1e-4,
                  max_iter: int = 30, feature_map: bool = False, random_state=None, split_every: int = 8):
-        self.n_components = n_components
-        self.oversample = oversample
-        self.n_iter = n_iter
-        self.alpha = alpha
-        self.scale_alpha = scale_alpha
-        self.solver = solver
-        self.center = center
-        self.tol = tol
-        self.max_iter = max_iter
-        self.feature_map = feature_map
-        self.random_state = random_state
-        self.split_every = split_every
+        self.n_components, self.oversample, self.n_iter = n_components, oversample, n_iter
+        self.alpha, self.scale_alpha, self.solver, self.center = alpha, scale_alpha, solver, center
+        self.tol, self.max_iter, self.feature_map = tol, max_iter, feature_map
+        self.random_state, self.split_every = random_state, split_every
 
     def _fit_options(self) -> dict:
         return {"oversample": self.oversample, "n_iter": self.n_iter}

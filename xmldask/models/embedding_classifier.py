@@ -214,27 +214,14 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
                  validation_fraction: float = 0.1, max_validation_rows: int = 10000, n_iter_no_change: int = 2,
                  early_stopping: str = "loss", bandwidth_sample: int = 2000, dtype=np.float32,
                  random_state=None):
-        self.embedding = embedding
-        self.n_components = n_components
-        self.features = features
-        self.kernel = kernel
-        self.n_random_features = n_random_features
-        self.bandwidth_scale = bandwidth_scale
-        self.alpha = alpha
-        self.decoder_alpha = decoder_alpha
-        self.task = task
-        self.max_epochs = max_epochs
-        self.batch_size = batch_size
-        self.learning_rate = learning_rate
-        self.momentum = momentum
-        self.l2 = l2
-        self.validation_fraction = validation_fraction
-        self.max_validation_rows = max_validation_rows
-        self.n_iter_no_change = n_iter_no_change
-        self.early_stopping = early_stopping
-        self.bandwidth_sample = bandwidth_sample
-        self.dtype = dtype
-        self.random_state = random_state
+        self.embedding, self.n_components, self.features = embedding, n_components, features
+        self.kernel, self.n_random_features, self.bandwidth_scale = kernel, n_random_features, bandwidth_scale
+        self.alpha, self.decoder_alpha, self.task = alpha, decoder_alpha, task
+        self.max_epochs, self.batch_size = max_epochs, batch_size
+        self.learning_rate, self.momentum, self.l2 = learning_rate, momentum, l2
+        self.validation_fraction, self.max_validation_rows = validation_fraction, max_validation_rows
+        self.n_iter_no_change, self.early_stopping = n_iter_no_change, early_stopping
+        self.bandwidth_sample, self.dtype, self.random_state = bandwidth_sample, dtype, random_state
 
     #: parameters that matter only for some values of another: name -> (other, its values that use it);
     #: :class:`~xmldask.model_selection.HeldOutSearch` searches them together and skips ignored ones

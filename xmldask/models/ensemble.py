@@ -81,10 +81,8 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
     _MODEL_VERSION = ENSEMBLE_VERSION
 
     def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None, share_embedding: bool = True):
-        self.estimator = estimator
-        self.n_estimators = n_estimators
-        self.random_state = random_state
-        self.share_embedding = share_embedding
+        self.estimator, self.n_estimators = estimator, n_estimators
+        self.random_state, self.share_embedding = random_state, share_embedding
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.estimator!r}, n_estimators={self.n_estimators!r})"

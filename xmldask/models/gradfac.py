@@ -182,18 +182,10 @@ class _Boosting(SavedModel, ParamsMixin):
                  n_iter_no_change: int = 20,
                  block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
                  random_state=None):
-        self.rounds = rounds
-        self.learning_rate = learning_rate
-        self.max_depth = max_depth
-        self.max_bins = max_bins
-        self.l2_leaf_reg = l2_leaf_reg
-        self.leaf_estimation = leaf_estimation
-        self.validation_fraction = validation_fraction
-        self.n_iter_no_change = n_iter_no_change
-        self.block_rows = block_rows
-        self.backend = backend
-        self.scratch = scratch
-        self.random_state = random_state
+        self.rounds, self.learning_rate, self.max_depth, self.max_bins = rounds, learning_rate, max_depth, max_bins
+        self.l2_leaf_reg, self.leaf_estimation = l2_leaf_reg, leaf_estimation
+        self.validation_fraction, self.n_iter_no_change = validation_fraction, n_iter_no_change
+        self.block_rows, self.backend, self.scratch, self.random_state = block_rows, backend, scratch, random_state
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(rounds={self.rounds!r}, learning_rate={self.learning_rate!r})"
@@ -587,10 +579,7 @@ class GradFacEN(GradFac):
                          validation_fraction=validation_fraction,
                          n_iter_no_change=n_iter_no_change, power_iter=power_iter, block_rows=block_rows,
                          backend=backend, scratch=scratch, random_state=random_state)
-        self.en_l1_u = en_l1_u
-        self.en_l2_u = en_l2_u
-        self.en_l1_v = en_l1_v
-        self.en_l2_v = en_l2_v
+        self.en_l1_u, self.en_l2_u, self.en_l1_v, self.en_l2_v = en_l1_u, en_l2_u, en_l1_v, en_l2_v
         self.en_iter = en_iter
 
     def _validated_extra(self) -> dict:

@@ -420,17 +420,9 @@ class LEML(_LowRankLinear):
     def __init__(self, *, k: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5, tol: float = 1e-3,
                  max_cg_iter: int = 20, max_newton_iter: int = 10, init: str = "spectral", init_scale: float = 1.0,
                  solver: str = "auto", random_state=None):
-        self.k = k
-        self.loss = loss
-        self.lam = lam
-        self.n_iter = n_iter
-        self.tol = tol
-        self.max_cg_iter = max_cg_iter
-        self.max_newton_iter = max_newton_iter
-        self.init = init
-        self.init_scale = init_scale
-        self.solver = solver
-        self.random_state = random_state
+        self.k, self.loss, self.lam, self.n_iter = k, loss, lam, n_iter
+        self.tol, self.max_cg_iter, self.max_newton_iter = tol, max_cg_iter, max_newton_iter
+        self.init, self.init_scale, self.solver, self.random_state = init, init_scale, solver, random_state
 
     def __repr__(self) -> str:
         return f"LEML(k={self.k!r}, loss={self.loss!r}, lam={self.lam!r})"
@@ -655,11 +647,8 @@ class BinaryRelevance(_LowRankLinear):
 
     def __init__(self, *, loss: str = "squared", lam: float = 0.1, tol: float = 1e-3, max_cg_iter: int = 100,
                  max_newton_iter: int = 10):
-        self.loss = loss
-        self.lam = lam
-        self.tol = tol
-        self.max_cg_iter = max_cg_iter
-        self.max_newton_iter = max_newton_iter
+        self.loss, self.lam = loss, lam
+        self.tol, self.max_cg_iter, self.max_newton_iter = tol, max_cg_iter, max_newton_iter
 
     def __repr__(self) -> str:
         return f"BinaryRelevance(loss={self.loss!r}, lam={self.lam!r})"
