@@ -7,7 +7,7 @@ top-``k`` eigenvectors of ``Y^T X (X^T X + lam I)^{-1} X^T Y`` (one blocked pass
 
 Usage::
 
-    python bench/decoder.py --dataset aloi --kernel identity
+    python bench/decoder.py --dataset aloi --kernel none
     python bench/decoder.py --dataset aloi --kernel gaussian --n-random-features 4000 --bandwidth-scale 0.4
     python bench/decoder.py --dataset bibtex --kernel laplacian
 """
@@ -49,7 +49,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="aloi")
     ap.add_argument("--k", type=int, default=50)
-    ap.add_argument("--kernel", default="identity")
+    ap.add_argument("--kernel", default="none")
     ap.add_argument("--n-random-features", type=int, default=2000)
     ap.add_argument("--bandwidth-scale", type=float, default=1.0)
     ap.add_argument("--decoder-alpha", type=float, default=1e-3)

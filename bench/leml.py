@@ -173,7 +173,7 @@ def bench_table2(workdir: Path, datasets, losses, ratios, lams, n_iter: int, bia
             k = int(round(ratio * L))
             for loss in losses:
                 def make(lam, k=k, loss=loss):
-                    return LEML(k=k, loss=loss, lam=lam, n_iter=n_iter, random_state=0)
+                    return LEML(n_components=k, loss=loss, lam=lam, n_iter=n_iter, random_state=0)
 
                 normalize, lam, tried = _choose(make, {nz: tt[0] for nz, tt in stores.items()}, workdir, lams)
                 model, row = _final(make, lam, *stores[normalize])
@@ -200,7 +200,7 @@ def bench_table4(workdir: Path, lams, n_iter: int, mask_seed: int, bias: float |
         stores[normalize] = (open_dataset(url), test)
     k = int(round(0.4 * full.n_labels))
     methods = {
-        "LEML": lambda lam: LEML(k=k, loss="squared", lam=lam, n_iter=n_iter, random_state=0),
+        "LEML": lambda lam: LEML(n_components=k, loss="squared", lam=lam, n_iter=n_iter, random_state=0),
         "BR": lambda lam: BinaryRelevance(loss="squared", lam=lam),
     }
     rows = []
@@ -247,7 +247,7 @@ def bench_synthetic(workdir: Path, n_rows: int, workers: int, memory_limit: str,
         start = time.perf_counter()
         # the solver that makes a pass per CG step (the memory to keep flat); solver="auto" would take the
         # one-pass Gram shortcut on these 1,000 features
-        model = LEML(k=k, loss="squared", lam=1.0, n_iter=2, max_cg_iter=5, solver="passes",
+        model = LEML(n_components=k, loss="squared", lam=1.0, n_iter=2, max_cg_iter=5, solver="passes",
                      random_state=0).fit(ds.X, ds.Y)
         seconds = time.perf_counter() - start
         peaks = client.run(_worker_peak_mb)

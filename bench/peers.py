@@ -460,7 +460,7 @@ def aloi_table(args, work_root: Path) -> list[dict]:
         label, paper = PAPER_ALOI[embedding]
         out = work / f"aloi-table-{embedding}"
         shutil.rmtree(out, ignore_errors=True)
-        spec = {"system": "xmldask", "out": str(out), "top_k": 1, "kernel": "identity", "embedding": embedding,
+        spec = {"system": "xmldask", "out": str(out), "top_k": 1, "kernel": "none", "embedding": embedding,
                 "k": 50, **urls}
         print(f"aloi table {embedding} ...", file=sys.stderr, flush=True)
         fig = run_system("xmldask", spec, args.timeout, None)
@@ -480,7 +480,7 @@ def aloi_table(args, work_root: Path) -> list[dict]:
     print("|" + "---|" * len(keys))
     for row in rows:
         print("| " + " | ".join(_fmt(row.get(k)) for k in keys) + " |")
-    print("\n- EmbeddingClassifier(embedding=..., n_components=50, kernel='identity'), other parameters default; "
+    print("\n- EmbeddingClassifier(embedding=..., n_components=50, kernel='none'), other parameters default; "
           "test error = 1 - top-1 accuracy")
     for row in rows:
         if row.get("error"):

@@ -205,7 +205,7 @@ def run(args, rows: _Rows) -> None:
                           (None, "det_routing_accuracy_test"))]
         for name, options, (key_tr, key_te) in variants if args.epochs else []:
             start = time.perf_counter()
-            model = TreeClassifier(frac, rank=args.rank, n_epochs=args.epochs, random_state=seed,
+            model = TreeClassifier(frac, n_components=args.rank, n_epochs=args.epochs, random_state=seed,
                                    **options).fit(train.X, train.Y)
             rows.add(*_classifier_rows(model, train, test, f"fractional tree + rank-{args.rank} LR, {name}, "
                                        f"{args.epochs} passes, seed {seed}", time.perf_counter() - start,

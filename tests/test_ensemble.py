@@ -78,10 +78,10 @@ def test_mean_probabilities_and_topk_match_a_numpy_reference(data, task, dtype):
 
 def test_members_differ_only_in_their_seeds_and_member_0_is_the_single_model(data):
     X, Y = data["multilabel"]
-    clf = EnsembleClassifier(_template(kernel="identity"), n_estimators=3, random_state=11).fit(X, Y)
+    clf = EnsembleClassifier(_template(kernel="none"), n_estimators=3, random_state=11).fit(X, Y)
     seeds = [m.random_state for m in clf.estimators_]
     assert seeds[0] == 11 and len(set(seeds)) == 3 and seeds == [member_seed(11, i) for i in range(3)]
-    single = _template(kernel="identity", random_state=11).fit(X, Y)
+    single = _template(kernel="none", random_state=11).fit(X, Y)
     np.testing.assert_array_equal(clf.estimators_[0].Q_, single.Q_)
     # different seeds hold out different rows, so the members' W differ
     assert not np.allclose(clf.estimators_[0].W_, clf.estimators_[1].W_)
@@ -89,21 +89,21 @@ def test_members_differ_only_in_their_seeds_and_member_0_is_the_single_model(dat
     assert clf.held_out_["val_p@1"] == pytest.approx(np.mean([max(m.history_, key=lambda h: -h["val_loss"])["val_p@1"]
                                                                for m in clf.estimators_]))
     # an ensemble of one is the single model
-    one = EnsembleClassifier(_template(kernel="identity"), n_estimators=1, random_state=11).fit(X, Y)
+    one = EnsembleClassifier(_template(kernel="none"), n_estimators=1, random_state=11).fit(X, Y)
     np.testing.assert_allclose(one.decision_function(X).compute(), expit(single.decision_function(X).compute()),
                                atol=1e-6)
 
 
 def test_fitted_members_are_reused_and_checked(data):
     X, Y = data["multiclass"]
-    template = _template(kernel="identity")
-    first = _template(kernel="identity", random_state=3).fit(X, Y)
+    template = _template(kernel="none")
+    first = _template(kernel="none", random_state=3).fit(X, Y)
     clf = EnsembleClassifier(template, n_estimators=2, random_state=3).fit(X, Y, fitted=[first])
     assert clf.estimators_[0] is first and clf.estimators_[1].random_state == member_seed(3, 1)
     with pytest.raises(ValueError, match=r"fitted member 0 .* \(differs in random_state\)"):
         EnsembleClassifier(template, n_estimators=2, random_state=4).fit(X, Y, fitted=[first])
     with pytest.raises(ValueError, match=r"\(differs in alpha\)"):
-        EnsembleClassifier(_template(kernel="identity", alpha=5.0), n_estimators=2, random_state=3).fit(
+        EnsembleClassifier(_template(kernel="none", alpha=5.0), n_estimators=2, random_state=3).fit(
             X, Y, fitted=[first])
     with pytest.raises(ValueError, match="3 fitted members given for an ensemble of 2"):
         EnsembleClassifier(template, n_estimators=2, random_state=3).fit(X, Y, fitted=[first] * 3)
@@ -140,7 +140,7 @@ def test_refusals(data):
         EnsembleClassifier("rembrandt").fit(X, Y)
     with pytest.raises(NotFittedError):
         EnsembleClassifier(_template()).predict_topk(X)
-    clf = EnsembleClassifier(_template(kernel="identity"), n_estimators=1, random_state=0).fit(X, Y)
+    clf = EnsembleClassifier(_template(kernel="none"), n_estimators=1, random_state=0).fit(X, Y)
     with pytest.raises(ValueError, match="k must be an integer between 1 and n_labels = 25"):
         clf.predict_topk(X, k=26)
     with pytest.raises(ValueError, match="X has 3 features"):
@@ -164,8 +164,8 @@ def test_members_share_the_first_members_label_embedding(data, tmp_path):
     """share_embedding (default): the members after the first embed with member 0's fitted Rembrandt (fitted on all
     rows, the same data), so the embedding's passes are made once; without it each member embeds again."""
     X, Y = data["multilabel"]
-    shared = EnsembleClassifier(_template(kernel="identity"), n_estimators=3, random_state=4).fit(X, Y)
-    own = EnsembleClassifier(_template(kernel="identity"), n_estimators=3, random_state=4,
+    shared = EnsembleClassifier(_template(kernel="none"), n_estimators=3, random_state=4).fit(X, Y)
+    own = EnsembleClassifier(_template(kernel="none"), n_estimators=3, random_state=4,
                              share_embedding=False).fit(X, Y)
     first = shared.estimators_[0]
     assert all(np.array_equal(m.R_, first.R_) for m in shared.estimators_[1:])

@@ -161,7 +161,7 @@ def test_one_estimator_base_with_the_scikit_learn_contract(tmp_path):
     names = set(MODEL_CLASSES)
     assert {"EmbeddingClassifier", "EnsembleClassifier", "LEML", "BinaryRelevance", "Rembrandt"} <= names
     assert all(issubclass(cls, ParamsMixin) for cls in MODEL_CLASSES.values())
-    member = EmbeddingClassifier(n_components=7, kernel="identity")
+    member = EmbeddingClassifier(n_components=7, kernel="none")
     ensemble = EnsembleClassifier(member, n_estimators=2)
     deep = ensemble.get_params()
     assert deep["estimator"] is member and deep["estimator__n_components"] == 7
@@ -195,7 +195,7 @@ def test_one_estimator_base_with_the_scikit_learn_contract(tmp_path):
 
     assert type(embedding.load_model(url)) is Rembrandt
     other = str(tmp_path / "clf.zarr")
-    EmbeddingClassifier(embedding="rembrandt", n_components=2, kernel="identity", max_epochs=1, random_state=0).fit(
+    EmbeddingClassifier(embedding="rembrandt", n_components=2, kernel="none", max_epochs=1, random_state=0).fit(
         da.from_array(X, chunks=(25, -1), asarray=False), da.from_array(Y, chunks=(25, -1), asarray=False)).save(other)
     with pytest.raises(StoreError, match="EmbeddingClassifier' model, which is not an embedding model"):
         embedding.load_model(other)

@@ -116,7 +116,8 @@ def test_full_label_squared_loss_reaches_claim1_closed_form(dtype, solver):
     flip = rng.random((n, L)) < 0.03
     Yd[flip] = 1 - Yd[flip]
     Y = sp.csr_matrix(Yd.astype(np.float32))
-    model = LEML(k=k, loss="squared", lam=1e-8, n_iter=30, tol=1e-12, max_cg_iter=500, solver=solver, random_state=0)
+    model = LEML(n_components=k, loss="squared", lam=1e-8, n_iter=30, tol=1e-12, max_cg_iter=500, solver=solver,
+                 random_state=0)
     model.fit(_rows(X, (11, 20, 29)), _rows(Y, (11, 20, 29)))
     assert model.solver_ == solver
     Xd = X.toarray().astype(np.float64)
@@ -171,7 +172,7 @@ def test_w_step_equals_kronecker_solution(loss):
 @pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
 def test_h_step_equals_per_label_solution(loss):
     X, Y, O = _data(n=30, d=6, L=5, observed=0.4)
-    model = LEML(k=2, loss=loss, lam=0.7, n_iter=1, tol=1e-10, max_newton_iter=100, random_state=5)
+    model = LEML(n_components=2, loss=loss, lam=0.7, n_iter=1, tol=1e-10, max_newton_iter=100, random_state=5)
     from xmldask.models.leml import _Counter
 
     Xr, Yr, Or = (_rows(M, (9, 14, 7)) for M in (X, Y, O))
@@ -204,7 +205,7 @@ def test_h_step_equals_per_label_solution(loss):
 @pytest.mark.parametrize("init", ["spectral", "random"])
 def test_objective_never_increases(loss, observed, init):
     X, Y, O = _data(n=50, d=10, L=8, observed=observed)
-    model = LEML(k=3, loss=loss, lam=0.5, n_iter=4, tol=1e-6, init=init, random_state=0)
+    model = LEML(n_components=3, loss=loss, lam=0.5, n_iter=4, tol=1e-6, init=init, random_state=0)
     model.fit(_rows(X, (20, 30)), _rows(Y, (20, 30)), None if O is None else _rows(O, (20, 30)))
     J = [h["J_after_H"] for h in model.history_]
     assert all(b <= a * (1 + 1e-9) + 1e-9 for a, b in zip(J, J[1:])), J
@@ -216,7 +217,7 @@ def test_gram_solver_equals_the_passes_solved_exactly(lam):
     """Each alternation of the in-memory shortcut equals the out-of-core one with its CG run to convergence."""
     X, Y, _ = _data(n=70, d=12, L=9)
     X = X + sp.identity(70, format="csr", dtype=X.dtype)[:, :12]  # full column rank: a unique W-step at lam = 0
-    fits = {solver: LEML(k=4, loss="squared", lam=lam, n_iter=3, tol=1e-13, max_cg_iter=2000, solver=solver,
+    fits = {solver: LEML(n_components=4, loss="squared", lam=lam, n_iter=3, tol=1e-13, max_cg_iter=2000, solver=solver,
                          random_state=1).fit(_rows(X, (25, 30, 15)), _rows(Y, (25, 30, 15)))
             for solver in ("gram", "passes")}
     gram, passes = fits["gram"], fits["passes"]
@@ -230,13 +231,13 @@ def test_gram_solver_equals_the_passes_solved_exactly(lam):
 
 def test_gram_solver_auto_and_refusals():
     X, Y, O = _data(n=40, d=8, L=6, observed=0.4)
-    assert LEML(k=2, lam=1.0, n_iter=1).fit(_rows(X), _rows(Y)).solver_ == "gram"
-    assert LEML(k=2, lam=1.0, n_iter=1).fit(_rows(X), _rows(Y), _rows(O)).solver_ == "passes"
-    assert LEML(k=2, loss="logistic", lam=1.0, n_iter=1).fit(_rows(X), _rows(Y)).solver_ == "passes"
+    assert LEML(n_components=2, lam=1.0, n_iter=1).fit(_rows(X), _rows(Y)).solver_ == "gram"
+    assert LEML(n_components=2, lam=1.0, n_iter=1).fit(_rows(X), _rows(Y), _rows(O)).solver_ == "passes"
+    assert LEML(n_components=2, loss="logistic", lam=1.0, n_iter=1).fit(_rows(X), _rows(Y)).solver_ == "passes"
     with pytest.raises(ValueError, match="observed-entry mask"):
-        LEML(k=2, lam=1.0, solver="gram").fit(_rows(X), _rows(Y), _rows(O))
+        LEML(n_components=2, lam=1.0, solver="gram").fit(_rows(X), _rows(Y), _rows(O))
     with pytest.raises(ValueError, match="solver must be one of"):
-        LEML(k=2, lam=1.0, solver="exact").fit(_rows(X), _rows(Y))
+        LEML(n_components=2, lam=1.0, solver="exact").fit(_rows(X), _rows(Y))
 
 
 @pytest.mark.parametrize("case", ["full01", "fullpm1", "masked"])
@@ -272,8 +273,8 @@ def test_spectral_init_spans_the_top_directions_of_the_sketch(solver, observed):
 
     X, Y, O = _data(n=60, d=10, L=9, observed=observed)
     k = 3
-    W, passes = _initial_w(LEML(k=k, lam=1.0, init_scale=2.0, solver=solver), X, Y, O, np.random.default_rng(4),
-                           solver)
+    W, passes = _initial_w(LEML(n_components=k, lam=1.0, init_scale=2.0, solver=solver), X, Y, O,
+                           np.random.default_rng(4), solver)
     rng = np.random.default_rng(4)
     rng.standard_normal((10, k))
     Omega = rng.standard_normal((9, min(9, k + INIT_OVERSAMPLE)))
@@ -287,7 +288,7 @@ def test_spectral_init_spans_the_top_directions_of_the_sketch(solver, observed):
 def test_spectral_init_beyond_the_rank_of_the_targets_is_random():
     X, Y, _ = _data(n=40, d=8, L=6)
     Y = sp.csr_matrix(np.repeat(Y.toarray()[:, :1], 6, axis=1))  # X^T Y has rank 1
-    W, _ = _initial_w(LEML(k=4, lam=1.0, solver="gram"), X, Y, None, np.random.default_rng(0), "gram")
+    W, _ = _initial_w(LEML(n_components=4, lam=1.0, solver="gram"), X, Y, None, np.random.default_rng(0), "gram")
     u = np.linalg.svd(X.toarray().astype(np.float64).T @ Y.toarray()[:, :1])[0][:, 0]
     np.testing.assert_allclose(abs(W[:, 0] @ u), 1.0, rtol=1e-9)  # the one direction, unit norm
     random = np.random.default_rng(0).standard_normal((8, 4)) / np.sqrt(8)
@@ -309,7 +310,7 @@ def test_binary_relevance_equals_per_label_ridge():
 
 def test_predict_save_load_roundtrip(tmp_path):
     X, Y, O = _data(observed=0.5)
-    model = LEML(k=3, loss="logistic", lam=0.5, n_iter=2, random_state=0).fit(_rows(X), _rows(Y), _rows(O))
+    model = LEML(n_components=3, loss="logistic", lam=0.5, n_iter=2, random_state=0).fit(_rows(X), _rows(Y), _rows(O))
     S = model.decision_function(_rows(X)).compute()
     np.testing.assert_allclose(S, X.toarray() @ model.W_ @ model.H_.T, rtol=1e-5, atol=1e-5)
     labels, scores = da.compute(*model.predict_topk(_rows(X), k=3))
@@ -328,10 +329,10 @@ def test_predict_save_load_roundtrip(tmp_path):
 def test_bad_input_fails_before_any_pass():
     X, Y, O = _data(observed=0.5)
     with pytest.raises(ValueError, match="at most the number of labels"):
-        LEML(k=10).fit(_rows(X), _rows(Y))
+        LEML(n_components=10).fit(_rows(X), _rows(Y))
     with pytest.raises(ValueError, match="loss must be one of"):
-        LEML(k=2, loss="hinge").fit(_rows(X), _rows(Y))
+        LEML(n_components=2, loss="hinge").fit(_rows(X), _rows(Y))
     with pytest.raises(ValueError, match="mask has shape"):
-        LEML(k=2).fit(_rows(X), _rows(Y), _rows(O[:, :5]))
+        LEML(n_components=2).fit(_rows(X), _rows(Y), _rows(O[:, :5]))
     with pytest.raises(ValueError, match="row blocks"):
-        LEML(k=2).fit(_rows(X), _rows(Y), _rows(O, (20, 20)))
+        LEML(n_components=2).fit(_rows(X), _rows(Y), _rows(O, (20, 20)))

@@ -35,7 +35,7 @@ def _threads():
 
 
 def _template(**kw):
-    return EmbeddingClassifier(embedding="rembrandt", n_components=8, kernel="identity", max_epochs=2,
+    return EmbeddingClassifier(embedding="rembrandt", n_components=8, kernel="none", max_epochs=2,
                                random_state=3, **kw)
 
 
@@ -66,10 +66,10 @@ def test_coordinate_search_keeps_the_best_held_out_candidate(data):
 
 def test_grid_search_fits_every_combination(data):
     ds = open_dataset(data[1])
-    search = HeldOutSearch(_template(), {"n_components": [4, 8], "kernel": ["identity", "gaussian"]},
+    search = HeldOutSearch(_template(), {"n_components": [4, 8], "kernel": ["none", "gaussian"]},
                            strategy="grid", scoring="loss").fit(ds.X, ds.Y)
     assert [tuple(r["params"].values()) for r in search.results_] == [
-        (4, "identity"), (4, "gaussian"), (8, "identity"), (8, "gaussian")]
+        (4, "none"), (4, "gaussian"), (8, "none"), (8, "gaussian")]
     assert search.best_score_ == max(-r["val_loss"] for r in search.results_)
 
 
@@ -139,11 +139,11 @@ def test_train_job_and_command_line_search(data, capsys):
 
 def test_conditional_parameters_are_searched_with_the_parameter_they_depend_on(data):
     ds = open_dataset(data[1])
-    grid = {"kernel": ["identity", "gaussian"], "bandwidth_scale": [0.5, 4.0], "alpha": [1e-3, 1.0]}
+    grid = {"kernel": ["none", "gaussian"], "bandwidth_scale": [0.5, 4.0], "alpha": [1e-3, 1.0]}
     search = HeldOutSearch(_template(n_random_features=64), grid, max_extensions=0).fit(ds.X, ds.Y)
     params = [r["params"] for r in search.results_]
-    # identity once (its bandwidth is ignored), gaussian at each bandwidth, then alpha at the best of those
-    assert params[:3] == [{"kernel": "identity", "alpha": 1e-3},
+    # none once (its bandwidth is ignored), gaussian at each bandwidth, then alpha at the best of those
+    assert params[:3] == [{"kernel": "none", "alpha": 1e-3},
                           {"kernel": "gaussian", "bandwidth_scale": 0.5, "alpha": 1e-3},
                           {"kernel": "gaussian", "bandwidth_scale": 4.0, "alpha": 1e-3}]
     first = max(search.results_[:3], key=lambda r: r["score"])["params"]
@@ -153,16 +153,16 @@ def test_conditional_parameters_are_searched_with_the_parameter_they_depend_on(d
     assert all(without_alpha(r["params"]) == without_alpha(first) for r in search.results_[3:])
     assert len(search.results_) == 4
     # a candidate's score does not depend on a bandwidth its kernel ignores
-    plain = _template().set_params(kernel="identity", bandwidth_scale=4.0, alpha=1e-3).fit(ds.X, ds.Y)
+    plain = _template().set_params(kernel="none", bandwidth_scale=4.0, alpha=1e-3).fit(ds.X, ds.Y)
     assert held_out_score(plain) == pytest.approx(search.results_[0]["score"])
 
 
 def test_grid_search_skips_settings_that_differ_only_in_ignored_parameters(data):
     ds = open_dataset(data[1])
-    grid = {"kernel": ["identity", "gaussian"], "bandwidth_scale": [0.5, 4.0]}
+    grid = {"kernel": ["none", "gaussian"], "bandwidth_scale": [0.5, 4.0]}
     search = HeldOutSearch(_template(n_random_features=64), grid, strategy="grid").fit(ds.X, ds.Y)
     assert [r["params"] for r in search.results_] == [
-        {"kernel": "identity"}, {"kernel": "gaussian", "bandwidth_scale": 0.5},
+        {"kernel": "none"}, {"kernel": "gaussian", "bandwidth_scale": 0.5},
         {"kernel": "gaussian", "bandwidth_scale": 4.0}]
 
 
@@ -263,7 +263,7 @@ def test_screen_repeats_score_a_setting_by_the_mean_over_splits(data):
     from xmldask.base import kept_epoch
 
     ds = open_dataset(data[1])
-    screen = {"max_epochs": 0, "kernel": "identity"}
+    screen = {"max_epochs": 0, "kernel": "none"}
     search = HeldOutSearch(_template(), {"alpha": [1e-3, 1.0]}, screen=screen, screen_repeats=3,
                            max_extensions=0).fit(ds.X, ds.Y)
     screened = [r for r in search.results_ if r["screened"]]
@@ -326,8 +326,8 @@ def test_screener_refuses_what_it_does_not_compute(data, monkeypatch):
 def test_search_chooses_the_same_with_and_without_the_screener(data, monkeypatch):
     """The screener changes how a screened setting is computed, not the search: same settings, same figures."""
     ds = open_dataset(data[1])
-    grid = {"features": ["raw", "tfidf"], "n_components": [4, 16], "alpha": [1e-3, 1.0], "kernel": ["identity"]}
-    kw = dict(screen={"max_epochs": 0, "kernel": "identity"}, screen_repeats=2, max_extensions=1)
+    grid = {"features": ["raw", "tfidf"], "n_components": [4, 16], "alpha": [1e-3, 1.0], "kernel": ["none"]}
+    kw = dict(screen={"max_epochs": 0, "kernel": "none"}, screen_repeats=2, max_extensions=1)
     shared = HeldOutSearch(_template(), grid, **kw).fit(ds.X, ds.Y)
     monkeypatch.setattr(EmbeddingClassifier, "screener", lambda self, X, Y: None)
     fitted = HeldOutSearch(_template(), grid, **kw).fit(ds.X, ds.Y)

@@ -179,7 +179,7 @@ def _reference_decoder(F, Ym, decoder_alpha):
     return scipy.linalg.solve(G, F.T.astype(np.float64) @ Ym.toarray() / F.shape[0], assume_a="pos")
 
 
-@pytest.mark.parametrize("kernel", ["identity", "laplacian"])
+@pytest.mark.parametrize("kernel", ["none", "laplacian"])
 def test_W_and_warm_start_equal_in_memory(multiclass, kernel):
     X, Y = multiclass
     Xm, Ym = _in_memory(X, Y)
@@ -262,7 +262,7 @@ def test_fit_multilabel(multilabel):
     freq = np.asarray(Ym.sum(0)).ravel()
     baseline = _p_at_1(np.full(Ym.shape[0], freq.argmax()), Ym)
     assert _p_at_1(labels[:, 0], Ym) > baseline + 0.1
-    forced = EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 12), kernel="identity", task="multiclass",
+    forced = EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 12), kernel="none", task="multiclass",
                                  max_epochs=1, random_state=0).fit(X, Y)
     assert forced.task_ == "multiclass"
 
@@ -380,10 +380,10 @@ def test_embedding_estimators_and_names(multiclass):
         def fit(self, X, Y):
             return self
 
-    a = EmbeddingClassifier(embedding=FixedEmbedding(), kernel="identity", max_epochs=0, random_state=0).fit(X, Y)
-    b = EmbeddingClassifier(embedding=R, kernel="identity", max_epochs=0, random_state=0).fit(X, Y)
+    a = EmbeddingClassifier(embedding=FixedEmbedding(), kernel="none", max_epochs=0, random_state=0).fit(X, Y)
+    b = EmbeddingClassifier(embedding=R, kernel="none", max_epochs=0, random_state=0).fit(X, Y)
     assert np.array_equal(a.Q_, b.Q_)
-    c = EmbeddingClassifier(embedding=FeatureEmbedding(), kernel="identity", max_epochs=0, random_state=0).fit(X, Y)
+    c = EmbeddingClassifier(embedding=FeatureEmbedding(), kernel="none", max_epochs=0, random_state=0).fit(X, Y)
     assert np.array_equal(c.W_, FeatureEmbedding.components_) and c.R_ is None
     with pytest.raises(ValueError, match="unknown embedding name"):
         EmbeddingClassifier(embedding="lda").fit(X, Y)
@@ -402,7 +402,7 @@ def test_errors(multiclass):
         EmbeddingClassifier(embedding=R, n_random_features=0).fit(X, Y)
     with pytest.raises(NotFittedError, match="not fitted"):
         EmbeddingClassifier(embedding=R).predict_topk(X)
-    clf = EmbeddingClassifier(embedding=R, kernel="identity", max_epochs=0, random_state=0).fit(X, Y)
+    clf = EmbeddingClassifier(embedding=R, kernel="none", max_epochs=0, random_state=0).fit(X, Y)
     with pytest.raises(ValueError, match="k must be an integer between 1 and n_labels = 20"):
         clf.predict_topk(X, k=21)
     with pytest.raises(ValueError, match="features"):
@@ -420,7 +420,7 @@ def test_rembrandt_k_beyond_the_features_adds_nothing():
     Ym = sp.csr_matrix((np.ones(n, np.float32), (np.arange(n), y)), shape=(n, L))
     X = da.from_array(sp.csr_matrix(A), chunks=(500, -1), asarray=False)
     Y = da.from_array(Ym, chunks=(500, -1), asarray=False)
-    kw = dict(embedding="rembrandt", kernel="identity", max_epochs=0, alpha=1e-3, random_state=0)
+    kw = dict(embedding="rembrandt", kernel="none", max_epochs=0, alpha=1e-3, random_state=0)
     small = EmbeddingClassifier(n_components=d, **kw).fit(X, Y)
     full = EmbeddingClassifier(n_components=L, **kw).fit(X, Y)
     a, b = dask.compute(small.predict(X), full.predict(X))
@@ -447,7 +447,7 @@ def test_an_error_in_a_decoder_step_leaves_no_producer_thread(multiclass, monkey
     monkeypatch.setattr(MK, "softmax_loss", failing)
     before = set(threading.enumerate())
     with pytest.raises(RuntimeError, match="boom in a decoder step"):
-        EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 8), kernel="identity", max_epochs=2, batch_size=64,
+        EmbeddingClassifier(embedding=_cs_embedding(Y.shape[1], 8), kernel="none", max_epochs=2, batch_size=64,
                             random_state=0).fit(X, Y)
     assert calls["n"] > 3
     producers = [t for t in threading.enumerate() if t not in before and "_minibatches" in t.name and t.is_alive()]

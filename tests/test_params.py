@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import inspect
 
+import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from flows import deploy
 from flows import pipeline as pipeline_module
 from flows.refresh import refresh
 from flows.stage_flows import train_flow
 from xmldask import cli, jobs
-from xmldask.models import EmbeddingClassifier
+from xmldask.models import EmbeddingClassifier, load_model
 from xmldask.params import TrainParams, TreeParams, from_args, parse_grid, validated
 
 
@@ -27,8 +29,7 @@ def test_every_path_has_the_same_defaults():
     # and the job's estimator has the same defaults as its parameters
     est = EmbeddingClassifier().get_params()
     assert est["n_components"] == defaults.k and est["random_state"] in (None, defaults.seed)
-    assert est["kernel"] == jobs.KERNELS[defaults.kernel]
-    for name in ("features", "alpha", "n_random_features", "max_epochs"):
+    for name in ("kernel", "features", "alpha", "n_random_features", "max_epochs"):
         assert est[name] == getattr(defaults, name), name
 
 
@@ -76,6 +77,28 @@ def test_command_line_values_are_validated_and_parsed():
     assert cli.main(["train", "d", "--out", "m", "--n-estimators", "0"]) == 2  # the error, before any work
     with pytest.raises(ValueError, match="extra_inputs|Extra inputs are not permitted"):
         validated(TrainParams, {"kernal": "none"})
+
+
+def test_one_kernel_vocabulary_that_reads_the_former_names(tmp_path):
+    """none|gaussian|laplacian on every path; the former identity (decoder) and cauchy (command line) still read."""
+    args = cli.build_parser().parse_args(["train", "d", "--out", "m", "--kernel", "cauchy"])
+    assert from_args(args) == {"kernel": "laplacian"}
+    assert TrainParams(kernel="cauchy") == TrainParams(kernel="laplacian")
+    assert jobs._search_grid({"kernel": ["identity", "cauchy", "gaussian"]}) == {"kernel": ["none", "laplacian",
+                                                                                            "gaussian"]}
+    with pytest.raises(ValueError, match="kernel must be one of none, gaussian, laplacian, but is 'rbf'"):
+        jobs._search_grid({"kernel": ["rbf"]})
+    # a model saved with the decoder's former name loads and predicts as kernel none
+    rng = np.random.default_rng(0)
+    X, Y = sp.csr_matrix(rng.random((60, 5))), sp.csr_matrix(np.eye(3)[rng.integers(0, 3, 60)])
+    kw = dict(embedding=np.eye(3), max_epochs=1, batch_size=32, random_state=0)
+    old = EmbeddingClassifier(kernel="identity", **kw).fit(X, Y)
+    new = EmbeddingClassifier(kernel="none", **kw).fit(X, Y)
+    old.save(str(tmp_path / "old.zarr"))
+    assert old.omega_ is None and np.array_equal(load_model(str(tmp_path / "old.zarr")).predict_topk(X, 2)[1],
+                                                 new.predict_topk(X, 2)[1])
+    with pytest.raises(ValueError, match="kernel must be one of none, gaussian, laplacian, but is 'rbf'"):
+        EmbeddingClassifier(kernel="rbf", **kw).fit(X, Y)
 
 
 def test_parse_grid():

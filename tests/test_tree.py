@@ -404,12 +404,12 @@ def test_tree_classifier_on_sparse_rows_steps_only_the_leaf_features(monkeypatch
     Xd[np.abs(Xd) < 1.0] = 0  # sparse rows
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=3, leaf_labels=6, random_state=0).fit(X, Y)
-    assert TC.TreeClassifier(tree, rank=5, n_epochs=1).fit(X, Y).preconditioner_ == "full"
+    assert TC.TreeClassifier(tree, n_components=5, n_epochs=1).fit(X, Y).preconditioner_ == "full"
     monkeypatch.setattr(TC, "DENSE_PRECONDITIONER_MAX_FEATURES", 4)  # 12 features: the diagonal, sparse rows
-    lazy = TC.TreeClassifier(tree, rank=5, n_epochs=4, random_state=0).fit(X, Y)
+    lazy = TC.TreeClassifier(tree, n_components=5, n_epochs=4, random_state=0).fit(X, Y)
     assert lazy.preconditioner_ == "diagonal"
     monkeypatch.setattr(TC, "_RowHeavyBall", TC._DenseHeavyBall)
-    dense = TC.TreeClassifier(tree, rank=5, n_epochs=4, random_state=0).fit(X, Y)
+    dense = TC.TreeClassifier(tree, n_components=5, n_epochs=4, random_state=0).fit(X, Y)
     for name in ("U_", "V_", "b_"):
         np.testing.assert_allclose(getattr(lazy, name), getattr(dense, name), rtol=1e-4, atol=1e-6)
     assert lazy.history_[-1]["loss"] < lazy.history_[0]["loss"]
@@ -423,7 +423,7 @@ def test_tree_classifier_fits_predicts_within_candidates_and_round_trips(tmp_pat
     Xd, Yd = _clustered(seed=4)
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
-    model = TreeClassifier(tree, rank=6, n_epochs=15, random_state=0, **options).fit(X, Y)
+    model = TreeClassifier(tree, n_components=6, n_epochs=15, random_state=0, **options).fit(X, Y)
     assert model.history_[-1]["loss"] < model.history_[0]["loss"]
     labels, scores = (a.compute() for a in model.predict_topk(X, k=3))
     leaf = tree.route(X).compute()
@@ -533,7 +533,7 @@ def test_candidate_scorer_is_the_classifier_restricted_to_the_leaf():
     Xd, Yd = _clustered(seed=6)
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=2, leaf_labels=5, random_state=0).fit(X, Y)
-    clf = EmbeddingClassifier(embedding="rembrandt", n_components=6, kernel="identity", max_epochs=3,
+    clf = EmbeddingClassifier(embedding="rembrandt", n_components=6, kernel="none", max_epochs=3,
                               random_state=0).fit(X, Y)
     labels, scores = (a.compute() for a in CandidateScorer(tree, clf).predict_topk(X, k=2))
     S = clf.decision_function(X).compute()
@@ -589,7 +589,7 @@ def test_tree_classifier_logs_a_line_a_pass(caplog):
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=2, leaf_labels=3, random_state=0).fit(X, Y)
     with caplog.at_level("INFO", logger="xmldask.models.tree_classifier"):
-        model = TreeClassifier(tree, rank=4, n_epochs=3, random_state=0).fit(X, Y)
+        model = TreeClassifier(tree, n_components=4, n_epochs=3, random_state=0).fit(X, Y)
     lines = [r.getMessage() for r in caplog.records if r.name == "xmldask.models.tree_classifier"]
     assert [line.split(":")[0] for line in lines] == [f"tree classifier pass {i} of 3" for i in (1, 2, 3)]
     assert f"loss {model.history_[-1]['loss']:.4f}" in lines[-1]

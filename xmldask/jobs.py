@@ -33,18 +33,13 @@ import dask.array as da
 import numpy as np
 
 from .base import FAMILIES, check_fully_observed
-from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, validated
+from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, kernel_name, validated
 from .scheduling import release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["KERNELS", "evaluate", "predict", "train", "tree", "tree_info"]
-
-#: command-line kernel names and the decoder's: ``none`` is the identity map, ``cauchy`` random
-#: features (Cauchy frequencies) for the Laplacian kernel
-KERNELS = {"none": "identity", "identity": "identity", "gaussian": "gaussian", "cauchy": "laplacian",
-           "laplacian": "laplacian"}
+__all__ = ["evaluate", "predict", "train", "tree", "tree_info"]
 
 
 def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict:
@@ -93,7 +88,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     data = open_dataset(train_url)
     check_fully_observed(data, "the embedding classifier")
     k, search = _fit_to_data(p, data)
-    model = EmbeddingClassifier(embedding=p.embedding, n_components=k, kernel=KERNELS[p.kernel], features=p.features,
+    model = EmbeddingClassifier(embedding=p.embedding, n_components=k, kernel=p.kernel, features=p.features,
                                 alpha=p.alpha, n_random_features=p.n_random_features, max_epochs=p.max_epochs,
                                 random_state=p.seed, **extra)
     grid = _search_grid(search) if search else None
@@ -122,7 +117,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     last = single.history_[-1] if getattr(single, "history_", None) else {}
     used = {name: getattr(p, name) for name in ("embedding", "kernel", "features", "alpha", "n_random_features",
                                                 "max_epochs", "seed")}
-    # reported without the parameters the model ignores (a bandwidth of the identity feature map)
+    # reported without the parameters the model ignores (a bandwidth of kernel none)
     ignored = {name for name, (parent, values) in single.conditional_params.items()
                if single.get_params(deep=False)[parent] not in values}
     return {
@@ -202,34 +197,22 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
     seconds = time.perf_counter() - start
     est.save(out, overwrite=overwrite, meta={"train_url": train_url})
     return {"model": out, "train": train_url, "seconds": round(seconds, 3),
-            "params": {"model": p.model, "seed": p.seed, **est.get_params(deep=False)}, **est.train_summary()}
-
-
-
-
-#: the job's names of the classifier's kernels
-_PUBLIC_KERNELS = {"identity": "none", "gaussian": "gaussian", "laplacian": "cauchy"}
+            "params": {"model": p.model, "seed": p.seed, **_public(est.get_params(deep=False))}, **est.train_summary()}
 
 
 def _public(params: dict) -> dict:
-    """Classifier parameters in the job's names: ``n_components`` as ``k``, kernels as none|gaussian|cauchy."""
-    out = {("k" if name == "n_components" else name): value for name, value in params.items()}
-    if "kernel" in out:
-        out["kernel"] = _PUBLIC_KERNELS[out["kernel"]]
-    return out
+    """Classifier parameters in the job's names: ``n_components`` as ``k``."""
+    return {("k" if name == "n_components" else name): value for name, value in params.items()}
 
 
 def _search_grid(search: dict) -> dict:
-    """The classifier's names for a search given in the job's names (``k``, ``kernel`` = none|gaussian|cauchy)."""
+    """The classifier's names for a search given in the job's names (``k``; a former kernel name read as the
+    kernel it names)."""
     grid = {}
     for name, values in search.items():
         values = list(values) if isinstance(values, (list, tuple)) else [values]
-        if name == "kernel":
-            bad = [v for v in values if v not in KERNELS]
-            if bad:
-                raise ValueError(f"kernel must be one of {', '.join(sorted(KERNELS))}, but the search lists {bad}")
-            values = [KERNELS[v] for v in values]
-        grid["n_components" if name == "k" else name] = values
+        grid["n_components" if name == "k" else name] = [kernel_name(v) for v in values] if name == "kernel" \
+            else values
     return grid
 
 
@@ -413,14 +396,16 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
     passes)."""
     from .models.tree_classifier import TreeClassifier
 
-    unknown = sorted(set(extra) - set(TreeClassifier._get_param_names()) | set(extra) & {"tree", "rank", "n_epochs"})
+    unknown = sorted(set(extra) - set(TreeClassifier._get_param_names())
+                     | set(extra) & {"tree", "n_components", "n_epochs"})
     if unknown:
         raise ValueError(f"{', '.join(unknown)} do not apply to the tree classifier (tree=); its options are "
-                         f"k (rank), max_epochs (passes), seed and {', '.join(TreeClassifier._get_param_names())}")
+                         f"k (n_components), max_epochs (passes), seed and "
+                         f"{', '.join(TreeClassifier._get_param_names())}")
     check_target(out, kind="model", overwrite=overwrite, inputs=[train_url, p.tree])
     data = open_dataset(train_url)
     check_fully_observed(data, "the tree classifier")
-    model = TreeClassifier(p.tree, rank=p.k, n_epochs=p.max_epochs, random_state=p.seed, **extra)
+    model = TreeClassifier(p.tree, n_components=p.k, n_epochs=p.max_epochs, random_state=p.seed, **extra)
     start = time.perf_counter()
     model.fit(data.X, data.Y)
     seconds = time.perf_counter() - start

@@ -15,9 +15,9 @@ Two strategies:
 
 A parameter that matters only for some values of another (the estimator's ``conditional_params``,
 e.g. ``bandwidth_scale`` only for a random-feature ``kernel``) is never fitted where it is ignored
-(``kernel=identity`` is fitted once, whatever the bandwidths listed), and under ``"coordinate"`` it
-is searched together with that other parameter: ``kernel=identity,gaussian`` with
-``bandwidth_scale=1,4`` tries identity, gaussian at 1 and gaussian at 4, so a kernel is judged at its
+(``kernel=none`` is fitted once, whatever the bandwidths listed), and under ``"coordinate"`` it
+is searched together with that other parameter: ``kernel=none,gaussian`` with
+``bandwidth_scale=1,4`` tries none, gaussian at 1 and gaussian at 4, so a kernel is judged at its
 best bandwidth, not at the first one.
 
 Under ``"coordinate"``, a numeric grid whose best value is its largest (or smallest) is extended
@@ -35,7 +35,7 @@ Examples
 >>> data = make_synthetic(os.path.join(tempfile.mkdtemp(), "train.zarr"), n_samples=3000, n_features=300,
 ...                       n_labels=30, seed=0)
 >>> base = EmbeddingClassifier(embedding="rembrandt", n_components=16, max_epochs=3, random_state=0)
->>> search = HeldOutSearch(base, {"kernel": ["identity", "gaussian"], "alpha": [1e-3, 1.0]}).fit(data.X, data.Y)
+>>> search = HeldOutSearch(base, {"kernel": ["none", "gaussian"], "alpha": [1e-3, 1.0]}).fit(data.X, data.Y)
 >>> sorted(search.best_params_), 0 < search.best_score_ <= 1
 (['alpha', 'kernel'], True)
 >>> labels, scores = search.predict_topk(data.X[:100], k=5)
@@ -96,7 +96,7 @@ class HeldOutSearch:
     max_extensions : int, default 2
         Most geometric steps past either end of a numeric grid under ``"coordinate"`` (0: none).
     screen : dict, optional
-        Cheap settings to screen the candidates with, e.g. ``{"max_epochs": 0, "kernel": "identity"}``
+        Cheap settings to screen the candidates with, e.g. ``{"max_epochs": 0, "kernel": "none"}``
         (the ridge decoder alone, on the linear feature map). The parameters of the grid that are not
         keys of ``screen`` are searched first, every candidate fitted with these overrides; then the
         best setting is fitted in full (the template's values of the overridden parameters), once per

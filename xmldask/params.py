@@ -27,10 +27,27 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["AUTO_ESTIMATORS", "AUTO_SEARCH", "BOOSTING_MODELS", "DEFAULTS", "TrainParams", "TreeParams",
-           "add_arguments", "from_args", "parse_grid", "validated"]
+__all__ = ["AUTO_ESTIMATORS", "AUTO_SEARCH", "BOOSTING_MODELS", "DEFAULTS", "KERNELS", "KERNEL_ALIASES",
+           "TrainParams", "TreeParams", "add_arguments", "from_args", "kernel_name", "parse_grid", "validated"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
+
+#: the embedding classifier's feature maps, one vocabulary for the command line, the flows and the Python API:
+#: ``none`` (the embedded predictions as they are) or random Fourier features of the Gaussian kernel (normal
+#: frequencies) or of the Laplacian kernel (Cauchy frequencies)
+KERNELS = ("none", "gaussian", "laplacian")
+#: former names, still read (saved models, scripts and deployments written before): the decoder's ``identity``
+#: and the command line's ``cauchy``
+KERNEL_ALIASES = {"identity": "none", "cauchy": "laplacian"}
+Kernel = Literal["none", "gaussian", "laplacian"]
+
+
+def kernel_name(value) -> str:
+    """The kernel ``value`` names (a former name mapped onto :data:`KERNELS`), or a ValueError listing them."""
+    name = KERNEL_ALIASES.get(value, value) if isinstance(value, str) else value
+    if name not in KERNELS:
+        raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, but is {value!r}")
+    return name
 
 #: what ``search="auto"`` (the default) chooses by held-out P@1 on the training rows, each parameter only
 #: where it is not given, in this order: the input features, the embedding size ``k`` (400 is lowered to
@@ -86,9 +103,9 @@ class TrainParams(BaseModel):
         "rembrandt", description="label embedding (rembrandt, cs, plst) or feature embedding (pca)")
     k: PositiveInt = Field(50, description="embedding dimension; at most the number of labels (a larger k is "
                                            "lowered to it, with a message)")
-    kernel: Literal["none", "gaussian", "cauchy"] = Field(
+    kernel: Kernel = Field(
         "gaussian", description="random Fourier features of the embedded predictions: none (linear), gaussian or "
-                                "cauchy (the Laplacian kernel)")
+                                "laplacian (cauchy, its former name, is read too)")
     features: Literal["raw", "l2", "tfidf"] = Field(
         "raw", description="input rows as they are, scaled to unit L2 norm, or tf-idf weighted then scaled (idf of "
                            "the training rows, kept in the model)")
@@ -142,6 +159,8 @@ class TrainParams(BaseModel):
         classifier refused (resolved here once, so a dumped and reloaded model is the same)."""
         if not isinstance(data, dict):
             return data
+        if isinstance(data.get("kernel"), str):
+            data = {**data, "kernel": KERNEL_ALIASES.get(data["kernel"], data["kernel"])}
         model = data.get("model", "embedding")
         if model in BOOSTING_MODELS:
             return _resolve_for(cls, data, f"model={model}", _BOOSTING_PARAMS)
@@ -166,7 +185,7 @@ class TrainParams(BaseModel):
 
 
 def parse_grid(items: list[str], aliases: dict[str, str] | None = None) -> dict[str, list]:
-    """``["alpha=0.001,0.1", "kernel=identity,gaussian"]`` -> ``{"alpha": [0.001, 0.1], "kernel": [...]}``.
+    """``["alpha=0.001,0.1", "kernel=none,gaussian"]`` -> ``{"alpha": [0.001, 0.1], "kernel": [...]}``.
 
     Values are read as int, else float, else kept as strings; ``aliases`` renames parameters (e.g.
     ``{"k": "n_components"}``).
@@ -248,6 +267,8 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel] = Trai
         kwargs = {"default": None, "help": help_text}
         if typing.get_origin(annotation) is Literal:
             kwargs["choices"] = list(typing.get_args(annotation))
+            if annotation is Kernel:  # a former name is read as the kernel it names
+                kwargs.update(type=lambda text: KERNEL_ALIASES.get(text, text), metavar="|".join(KERNELS))
         elif annotation is bool:
             kwargs.update(action=argparse.BooleanOptionalAction)
         elif name == "search":

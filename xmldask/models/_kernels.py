@@ -34,7 +34,6 @@ __all__ = [
     "holdout_mask",
     "idf_weights",
     "transform_rows",
-    "KERNELS",
     "SCORE_BUDGET",
     "MINIBATCH_SCORES",
     "probabilities",
@@ -49,10 +48,6 @@ __all__ = [
     "topk_rows",
     "topk_scores",
 ]
-
-#: feature maps: ``"identity"`` or random Fourier features of the Gaussian (normal frequencies) or
-#: Laplacian (Cauchy frequencies) kernel
-KERNELS = ("identity", "gaussian", "laplacian")
 
 #: input features: the raw values, rows scaled to unit L2 norm, or tf-idf (columns weighted by their
 #: smoothed inverse document frequency on the training rows, then rows scaled to unit L2 norm)

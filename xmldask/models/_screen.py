@@ -20,7 +20,7 @@ figures are those of ``EmbeddingClassifier(**params).fit(X, Y)`` (to rounding).
 It applies when the fit would take Rembrandt's one-pass route (at most
 :data:`~xmldask.linalg.MAX_GRAM_FEATURES` features, ``X^T Y`` at most
 :data:`~xmldask.embedding.rembrandt.MAX_CROSS_ENTRIES` entries) and to the screened settings only
-(``embedding="rembrandt"``, ``kernel="identity"``, ``max_epochs=0``); :meth:`Screener.applies` says.
+(``embedding="rembrandt"``, ``kernel="none"``, ``max_epochs=0``); :meth:`Screener.applies` says.
 """
 
 from __future__ import annotations
@@ -103,7 +103,7 @@ class Screener:
         emb = self._rembrandt()
         d, n_labels = self.X.shape[1], self.Y.shape[1]
         return (isinstance(params.get("embedding"), str) and params["embedding"].lower() == "rembrandt"
-                and params.get("kernel") == "identity" and params.get("max_epochs") == 0
+                and params.get("kernel") in ("none", "identity") and params.get("max_epochs") == 0
                 and d <= MAX_GRAM_FEATURES and d * n_labels <= MAX_CROSS_ENTRIES
                 and not emb.center and emb.solver == "auto" and params.get("validation_fraction", 0) > 0)
 

@@ -41,6 +41,7 @@ import scipy.sparse as sp
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..embedding import PLST, CompressedSensing, PCAEmbedding, Rembrandt
 from ..linalg import ridge_lstsq, x_q
+from ..params import kernel_name
 from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
@@ -105,8 +106,8 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         document frequency ``log((1 + n) / (1 + df)) + 1`` over the training rows (one extra pass),
         then rows scaled to unit L2 norm. The transform is part of the model, so predictions take
         the raw rows.
-    kernel : {"identity", "gaussian", "laplacian"}, default "gaussian"
-        The feature map ``phi`` applied to ``X W + c``: identity, or random Fourier features of the
+    kernel : {"none", "gaussian", "laplacian"}, default "gaussian"
+        The feature map ``phi`` applied to ``X W + c``: none (the identity), or random Fourier features of the
         Gaussian kernel (normal frequencies) or the Laplacian kernel (Cauchy frequencies).
     n_random_features : int, default 2000
         ``m``, the number of random Fourier features.
@@ -257,8 +258,6 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
     # -- validation ---------------------------------------------------------------------------
 
     def _validated(self) -> dict:
-        if self.kernel not in K.KERNELS:
-            raise ValueError(f"kernel must be one of {', '.join(map(repr, K.KERNELS))}, but is {self.kernel!r}")
         if self.features not in K.FEATURES:
             raise ValueError(f"features must be one of {', '.join(map(repr, K.FEATURES))}, but is {self.features!r}")
         if self.task not in _TASKS:
@@ -270,6 +269,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         if dtype not in (np.float32, np.float64):
             raise ValueError(f"dtype must be float32 or float64, but is {dtype}")
         return dict(
+            kernel=kernel_name(self.kernel),
             n_components=check_int(self.n_components, "n_components", 1),
             n_random_features=check_int(self.n_random_features, "n_random_features", 1),
             bandwidth_scale=check_float(self.bandwidth_scale, "bandwidth_scale", low_open=True),
@@ -358,7 +358,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         limit = worker_memory_limit()
         if limit is None:
             return
-        m1 = (p["n_random_features"] if self.kernel != "identity" else min(p["n_components"], Y.shape[1])) + 1
+        m1 = (p["n_random_features"] if p["kernel"] != "none" else min(p["n_components"], Y.shape[1])) + 1
         need = _graph.normal_equations_task_bytes(m1, Y.shape[1])
         block_rows = max(X.chunks[0], default=0)
         need += block_rows * m1 * np.dtype(p["dtype"]).itemsize  # the held-out and feature rows of one block
@@ -469,16 +469,16 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
 
     def _fit_random_features(self, X, split, state, p, rng_feat, rng_bw) -> None:
         """Frequencies, phases and the median-heuristic bandwidth of the kernel's random features into
-        ``state`` (all ``None`` for ``kernel='identity'``)."""
-        if self.kernel == "identity":
+        ``state`` (all ``None`` for ``kernel='none'``)."""
+        if p["kernel"] == "none":
             state.update(omega=None, phase=None, bandwidth=None)
             return
-        omega, phase = K.sample_frequencies(rng_feat, state["W"].shape[1], p["n_random_features"], self.kernel,
+        omega, phase = K.sample_frequencies(rng_feat, state["W"].shape[1], p["n_random_features"], p["kernel"],
                                             p["dtype"])
         sample = self._bandwidth_sample(X, split, state, p["bandwidth_sample"], rng_bw)
-        bandwidth = p["bandwidth_scale"] * K.median_distance(sample, self.kernel, rng=rng_bw)
+        bandwidth = p["bandwidth_scale"] * K.median_distance(sample, p["kernel"], rng=rng_bw)
         state.update(omega=omega, phase=phase, bandwidth=bandwidth)
-        logger.info("random features: %s kernel, m=%d, bandwidth %.4g", self.kernel, omega.shape[1], bandwidth)
+        logger.info("random features: %s kernel, m=%d, bandwidth %.4g", p["kernel"], omega.shape[1], bandwidth)
 
     def _decoder_data(self, X, Y, split, state, p, t_start) -> _graph.DecoderData:
         """One pass: ``F^T F`` and ``F^T Y`` of the training rows, the held-out rows' features, the task."""

@@ -71,7 +71,7 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
     >>> X = sp.csr_matrix(rng.normal(size=(600, 8)).astype(np.float32))
     >>> y = X.toarray()[:, :3].argmax(axis=1)
     >>> Y = sp.csr_matrix((np.ones(600, np.float32), (np.arange(600), y)), shape=(600, 3))
-    >>> member = EmbeddingClassifier(embedding=np.eye(3), kernel="identity", max_epochs=3, batch_size=256)
+    >>> member = EmbeddingClassifier(embedding=np.eye(3), kernel="none", max_epochs=3, batch_size=256)
     >>> clf = EnsembleClassifier(member, n_estimators=3, random_state=0).fit(X, Y)
     >>> labels, scores = clf.predict_topk(X, k=1)
     >>> bool((labels.compute()[:, 0] == y).mean() > 0.8)

@@ -267,6 +267,8 @@ class _LowRankLinear(SavedModel, ParamsMixin):
 
     _MODEL_VERSION = LEML_VERSION
     _ARRAYS = ("W", "H")
+    #: parameters saved under another name by earlier versions
+    _FORMER_PARAMS = {"k": "n_components"}
     _SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction",
                 "solver")
 
@@ -358,8 +360,8 @@ class LEML(_LowRankLinear):
 
     Parameters
     ----------
-    k : int, default 50
-        Rank of ``Z`` (at most the number of labels).
+    n_components : int, default 50
+        ``k``, the rank of ``Z`` (at most the number of labels).
     loss : {"squared", "logistic", "sqhinge"}, default "squared"
         Loss on the observed entries.
     lam : float, default 0.1
@@ -414,29 +416,29 @@ class LEML(_LowRankLinear):
     @classmethod
     def from_params(cls, params, **extra) -> LEML:
         """``xmldask train --model leml``: rank ``k``, ``loss``, ``lam``, ``n_iter`` and ``seed``."""
-        return cls(k=params.k, loss=params.loss, lam=params.lam, n_iter=params.n_iter, random_state=params.seed,
-                   **extra)
+        return cls(n_components=params.k, loss=params.loss, lam=params.lam, n_iter=params.n_iter,
+                   random_state=params.seed, **extra)
 
-    def __init__(self, *, k: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5, tol: float = 1e-3,
-                 max_cg_iter: int = 20, max_newton_iter: int = 10, init: str = "spectral", init_scale: float = 1.0,
-                 solver: str = "auto", random_state=None):
-        self.k, self.loss, self.lam, self.n_iter = k, loss, lam, n_iter
+    def __init__(self, *, n_components: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5,
+                 tol: float = 1e-3, max_cg_iter: int = 20, max_newton_iter: int = 10, init: str = "spectral",
+                 init_scale: float = 1.0, solver: str = "auto", random_state=None):
+        self.n_components, self.loss, self.lam, self.n_iter = n_components, loss, lam, n_iter
         self.tol, self.max_cg_iter, self.max_newton_iter = tol, max_cg_iter, max_newton_iter
         self.init, self.init_scale, self.solver, self.random_state = init, init_scale, solver, random_state
 
     def __repr__(self) -> str:
-        return f"LEML(k={self.k!r}, loss={self.loss!r}, lam={self.lam!r})"
+        return f"LEML(n_components={self.n_components!r}, loss={self.loss!r}, lam={self.lam!r})"
 
     def search_bounds(self, X, Y) -> dict[str, tuple]:
-        """``k`` is at most the number of labels; ``lam`` is positive."""
-        return {"k": (1, int(Y.shape[1])), "lam": (0.0, math.inf)}
+        """``n_components`` is at most the number of labels; ``lam`` is positive."""
+        return {"n_components": (1, int(Y.shape[1])), "lam": (0.0, math.inf)}
 
     def _validated(self, n_labels: int) -> dict:
         loss = _check_loss(self.loss)
-        k = check_int(self.k, "k", 1)
+        k = check_int(self.n_components, "n_components", 1)
         if k > n_labels:
-            raise ValueError(f"k must be at most the number of labels ({n_labels}), but is {k}; a rank-k Z = W H^T "
-                             f"with k > n_labels is not low rank: pass k <= {n_labels}")
+            raise ValueError(f"n_components (the rank k) must be at most the number of labels ({n_labels}), but is "
+                             f"{k}; a rank-k Z = W H^T with k > n_labels is not low rank: pass k <= {n_labels}")
         return dict(loss=loss, k=k, lam=check_float(self.lam, "lam"), n_iter=check_int(self.n_iter, "n_iter", 1),
                     tol=check_float(self.tol, "tol", low_open=True, high=1.0),
                     max_cg_iter=check_int(self.max_cg_iter, "max_cg_iter", 1),

@@ -1,7 +1,7 @@
 """The candidate-restricted classifier of the spectral label tree (Algorithm 1's ``H``).
 
 :class:`TreeClassifier` scores only the candidates of a row's leaf: ``(U^T x)^T V_l + b_l`` with a
-shared low-rank ``U`` (``n_features x rank``) and a per-leaf ``V_l`` (``rank x |C_l|``) and ``b_l``
+shared low-rank ``U`` (``n_features x k``) and a per-leaf ``V_l`` (``k x |C_l|``) and ``b_l``
 (the paper's ALOI form), a softmax over the candidates (multiclass) or an independent logistic
 per candidate (multilabel). Training streams the row blocks one after the other, carrying the model:
 every pass samples each row's leaf afresh by randomized routing (each internal node draws left with
@@ -51,14 +51,14 @@ DENSE_PRECONDITIONER_MAX_FEATURES = 4096
 
 
 class TreeClassifier(SavedModel, ParamsMixin):
-    """Spectral label tree + candidate-restricted rank-``rank`` logistic regression.
+    """Spectral label tree + candidate-restricted rank-``n_components`` logistic regression.
 
     Parameters
     ----------
     tree : SpectralLabelTree or str
         A fitted tree or the URL of a saved one (its candidates and routers are copied into the model).
-    rank : int, default 50
-        Width of the shared ``U``.
+    n_components : int, default 50
+        Width of the shared ``U`` (the rank of the classifier).
     per_leaf : bool, default True
         Per-leaf ``V_l, b_l``; ``False``: one ``V, b`` over all labels shared by every leaf, still
         scored over the leaf's candidates only (the paper's "same classifier at every leaf" ablation).
@@ -78,8 +78,8 @@ class TreeClassifier(SavedModel, ParamsMixin):
 
     Attributes
     ----------
-    U_ : ndarray, shape (n_features, rank)
-    V_ : ndarray, shape (rank, n_slots)
+    U_ : ndarray, shape (n_features, n_components)
+    V_ : ndarray, shape (n_components, n_slots)
         Per leaf: column ``s`` scores candidate ``cand_indices_[s]`` (slots of leaf ``l``:
         ``cand_indptr_[l]:cand_indptr_[l+1]``); shared: ``n_slots = n_labels``, column = label.
     b_ : ndarray, shape (n_slots,)
@@ -92,14 +92,15 @@ class TreeClassifier(SavedModel, ParamsMixin):
     """
 
     _MODEL_VERSION = TREE_CLASSIFIER_VERSION
+    _FORMER_PARAMS = {"rank": "n_components"}
     _ARRAYS = ("U", "V", "b", "cand_indptr", "cand_indices", "table", "W")
     _SCALARS = ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history",
                 "preconditioner")
 
-    def __init__(self, tree=None, *, rank: int = 50, per_leaf: bool = True, routing: str = "randomized",
+    def __init__(self, tree=None, *, n_components: int = 50, per_leaf: bool = True, routing: str = "randomized",
                  n_epochs: int = 200, learning_rate: float = 0.25, decay: float = 0.999, momentum: float = 0.8,
                  ridge: float = 1e-2, task: str = "auto", random_state=0):
-        self.tree, self.rank, self.per_leaf, self.routing = tree, rank, per_leaf, routing
+        self.tree, self.n_components, self.per_leaf, self.routing = tree, n_components, per_leaf, routing
         self.n_epochs, self.learning_rate, self.decay, self.momentum = n_epochs, learning_rate, decay, momentum
         self.ridge, self.task, self.random_state = ridge, task, random_state
 
@@ -110,7 +111,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
         if not isinstance(tree, SpectralLabelTree) or getattr(tree, "table_", None) is None:
             raise ValueError("tree must be a fitted SpectralLabelTree or the URL of a saved one "
                              f"(xmldask tree TRAIN_URL --out TREE_URL), but is {self.tree!r}")
-        for name in ("rank", "n_epochs"):
+        for name in ("n_components", "n_epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, but is {value!r}")
@@ -128,7 +129,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
                              f"{tree.n_features_in_} and {tree.n_labels_}; train on the tree's training data")
         start = time.perf_counter()
         rng = np.random.default_rng(self.random_state)
-        d, r = X.shape[1], int(self.rank)
+        d, r = X.shape[1], int(self.n_components)
         self.task_ = tree.task_ if self.task == "auto" else self.task
         self.table_, self.W_ = tree.table_, tree.W_
         self.cand_indptr_, self.cand_indices_ = tree.cand_indptr_, tree.cand_indices_
@@ -157,7 +158,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
         a leaf's preconditioned ``U`` gradient is ``(X M^-1)_l^T delta V_l^T``), its labels looked up
         per leaf without sparse indexing. With many features (sparse rows, a diagonal preconditioner) a
         step reads and moves only the rows of ``U`` at the leaf's features (:class:`_RowHeavyBall`): the
-        same iterates, in time proportional to the leaf's nonzeros instead of ``n_features x rank``.
+        same iterates, in time proportional to the leaf's nonzeros instead of ``n_features x n_components``.
         """
         sparse_rows = not callable(precond)
         steps = _RowHeavyBall(U, self.momentum) if sparse_rows else _DenseHeavyBall(U, self.momentum)

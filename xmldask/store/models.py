@@ -131,6 +131,8 @@ class SavedModel:
     _MODEL_VERSION: int = 1
     _ARRAYS: tuple[str, ...] = ()
     _SCALARS: tuple[str, ...] = ()
+    #: constructor parameters that stores written by earlier versions hold under another name: old -> new
+    _FORMER_PARAMS: dict[str, str] = {}
 
     def save(self, url: str, *, overwrite: bool = False, meta: dict | None = None) -> str:
         """Write the fitted model to a new model store at ``url`` (atomically).
@@ -185,6 +187,7 @@ class SavedModel:
     def _from_parts(cls, params: dict, fitted: dict, arrays):
         """The fitted model from :meth:`_parts` (``arrays``: a mapping, such as the store's group, that lacks
         the arrays that were ``None``)."""
+        params = {cls._FORMER_PARAMS.get(key, key): value for key, value in params.items()}
         names = cls._get_param_names()
         model = cls(**{key: value for key, value in params.items() if key in names})
         for name in cls._ARRAYS:
