@@ -1,5 +1,5 @@
 """The ``xmldask`` command line: ``ingest``, ``synth``, ``info``, ``spectrum``, ``train``, ``predict``,
-``evaluate``, ``demo``, ``tree`` and ``tree-info``.
+``evaluate``, ``demo``, ``tree``, ``tree-info`` and ``mask``.
 
 Run ``xmldask COMMAND --help`` for the options of each command.
 """
@@ -96,9 +96,9 @@ def _add_ingest(p) -> None:
 def _cmd_ingest(args) -> int:
     """Read text files (XC, LIBSVM, Vowpal Wabbit; gzip or plain) into a dataset store.
 
-    Stream one or more text files into a dataset store of CSR row blocks. Several SOURCE files are concatenated row-
-    wise. Memory stays bounded whatever the file size. On bad input the error names the file, the line and its text,
-    and no store is left behind.
+    Stream one or more text files into a dataset store of CSR row blocks. Several SOURCE files are concatenated
+    row-wise. Memory stays bounded whatever the file size. On bad input the error names the file, the line and its
+    text, and no store is left behind.
     """
     from .io import ingest
 

@@ -58,8 +58,6 @@ _TASKS = ("auto", "multiclass", "multilabel")
 _STOP_METRICS = ("loss", "p@1")
 #: names accepted for ``embedding=`` and the class looked up in :mod:`xmldask.embedding` at fit time
 _EMBEDDING_CLASSES = {"rembrandt": Rembrandt, "cs": CompressedSensing, "plst": PLST, "pca": PCAEmbedding}
-#: fitted arrays written by :meth:`EmbeddingClassifier.save`
-
 
 #: held-out rows on which the ridge warm start is rescaled to the log-loss scale (:meth:`_rescale`) at most,
 RESCALE_ROWS = 2000

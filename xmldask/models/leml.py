@@ -267,8 +267,6 @@ class _LowRankLinear(SavedModel, ParamsMixin):
 
     _MODEL_VERSION = LEML_VERSION
     _ARRAYS = ("W", "H")
-    #: parameters saved under another name by earlier versions
-    _FORMER_PARAMS = {"k": "n_components"}
     _SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction",
                 "solver")
 
@@ -412,6 +410,8 @@ class LEML(_LowRankLinear):
 
 
     family = "leml"
+    #: parameters saved under another name by earlier versions
+    _FORMER_PARAMS = {"k": "n_components"}
 
     @classmethod
     def from_params(cls, params, **extra) -> LEML:
