@@ -180,10 +180,13 @@ def child(spec: dict) -> None:
                   "spectrum": stage_spectrum, "tree": stage_tree, "train": stage_train, "predict": stage_predict,
                   "evaluate": stage_evaluate}
         for name in spec["stages"]:
-            if name in ("spectrum", "tree", "train", "predict", "evaluate") and not sizes:
-                train, test = open_dataset(urls["train"]), open_dataset(urls["test"])
-                sizes.update(train=int(train.meta["nnz"]), test=int(test.meta["nnz"]), train_y=_nnz_y(train),
-                             test_y=_nnz_y(test), n_samples=train.n_samples, csr_bytes=_csr_bytes(train))
+            if name in ("spectrum", "tree", "train", "predict", "evaluate") and "train" not in sizes:
+                train = open_dataset(urls["train"])
+                sizes.update(train=int(train.meta["nnz"]), train_y=_nnz_y(train), n_samples=train.n_samples,
+                             csr_bytes=_csr_bytes(train))
+            if name in ("predict", "evaluate") and "test" not in sizes:  # --stages without ingest-test
+                test = open_dataset(urls["test"])
+                sizes.update(test=int(test.meta["nnz"]), test_y=_nnz_y(test))
             before = client.run(_worker_state)
             client.run(_reset_peak)
             _reset_peak()

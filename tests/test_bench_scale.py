@@ -28,3 +28,15 @@ def test_scale_quick_writes_a_row_per_stage(tmp_path):
         assert 0 < row["peak_rss_bytes_per_worker"] < row["worker_memory_limit_bytes"]
         assert row["worker_restarts"] == 0
     assert "| stage |" in done.stdout
+
+
+def test_scale_runs_a_subset_of_stages(tmp_path):
+    """``--stages`` without the test split's ingest (e.g. one worker against two on training alone)."""
+    out = tmp_path / "scale.json"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "scale.py"), "--quick", "--workers", "1", "--stages",
+                           "ingest-train", "train", "--json", str(out), "--cache", str(tmp_path / "cache")],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [row["stage"] for row in rows] == ["ingest-train", "train"]
+    assert all("error" not in row and row["n_workers"] == 1 and row["stage_nnz"] == row["nnz"] for row in rows)
