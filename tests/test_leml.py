@@ -324,6 +324,12 @@ def test_predict_save_load_roundtrip(tmp_path):
     np.testing.assert_array_equal(again.W_, model.W_)
     with pytest.raises(StoreError, match="LEML"):
         BinaryRelevance.load(url)
+    # a store written when the rank was the parameter k loads with it as n_components
+    params, fitted, _ = model._parts()
+    params["k"] = params.pop("n_components")
+    former = LEML._from_parts(params, fitted, {"W": model.W_, "H": model.H_})
+    assert former.n_components == 3 and former.get_params() == model.get_params()
+    np.testing.assert_array_equal(former.H_, model.H_)
 
 
 def test_bad_input_fails_before_any_pass():
