@@ -490,6 +490,7 @@ def test_tree_sum_takes_fewer_large_results_per_task(monkeypatch):
     Q = rng.standard_normal((400, 6))
     X = da.from_array(A, chunks=(100, -1), asarray=False)  # 9 blocks, results of 400 x 6 x 8 = 19200 bytes
     monkeypatch.setattr(passes, "REDUCE_BYTES", 3 * 19200)
+    monkeypatch.setattr(passes, "parallelism", lambda: 9)  # as many chains as blocks: a tree over the blocks
     assert passes.reduce_split_every(8, 19200) == 3
     assert passes.reduce_split_every(8, 10**9) == 2
     assert passes.reduce_split_every(4, 1) == 4
@@ -498,6 +499,26 @@ def test_tree_sum_takes_fewer_large_results_per_task(monkeypatch):
     widest = max(len(get_dependencies(graph, key)) for key in graph if "xt_x_q-sum" in str(key))
     assert widest == 3
     np.testing.assert_allclose(out.compute(), A.T @ (A @ Q), rtol=1e-10)
+
+
+@pytest.mark.parametrize("chains", [1, 3])
+def test_tree_sum_runs_one_running_sum_per_parallel_task(monkeypatch, chains):
+    """Block i goes to running sum i mod c (c = the tasks run at once): every step adds one block result to
+    the previous sum, and only the c sums meet in the tree; the same sum, uneven blocks, float32."""
+    rng = np.random.default_rng(1)
+    A = sp.random(1000, 300, density=0.05, format="csr", dtype=np.float32, random_state=3)
+    Q = rng.standard_normal((300, 4)).astype(np.float32)
+    chunks = (100, 130, 70, 100, 100, 150, 50, 100, 100, 100)
+    X = da.from_array(A, chunks=(chunks, -1), asarray=False)
+    monkeypatch.setattr(passes, "parallelism", lambda: chains)
+    out = linalg.xt_x_q(X, Q, split_every=8)
+    graph = dict(out.__dask_graph__())
+    steps = [key for key in graph if "xt_x_q-sum-chain" in str(key)]
+    assert len(steps) == len(chunks) - chains
+    for key in steps:  # the previous running sum and one block's result
+        assert len(get_dependencies(graph, key)) == 2
+    expected = A.toarray().astype(np.float64)
+    np.testing.assert_allclose(out.compute(), expected.T @ (expected @ Q), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("n_blocks", [1, 2, 7])
