@@ -454,6 +454,115 @@ def test_an_error_in_a_decoder_step_leaves_no_producer_thread(multiclass, monkey
     assert producers == []
 
 
+def _reference_sgd_epoch(Xm, Ym, setup, Q, V, order, chains, seeds, lr, chunks):
+    """Chains of preconditioned momentum SGD in plain NumPy (softmax gradient by SciPy), averaged by rows."""
+    bounds = np.cumsum((0,) + tuple(chunks))
+    st, bs = setup["state"], setup["batch_size"]
+    ends = []
+    for c in range(chains):
+        Qc, Vc, loss, rows = Q.astype(np.float64), V.astype(np.float64), 0.0, 0
+        for b in order[c::chains]:
+            train = np.flatnonzero(~K.holdout_mask(setup["seed"], int(b), int(chunks[b]), setup["fraction"]))
+            np.random.default_rng(int(seeds[b])).shuffle(train)
+            for a in range(0, train.size, bs):
+                idx = bounds[b] + np.sort(train[a:a + bs])
+                F = Xm[idx].toarray().astype(np.float64) @ st["W"] + st["intercept"]
+                F = np.hstack([F, np.ones((idx.size, 1))])
+                S = F @ Qc
+                Yd = Ym[idx].toarray()
+                loss += (logsumexp(S, axis=1) - (Yd * S).sum(1)).sum()
+                grad = F.T @ (softmax(S, axis=1) - Yd) / idx.size
+                Vc = setup["momentum"] * Vc + setup["P"] @ grad
+                Qc = Qc - lr * Vc
+                rows += idx.size
+        ends.append((Qc, Vc, loss, rows))
+    w = np.array([e[3] for e in ends], float) / sum(e[3] for e in ends)
+    return (sum(wi * e[0] for wi, e in zip(w, ends)), sum(wi * e[1] for wi, e in zip(w, ends)),
+            sum(e[2] for e in ends), sum(e[3] for e in ends))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("chains", [1, 3])
+def test_sgd_epoch_on_the_cluster_matches_numpy(multiclass, dtype, chains):
+    """An SGD epoch as tasks (uneven blocks dealt to chains, each block's rows in its seed's order, the
+    chains averaged by rows) equals the same algorithm written in NumPy."""
+    from xmldask.models import _graph
+
+    X, Y = multiclass
+    Xm, Ym = _in_memory(X, Y)
+    chunks = (1000, 37, 463, 500, 300, 700)
+    Xu, Yu = _uneven(Xm, chunks), _uneven(Ym, chunks)
+    rng = np.random.default_rng(3)
+    k, L = 5, Y.shape[1]
+    state = {"W": (rng.standard_normal((Xm.shape[1], k)) / 10).astype(dtype),
+             "intercept": rng.standard_normal(k).astype(dtype), "omega": None, "phase": None, "bandwidth": None}
+    A = rng.standard_normal((k + 1, k + 1))
+    setup = {"seed": 7, "fraction": 0.2, "state": state, "P": (A @ A.T / (k + 1) + np.eye(k + 1)).astype(dtype) / 4,
+             "loss_fn": K.softmax_loss, "batch_size": 128, "momentum": 0.9, "l2": 0.0}
+    Q, V = (rng.standard_normal((k + 1, L)) / 10).astype(dtype), (rng.standard_normal((k + 1, L)) / 100).astype(dtype)
+    Q0, V0 = Q.copy(), V.copy()
+    order, seeds = rng.permutation(len(chunks)), rng.integers(2**62, size=len(chunks))
+    got = dask.compute(_graph.sgd_epoch(Xu, Yu, setup, Q, V, order=order, chains=chains, seeds=seeds,
+                                        learning_rate=0.3))[0]
+    want = _reference_sgd_epoch(Xm, Ym, setup, Q, V, order, chains, seeds, 0.3, chunks)
+    assert np.array_equal(Q, Q0) and np.array_equal(V, V0)  # the start is not changed
+    tol = 2e-3 if dtype == np.float32 else 1e-9
+    for a, b in zip(got[:2], want[:2]):
+        assert a.dtype == dtype
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol * np.abs(b).max())
+    assert got[2] == pytest.approx(want[2], rel=tol) and got[3] == want[3]
+    n_held = sum(int(K.holdout_mask(7, b, c, 0.2).sum()) for b, c in enumerate(chunks))
+    assert got[3] == Xm.shape[0] - n_held
+
+
+def test_sgd_chains_where_the_epochs_run(multiclass, monkeypatch):
+    """Small epochs run in the fitting process; large ones (or an explicit number of chains) as tasks, ``auto``
+    giving one chain per task the scheduler runs at once, at most one per SGD_CHAIN_BLOCKS blocks."""
+    from xmldask.models import embedding_classifier as EC
+
+    X, Y = multiclass  # 5 blocks
+    kw = dict(embedding=_cs_embedding(Y.shape[1], 6), kernel="none", max_epochs=1, random_state=0)
+    seen = []
+    real = EC._graph.sgd_epoch
+
+    def spy(*args, chains, **kwargs):
+        seen.append(chains)
+        return real(*args, chains=chains, **kwargs)
+
+    monkeypatch.setattr(EC._graph, "sgd_epoch", spy)
+    EmbeddingClassifier(**kw).fit(X, Y)
+    EmbeddingClassifier(**kw, sgd_chains=1).fit(X, Y)
+    assert seen == []  # 2,700 x 20 entries: in this process
+    EmbeddingClassifier(**kw, sgd_chains=2).fit(X, Y)
+    EmbeddingClassifier(**kw, sgd_chains=9).fit(X, Y)  # at most one chain a block
+    monkeypatch.setattr(EC, "SGD_CLUSTER_ENTRIES", 0)
+    monkeypatch.setattr(EC, "parallelism", lambda: 8)
+    EmbeddingClassifier(**kw).fit(X, Y)  # 5 blocks: one chain (SGD_CHAIN_BLOCKS = 4)
+    monkeypatch.setattr(EC, "SGD_CHAIN_BLOCKS", 2)
+    EmbeddingClassifier(**kw).fit(X, Y)
+    monkeypatch.setattr(EC, "parallelism", lambda: 1)
+    EmbeddingClassifier(**kw).fit(X, Y)
+    assert seen == [2, 5, 1, 2, 1]
+    for bad in (0, -1, 1.5, "many"):
+        with pytest.raises(ValueError, match="sgd_chains"):
+            EmbeddingClassifier(**kw, sgd_chains=bad).fit(X, Y)
+
+
+def test_sgd_chains_give_the_same_decoder_on_a_distributed_cluster(multiclass, client):
+    """Two chains on two worker processes give the decoder of the same chains in threads, and it predicts
+    (float64: BLAS rounds float32 products differently with another number of threads, and SGD amplifies it)."""
+    X, Y = multiclass
+    kw = dict(embedding=_cs_embedding(Y.shape[1], 8), kernel="gaussian", n_random_features=64, max_epochs=3,
+              sgd_chains=2, dtype=np.float64, random_state=0)
+    local = EmbeddingClassifier(**kw).fit(X, Y)
+    with client.as_current():
+        remote = EmbeddingClassifier(**kw).fit(X, Y)
+    assert len(remote.history_) == len(local.history_) >= 2
+    np.testing.assert_allclose(remote.Q_, local.Q_, rtol=1e-7, atol=1e-9)
+    labels = local.predict(X).compute()
+    assert _p_at_1(labels, sp.csr_matrix(Y.compute())) > 0.5
+
+
 @pytest.mark.parametrize("lower", [True, False])
 def test_inverse_from_cholesky_is_the_inverse(lower):
     """SGD's preconditioner: the inverse of the decoder's normal matrix from its Cholesky factor (potri)."""

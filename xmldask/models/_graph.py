@@ -16,10 +16,11 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..linalg import ROWS, WHOLE, dense_operand, per_block, per_block_objects, tree_combine
+from ..scheduling import current_client
 from . import _kernels as K
 
 __all__ = ["HeldOut", "decision_scores", "decoder_features", "document_counts", "ensemble_probabilities",
-           "ensemble_topk", "normal_equations", "topk", "transform_rows"]
+           "ensemble_topk", "normal_equations", "sgd_epoch", "topk", "transform_rows"]
 
 
 @dataclass(frozen=True)
@@ -249,6 +250,77 @@ def normal_equations(X: da.Array, Y: da.Array, split: HeldOut, state: dict):
     parts = per_block_objects(_normal_block, X, Y, seed=split.seed, fraction=split.fraction,
                               state=dask.delayed(state, traverse=False))
     return tree_combine(parts, _add)
+
+
+# --------------------------------------------------------------------------------------------
+# the decoder's SGD epochs as tasks
+
+
+def _ship(obj):
+    """``obj`` once for a whole graph: scattered to every worker of a current ``distributed`` client (a
+    restarted worker loses nothing), else embedded in the graph."""
+    client = current_client()
+    if client is not None:
+        return client.scatter([obj], broadcast=True, hash=False)[0]
+    return dask.delayed(obj, traverse=False)
+
+
+def sgd_block(carry: tuple, Xb, Yb, *, block: int, setup: dict, seed: int, learning_rate: float) -> tuple:
+    """The decoder's SGD steps on the training rows of one row block, in a random order (``seed``).
+
+    ``carry`` is ``(Q, V, loss, rows)``: the decoder, its momentum, and the summed loss and rows so far;
+    a new carry is returned (the given one is never changed: a task may run again). ``setup`` holds
+    the held-out split (``seed``, ``fraction``), the feature map ``state``, the preconditioner ``P``,
+    ``loss_fn``, ``batch_size``, ``momentum`` and ``l2`` (see :func:`._kernels.sgd_step`).
+    """
+    Q, V, loss, rows = carry
+    Q, V = Q.copy(), V.copy()
+    st = setup["state"]
+    Yb = sp.csr_matrix(Yb)
+    train = np.flatnonzero(~K.holdout_mask(setup["seed"], block, Xb.shape[0], setup["fraction"]))
+    np.random.default_rng(seed).shuffle(train)
+    for a in range(0, train.size, setup["batch_size"]):
+        idx = np.sort(train[a:a + setup["batch_size"]])
+        F = K.decoder_features(Xb[idx], st["W"], st["intercept"], st["omega"], st["phase"], st["bandwidth"] or 1.0)
+        loss += K.sgd_step(Q, V, setup["P"], F, Yb[idx], setup["loss_fn"], learning_rate=learning_rate,
+                           momentum=setup["momentum"], l2=setup["l2"])
+        rows += idx.size
+    return Q, V, loss, rows
+
+
+def _average_chains(*carries: tuple) -> tuple:
+    """The chains' decoders and momenta averaged, weighted by the rows each saw; losses and rows summed."""
+    rows = np.array([c[3] for c in carries], dtype=np.float64)
+    w = rows / rows.sum() if rows.sum() else np.full(len(carries), 1.0 / len(carries))
+    Q, V = (sum(wi * c[i].astype(np.float64) for wi, c in zip(w, carries)).astype(carries[0][i].dtype)
+            for i in (0, 1))
+    return Q, V, float(sum(c[2] for c in carries)), int(rows.sum())
+
+
+def sgd_epoch(X: da.Array, Y: da.Array, setup: dict, Q: np.ndarray, V: np.ndarray, *, order, chains: int,
+              seeds, learning_rate: float):
+    """One SGD epoch of the decoder as tasks: a delayed ``(Q, V, loss, rows)``.
+
+    The row blocks, in ``order``, are dealt to ``chains`` chains (block ``order[i]`` to chain ``i mod
+    chains``); each chain runs :func:`sgd_block` on its blocks one after the other from ``(Q, V)``,
+    each block in the order of its seed ``seeds[b]``, and the chains, which run at the same time on
+    different workers, are averaged at the end (iterative parameter mixing: McDonald, Hall and Mann,
+    "Distributed Training Strategies for the Structured Perceptron", NAACL 2010; Zinkevich, Weimer,
+    Smola and Li, "Parallelized Stochastic Gradient Descent", NIPS 2010). One chain is sequential SGD.
+    A task holds one row block, ``Q`` and ``V``; ``setup`` and the start are shipped once.
+    """
+    Xd, Yd = (A.to_delayed(optimize_graph=False).ravel() for A in (X, Y))
+    setup_ref, carry0 = _ship(setup), _ship((Q, V, 0.0, 0))
+    token = dask.base.tokenize(order, seeds, learning_rate, chains)
+    ends = []
+    for c in range(chains):
+        carry = carry0
+        for j, b in enumerate(order[c::chains]):
+            carry = dask.delayed(sgd_block)(carry, Xd[b], Yd[b], block=int(b), setup=setup_ref,
+                                                       seed=int(seeds[b]), learning_rate=float(learning_rate),
+                                                       dask_key_name=f"decoder-sgd-{token}-{c}-{j}")
+        ends.append(carry)
+    return dask.delayed(_average_chains)(*ends, dask_key_name=f"decoder-sgd-average-{token}")
 
 
 # --------------------------------------------------------------------------------------------

@@ -41,6 +41,7 @@ __all__ = [
     "kernel_value",
     "logistic_loss",
     "inverse_from_cholesky",
+    "sgd_step",
     "median_distance",
     "rff_map",
     "sample_frequencies",
@@ -362,6 +363,37 @@ def logistic_loss(S: np.ndarray, Yb, *, gradient: bool = True) -> tuple[float, n
     G = expit(S, out=S)
     G[rows, Y.indices] -= 1
     return loss, G
+
+
+def sgd_step(Q: np.ndarray, V: np.ndarray, P: np.ndarray, F: np.ndarray, Yb, loss_fn, *, learning_rate: float,
+             momentum: float, l2: float) -> float:
+    """One preconditioned step with momentum of the decoder ``Q`` on a minibatch, in place on ``Q`` and ``V``.
+
+    ``V <- momentum V + P (F^T dloss/dS / n + l2 [Q; 0])``, ``Q <- Q - learning_rate V`` with ``S = F Q``
+    (the bias row, ``Q``'s last, is not decayed); returns the minibatch's summed loss.
+
+    Parameters
+    ----------
+    Q, V : ndarray, shape (m + 1, n_labels)
+        The decoder and its momentum, updated in place.
+    P : ndarray, shape (m + 1, m + 1)
+        The preconditioner ``(F^T F / n + lam I)^{-1}``.
+    F : ndarray, shape (n_rows, m + 1)
+        The minibatch's decoder features (:func:`decoder_features`).
+    Yb : scipy.sparse matrix, shape (n_rows, n_labels)
+    loss_fn : callable
+        :func:`softmax_loss` or :func:`logistic_loss`.
+    """
+    dtype = Q.dtype.type
+    loss, G = loss_fn(F @ Q, Yb)
+    grad = F.T @ G
+    grad *= dtype(1.0 / F.shape[0])
+    if l2:
+        grad[:-1] += dtype(l2) * Q[:-1]
+    V *= dtype(momentum)
+    V += P @ grad
+    Q -= dtype(learning_rate) * V
+    return loss
 
 
 # --------------------------------------------------------------------------------------------

@@ -42,12 +42,13 @@ from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int,
 from ..embedding import PLST, CompressedSensing, PCAEmbedding, Rembrandt
 from ..linalg import ridge_lstsq, x_q
 from ..params import kernel_name
+from ..scheduling import parallelism
 from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
 from ._screen import Screener
 
-__all__ = ["MODEL_VERSION", "EmbeddingClassifier", "NotFittedError"]
+__all__ = ["MODEL_VERSION", "SGD_CHAIN_BLOCKS", "SGD_CLUSTER_ENTRIES", "EmbeddingClassifier", "NotFittedError"]
 
 logger = logging.getLogger("xmldask.models")
 
@@ -71,6 +72,11 @@ RESCALE_FACTORS = 2.0 ** np.arange(0, 9)
 RESCALE_OFFSETS = (0.0, -1.0, -2.0, -4.0, -6.0, -8.0)
 #: row blocks the bandwidth's sample rows are drawn from (a few blocks: one small read)
 BANDWIDTH_BLOCKS = 8
+#: score entries (training rows x labels) of an SGD epoch from which it runs as tasks on the cluster
+#: (``sgd_chains``); a smaller epoch (2^28 entries: about 3 s here) runs in the fitting process
+SGD_CLUSTER_ENTRIES = 1 << 28
+#: row blocks per chain at least, with ``sgd_chains="auto"``
+SGD_CHAIN_BLOCKS = 4
 
 
 def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
@@ -139,6 +145,15 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         ``S = 1``, hence ``bandwidth_scale = 1``.
     l2 : float, default 0.0
         Weight decay on ``Q`` (not the bias) in the SGD steps.
+    sgd_chains : int or "auto", default "auto"
+        Where and how the SGD epochs run. An epoch of fewer than :data:`SGD_CLUSTER_ENTRIES` score
+        entries (training rows x labels: a few seconds of work) runs in this process, the next row
+        block read while the current one is used. A larger epoch runs as tasks on the cluster, where
+        the blocks are: the blocks are dealt to ``sgd_chains`` chains that step through their blocks
+        on different workers at the same time, and the chains' decoders are averaged at the end of
+        the epoch (one chain: plain sequential SGD). ``"auto"``: the tasks the cluster runs at once,
+        at most one chain per :data:`SGD_CHAIN_BLOCKS` row blocks; the decoder then depends on the
+        size of the cluster (pass an int for the same decoder on any cluster).
     validation_fraction : float, default 0.1
         Fraction of the training rows held out for early stopping (a seeded random subset of
         every row block); they are excluded from all fitting steps (``W``, ``sigma``, ``Q``).
@@ -209,7 +224,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
     def __init__(self, *, embedding=None, n_components: int = 50, features: str = "raw", kernel: str = "gaussian",
                  n_random_features: int = 2000, bandwidth_scale: float = 1.0, alpha: float = 1e-3,
                  decoder_alpha: float = 1e-3, task: str = "auto", max_epochs: int = 10, batch_size: int = 4096,
-                 learning_rate: float = 4.0, momentum: float = 0.9, l2: float = 0.0,
+                 learning_rate: float = 4.0, momentum: float = 0.9, l2: float = 0.0, sgd_chains="auto",
                  validation_fraction: float = 0.1, max_validation_rows: int = 10000, n_iter_no_change: int = 2,
                  early_stopping: str = "loss", bandwidth_sample: int = 2000, dtype=np.float32,
                  random_state=None):
@@ -217,7 +232,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         self.kernel, self.n_random_features, self.bandwidth_scale = kernel, n_random_features, bandwidth_scale
         self.alpha, self.decoder_alpha, self.task = alpha, decoder_alpha, task
         self.max_epochs, self.batch_size = max_epochs, batch_size
-        self.learning_rate, self.momentum, self.l2 = learning_rate, momentum, l2
+        self.learning_rate, self.momentum, self.l2, self.sgd_chains = learning_rate, momentum, l2, sgd_chains
         self.validation_fraction, self.max_validation_rows = validation_fraction, max_validation_rows
         self.n_iter_no_change, self.early_stopping = n_iter_no_change, early_stopping
         self.bandwidth_sample, self.dtype, self.random_state = bandwidth_sample, dtype, random_state
@@ -278,6 +293,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             learning_rate=check_float(self.learning_rate, "learning_rate", low_open=True),
             momentum=check_float(self.momentum, "momentum", high=0.999),
             l2=check_float(self.l2, "l2"),
+            sgd_chains="auto" if self.sgd_chains == "auto" else check_int(self.sgd_chains, "sgd_chains", 1),
             validation_fraction=check_float(self.validation_fraction, "validation_fraction", high=0.5),
             max_validation_rows=check_int(self.max_validation_rows, "max_validation_rows", 0),
             n_iter_no_change=check_int(self.n_iter_no_change, "n_iter_no_change", 1),
@@ -598,13 +614,46 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         except BaseException as exc:  # hand the error to the consumer
             _put(out, exc, stop)
 
+    def _sgd_chains(self, d: _graph.DecoderData, p) -> int:
+        """0 when the epochs run in this process, else the chains of :func:`._graph.sgd_epoch` (``sgd_chains``)."""
+        n_blocks = d.X.numblocks[0]
+        if d.n_train * d.Y.shape[1] < SGD_CLUSTER_ENTRIES and p["sgd_chains"] in ("auto", 1):
+            return 0
+        if p["sgd_chains"] == "auto":
+            return max(1, min(parallelism(), n_blocks // SGD_CHAIN_BLOCKS))
+        return min(p["sgd_chains"], n_blocks)
+
+    def _epoch_here(self, d: _graph.DecoderData, Q, V, P, p, bs, order, seed, lr) -> tuple[float, int]:
+        """One epoch in this process, ``Q`` and ``V`` updated in place: the summed loss and the rows."""
+        batches, stop = queue.Queue(maxsize=2), threading.Event()
+        producer = threading.Thread(target=self._minibatches, daemon=True,
+                                    args=(d, order, bs, np.random.default_rng(seed), batches, stop))
+        producer.start()
+        total_loss, total_rows = 0.0, 0
+        try:
+            while (item := batches.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                Fm, Ym = item
+                total_loss += K.sgd_step(Q, V, P, Fm, Ym, d.loss_fn, learning_rate=lr, momentum=p["momentum"],
+                                         l2=p["l2"])
+                total_rows += Fm.shape[0]
+        finally:  # also when this loop raises: the producer stops instead of waiting on a full queue
+            stop.set()
+            producer.join()
+        return total_loss, total_rows
+
     def _sgd(self, d: _graph.DecoderData, Q, P, p, rng) -> tuple[np.ndarray, int]:
         """Preconditioned minibatch SGD with momentum from ``Q``, early-stopped on the held-out rows;
         the best decoder and the epochs (passes) made."""
-        dtype = p["dtype"]
-        lr, mu, l2 = p["learning_rate"], p["momentum"], p["l2"]
+        lr = p["learning_rate"]
         # a minibatch's scores are batch x n_labels: keep them under MINIBATCH_SCORES entries
         bs = max(1, min(p["batch_size"], K.MINIBATCH_SCORES // Q.shape[1]))
+        chains = self._sgd_chains(d, p)
+        if chains:
+            setup = {"seed": d.split.seed, "fraction": d.split.fraction, "state": d.state, "P": P,
+                     "loss_fn": d.loss_fn, "batch_size": bs, "momentum": p["momentum"], "l2": p["l2"]}
+            logger.info("SGD epochs on the cluster: %d chain(s) over %d row blocks", chains, d.X.numblocks[0])
         metric = "val_loss" if self.early_stopping == "loss" else "val_p@1"
         sign = 1.0 if metric == "val_loss" else -1.0
         best_val = sign * d.history[0][metric] if d.Fh is not None else math.inf
@@ -615,30 +664,13 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         for epoch in range(1, p["max_epochs"] + 1):
             n_epochs += 1
             order = rng.permutation(d.X.numblocks[0])
-            batches, stop = queue.Queue(maxsize=2), threading.Event()
-            producer = threading.Thread(target=self._minibatches, daemon=True,
-                                        args=(d, order, bs, np.random.default_rng(rng.integers(2**62)), batches, stop))
-            producer.start()
-            total_loss, total_rows = 0.0, 0
-            try:
-                while (item := batches.get()) is not None:
-                    if isinstance(item, BaseException):
-                        raise item
-                    Fm, Ym = item
-                    S = Fm @ Q
-                    loss, Gs = d.loss_fn(S, Ym)
-                    total_loss += loss
-                    total_rows += Fm.shape[0]
-                    grad = Fm.T @ Gs
-                    grad *= dtype.type(1.0 / Fm.shape[0])
-                    if l2:
-                        grad[:-1] += dtype.type(l2) * Q[:-1]
-                    V *= dtype.type(mu)
-                    V += P @ grad
-                    Q -= dtype.type(lr) * V
-            finally:  # also when this loop raises: the producer stops instead of waiting on a full queue
-                stop.set()
-                producer.join()
+            seed = rng.integers(2**62)
+            if chains:
+                seeds = np.random.default_rng(seed).integers(2**62, size=order.size)
+                Q, V, total_loss, total_rows = dask.compute(_graph.sgd_epoch(
+                    d.X, d.Y, setup, Q, V, order=order, chains=chains, seeds=seeds, learning_rate=lr))[0]
+            else:
+                total_loss, total_rows = self._epoch_here(d, Q, V, P, p, bs, order, seed, lr)
             if not np.all(np.isfinite(Q)):
                 logger.warning("epoch %d diverged (learning_rate %g); restarting from the best decoder with half the "
                                "step", epoch, lr)
