@@ -1,9 +1,11 @@
 """Passes over row-chunked Dask arrays: ``X Q``, ``X^T B``, ``X^T (X Q)``, ``Y^T (X Z)``, ``X^T X``, column moments.
 
 Every pass is one ``blockwise`` task per row block, which applies a kernel of
-:mod:`xmldask.linalg._kernels` to that block and returns a small dense result, followed by a tree
-sum of those results (at most ``split_every`` inputs per task). No task ever holds more than one
-row block of ``X`` (and of ``Y`` or ``B``), so a pass runs over stores larger than memory.
+:mod:`xmldask.linalg._kernels` to that block and returns a small dense result, followed by a sum of
+those results: a running sum per task the scheduler runs at once, then a tree of those sums (at most
+``split_every`` inputs per task; :func:`tree_sum`). No task ever holds more than one row block of
+``X`` (and of ``Y`` or ``B``), and a worker holds one running sum however many blocks there are, so a
+pass runs over stores larger than memory in memory that does not grow with them.
 
 Dask's own ``da.dot`` / ``@`` / ``.sum(axis)`` are not used on the sparse blocks: they either fail on
 ``scipy.sparse`` chunks (``np.matmul`` rejects them; ``keepdims``, dask#11880) or gather every partial

@@ -12,8 +12,10 @@ embedding such as PCA), :class:`EmbeddingClassifier` fits
    logistic loss per label (multilabel): a ridge warm start ``(F^T F / n + lam I)^{-1} F^T Y / n``
    from one pass (Cholesky in float64, then rescaled on the held-out rows), refined by minibatch
    SGD with momentum preconditioned by the same ``(F^T F / n + lam I)^{-1}`` (as in the Rembrandt
-   reference implementation), streaming row blocks (the next block is computed while the current
-   one is used) and early-stopped on a held-out slice of the training rows.
+   reference implementation), streaming row blocks and early-stopped on a held-out slice of the
+   training rows. A small epoch runs in the fitting process (the next block is read while the
+   current one is used); a large one runs as tasks on the cluster, in parallel chains of row blocks
+   averaged at the end of the epoch (``sgd_chains``).
 
 References
 ----------
