@@ -482,16 +482,18 @@ def _reference_sgd_epoch(Xm, Ym, setup, Q, V, order, chains, seeds, lr, chunks):
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("chains", [1, 3])
-def test_sgd_epoch_on_the_cluster_matches_numpy(multiclass, dtype, chains):
+@pytest.mark.parametrize("chains,source", [(1, "memory"), (3, "memory"), (2, "store")])
+def test_sgd_epoch_on_the_cluster_matches_numpy(multiclass, dtype, chains, source):
     """An SGD epoch as tasks (uneven blocks dealt to chains, each block's rows in its seed's order, the
-    chains averaged by rows) equals the same algorithm written in NumPy."""
+    chains averaged by rows; a store's blocks read in the tasks) equals the same algorithm in NumPy."""
     from xmldask.models import _graph
+    from xmldask.store.csr import block_reader
 
     X, Y = multiclass
     Xm, Ym = _in_memory(X, Y)
-    chunks = (1000, 37, 463, 500, 300, 700)
-    Xu, Yu = _uneven(Xm, chunks), _uneven(Ym, chunks)
+    chunks = (1000, 37, 463, 500, 300, 700) if source == "memory" else X.chunks[0]
+    Xu, Yu = (_uneven(Xm, chunks), _uneven(Ym, chunks)) if source == "memory" else (X, Y)
+    assert (block_reader(Xu) is not None) == (source == "store")
     rng = np.random.default_rng(3)
     k, L = 5, Y.shape[1]
     state = {"W": (rng.standard_normal((Xm.shape[1], k)) / 10).astype(dtype),
@@ -502,8 +504,10 @@ def test_sgd_epoch_on_the_cluster_matches_numpy(multiclass, dtype, chains):
     Q, V = (rng.standard_normal((k + 1, L)) / 10).astype(dtype), (rng.standard_normal((k + 1, L)) / 100).astype(dtype)
     Q0, V0 = Q.copy(), V.copy()
     order, seeds = rng.permutation(len(chunks)), rng.integers(2**62, size=len(chunks))
-    got = dask.compute(_graph.sgd_epoch(Xu, Yu, setup, Q, V, order=order, chains=chains, seeds=seeds,
-                                        learning_rate=0.3))[0]
+    epoch = _graph.sgd_epoch(Xu, Yu, setup, Q, V, order=order, chains=chains, seeds=seeds, learning_rate=0.3)
+    read_tasks = [key for key in dict(epoch.__dask_graph__()) if isinstance(key, tuple) and key[0] == Xu.name]
+    assert (read_tasks == []) == (source == "store")  # a store's blocks are read in the SGD tasks
+    got = dask.compute(epoch)[0]
     want = _reference_sgd_epoch(Xm, Ym, setup, Q, V, order, chains, seeds, 0.3, chunks)
     assert np.array_equal(Q, Q0) and np.array_equal(V, V0)  # the start is not changed
     tol = 2e-3 if dtype == np.float32 else 1e-9

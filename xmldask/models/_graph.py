@@ -17,6 +17,7 @@ import scipy.sparse as sp
 
 from ..linalg import ROWS, WHOLE, dense_operand, per_block, per_block_objects, tree_combine
 from ..scheduling import current_client
+from ..store.csr import block_reader
 from . import _kernels as K
 
 __all__ = ["HeldOut", "decision_scores", "decoder_features", "document_counts", "ensemble_probabilities",
@@ -265,18 +266,21 @@ def _ship(obj):
     return dask.delayed(obj, traverse=False)
 
 
-def sgd_block(carry: tuple, Xb, Yb, *, block: int, setup: dict, seed: int, learning_rate: float) -> tuple:
+def sgd_block(carry: tuple, Xb, Yb, *, block: int, bounds: tuple[int, int], setup: dict, seed: int,
+              learning_rate: float) -> tuple:
     """The decoder's SGD steps on the training rows of one row block, in a random order (``seed``).
 
     ``carry`` is ``(Q, V, loss, rows)``: the decoder, its momentum, and the summed loss and rows so far;
-    a new carry is returned (the given one is never changed: a task may run again). ``setup`` holds
-    the held-out split (``seed``, ``fraction``), the feature map ``state``, the preconditioner ``P``,
-    ``loss_fn``, ``batch_size``, ``momentum`` and ``l2`` (see :func:`._kernels.sgd_step`).
+    a new carry is returned (the given one is never changed: a task may run again). ``Xb`` or ``Yb``
+    ``None``: read rows ``bounds`` here by ``setup["readers"]``. ``setup`` also holds the held-out split
+    (``seed``, ``fraction``), the feature map ``state``, the preconditioner ``P``, ``loss_fn``,
+    ``batch_size``, ``momentum`` and ``l2`` (see :func:`._kernels.sgd_step`).
     """
+    Xb = setup["readers"][0].read_rows(*bounds) if Xb is None else Xb
+    Yb = sp.csr_matrix(setup["readers"][1].read_rows(*bounds) if Yb is None else Yb)
     Q, V, loss, rows = carry
     Q, V = Q.copy(), V.copy()
     st = setup["state"]
-    Yb = sp.csr_matrix(Yb)
     train = np.flatnonzero(~K.holdout_mask(setup["seed"], block, Xb.shape[0], setup["fraction"]))
     np.random.default_rng(seed).shuffle(train)
     for a in range(0, train.size, setup["batch_size"]):
@@ -307,18 +311,23 @@ def sgd_epoch(X: da.Array, Y: da.Array, setup: dict, Q: np.ndarray, V: np.ndarra
     different workers, are averaged at the end (iterative parameter mixing: McDonald, Hall and Mann,
     "Distributed Training Strategies for the Structured Perceptron", NAACL 2010; Zinkevich, Weimer,
     Smola and Li, "Parallelized Stochastic Gradient Descent", NIPS 2010). One chain is sequential SGD.
-    A task holds one row block, ``Q`` and ``V``; ``setup`` and the start are shipped once.
+    A task holds one row block, ``Q`` and ``V``; ``setup`` and the start are shipped once. A store's
+    blocks are read inside the task that uses them (a block read in a task of its own could wait in
+    a worker's memory for its chain).
     """
-    Xd, Yd = (A.to_delayed(optimize_graph=False).ravel() for A in (X, Y))
-    setup_ref, carry0 = _ship(setup), _ship((Q, V, 0.0, 0))
+    readers = (block_reader(X), block_reader(Y))
+    Xd, Yd = ([None] * A.numblocks[0] if r is not None else A.to_delayed(optimize_graph=False).ravel()
+              for A, r in zip((X, Y), readers))
+    bounds = np.cumsum((0,) + tuple(X.chunks[0])).tolist()
+    setup_ref, carry0 = _ship({**setup, "readers": readers}), _ship((Q, V, 0.0, 0))
     token = dask.base.tokenize(order, seeds, learning_rate, chains)
     ends = []
     for c in range(chains):
         carry = carry0
         for j, b in enumerate(order[c::chains]):
-            carry = dask.delayed(sgd_block)(carry, Xd[b], Yd[b], block=int(b), setup=setup_ref,
-                                                       seed=int(seeds[b]), learning_rate=float(learning_rate),
-                                                       dask_key_name=f"decoder-sgd-{token}-{c}-{j}")
+            carry = dask.delayed(sgd_block)(carry, Xd[b], Yd[b], block=int(b), bounds=(bounds[b], bounds[b + 1]),
+                                            setup=setup_ref, seed=int(seeds[b]), learning_rate=float(learning_rate),
+                                            dask_key_name=f"decoder-sgd-{token}-{c}-{j}")
         ends.append(carry)
     return dask.delayed(_average_chains)(*ends, dask_key_name=f"decoder-sgd-average-{token}")
 
