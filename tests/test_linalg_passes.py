@@ -271,12 +271,16 @@ def test_vector_operands_and_dask_weights(stores):
     assert [g.shape for g in got] == [(D,), (N,), (D,)]
 
 
-def test_column_moments_share_one_pass(stores):
+@pytest.mark.parametrize("chains", [2, 100])
+def test_column_moments_share_one_pass(stores, monkeypatch, chains):
+    """One task per block (a running sum's step, or a block's own task when each block has a task slot),
+    shared by both outputs."""
+    monkeypatch.setattr(passes, "parallelism", lambda: chains)
     X = open_csr(stores[0])
     mean, second = linalg.column_moments(X)
     graph = {**mean.__dask_graph__(), **second.__dask_graph__()}
-    block_tasks = [k for k in graph if isinstance(k, tuple) and str(k[0]).startswith("column_moments-block")]
-    assert len(block_tasks) == X.numblocks[0]  # one task per block, shared by both outputs
+    kernel_tasks = [k for k in graph if str(k).startswith(("column_moments-sum-chain", "('column_moments-block"))]
+    assert len(kernel_tasks) == X.numblocks[0]
 
 
 def test_graph_is_deterministic(stores):
@@ -464,7 +468,8 @@ def test_large_operand_is_scattered_not_embedded(tmp_path, client):
 
 @pytest.mark.skipif(ARRAY_EXPR, reason="no from_delayed in dask's array-expression engine: operands are embedded")
 def test_scattered_operand_survives_a_worker_restart(tmp_path, client):
-    """A dense operand is on every worker, so a pass still completes after one worker is restarted."""
+    """A dense operand is on every worker under its array's chunk key (no task aliasing it, which one worker
+    would compute and every block task then follow), so a pass still completes after one worker is restarted."""
     rng = np.random.default_rng(4)
     A = sp.random(400, 2000, density=0.01, format="csr", dtype=np.float32, random_state=rng)
     X = open_csr(write_csr(str(tmp_path / "r.zarr"), A, block_rows=50))
@@ -472,10 +477,12 @@ def test_scattered_operand_survives_a_worker_restart(tmp_path, client):
     assert Q.nbytes >= passes.SCATTER_BYTES
     with client.as_current():
         result = linalg.xt_x_q(X, Q, split_every=2)
-        keys = [k for k in result.__dask_graph__() if isinstance(k, str) and k.startswith("ndarray-")]
-        assert keys, "Q was not scattered"
+        Qd = passes.dense_operand(Q)
+        assert list(Qd.__dask_graph__()) == [(Qd.name, 0, 0)]  # the scattered data itself
+        keys = [k for k in result.__dask_graph__() if str(k).startswith("('operand-")]
+        assert keys == [(Qd.name, 0, 0)], "Q was not scattered"
         has = client.has_what()
-        assert len(has) == 2 and all(set(keys) <= {str(k) for k in held} for held in has.values())
+        assert len(has) == 2 and all({str(k) for k in keys} <= {str(k) for k in held} for held in has.values())
         worker = next(iter(client.scheduler_info()["workers"]))
         client.restart_workers([worker])
         (got,) = _compute_all([result], client)
@@ -519,6 +526,45 @@ def test_tree_sum_runs_one_running_sum_per_parallel_task(monkeypatch, chains):
         assert len(get_dependencies(graph, key)) == 2
     expected = A.toarray().astype(np.float64)
     np.testing.assert_allclose(out.compute(), expected.T @ (expected @ Q), rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("chains", [1, 3])
+def test_block_sum_computes_each_block_in_a_step_of_its_running_sum(tmp_path, monkeypatch, chains):
+    """With the rows read from a store, block i is computed in step i // c of running sum i mod c: a task
+    per block, depending on the previous sum and the whole operands only (no block task whose result waits
+    or travels); the same sum as NumPy, uneven blocks, float32, weighted and centred."""
+    rng = np.random.default_rng(2)
+    A = sp.random(1000, 300, density=0.05, format="csr", dtype=np.float32, random_state=5)
+    X = open_csr(write_csr(str(tmp_path / "x.zarr"), A, block_rows=130))  # 7 x 130 + 90
+    Q = rng.standard_normal((300, 4)).astype(np.float32)
+    mu = (np.asarray(A.mean(axis=0)).ravel() + 0.1).astype(np.float32)
+    monkeypatch.setattr(passes, "parallelism", lambda: chains)
+    out = linalg.xt_x_q(X, Q, center=mu, split_every=8)
+    graph = dict(out.__dask_graph__())
+    steps = sorted((key for key in graph if "xt_x_q-sum-chain" in str(key)), key=lambda k: [int(p) for p in
+                                                                                         k.split("-")[-2:]])
+    assert len(steps) == X.numblocks[0] == 8
+    assert not [key for key in graph if "xt_x_q-block" in str(key)]
+    operands = {key for key in graph if key not in steps and not get_dependencies(graph, key)}
+    for key in steps:
+        c, j = (int(p) for p in key.split("-")[-2:])
+        previous = {f"{key.rsplit('-', 1)[0]}-{j - 1}"} if j else set()
+        assert set(get_dependencies(graph, key)) - operands == previous
+    assert {int(key.split("-")[-2]) for key in steps} == set(range(chains))
+    dense = A.toarray().astype(np.float64) - mu
+    np.testing.assert_allclose(out.compute(), dense.T @ (dense @ Q), rtol=1e-4, atol=1e-4)
+
+
+def test_block_sum_of_a_computed_row_operand_keeps_its_block_tasks(monkeypatch):
+    """A row operand that is not read from a store (here in memory) is not re-read in the chain's steps:
+    its blocks' results are computed in tasks of their own, then added by the running sums."""
+    A = sp.random(500, 50, density=0.1, format="csr", dtype=np.float64, random_state=6)
+    X = da.from_array(A, chunks=(100, -1), asarray=False)
+    monkeypatch.setattr(passes, "parallelism", lambda: 2)
+    out = linalg.column_sums(X)
+    graph = dict(out.__dask_graph__())
+    assert len([key for key in graph if "column_sums-block" in str(key)]) == 5
+    np.testing.assert_allclose(out.compute(), np.asarray(A.sum(axis=0)).ravel(), rtol=1e-12)
 
 
 @pytest.mark.parametrize("n_blocks", [1, 2, 7])

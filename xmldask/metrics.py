@@ -122,7 +122,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.stats import rankdata
 
-from .linalg.passes import per_block, tree_sum
+from .linalg.passes import block_sum
 
 __all__ = [
     "PROPENSITY_PARAMETERS",
@@ -748,9 +748,8 @@ def evaluate(Y, labels=None, scores=None, *, ks=(1, 3, 5), propensities=None, sc
         decision_k=int(decision_k or 0),
         macro=bool(macro) and decision is not None,
     )
-    parts = per_block(block_stats, operands, tail=(cfg.size,), dtype=np.float64, token="metrics-block",
-                       static={"cfg": cfg})
-    total = tree_sum(parts, int(split_every))
+    total = block_sum(block_stats, operands, tail=(cfg.size,), dtype=np.float64, token="metrics-block",
+                      static={"cfg": cfg}, split_every=int(split_every))
     result = dask.delayed(finalize, pure=True)(total, cfg, ks)
     if not compute:
         return result

@@ -1,8 +1,9 @@
 """Blocked linear algebra on Dask arrays of row blocks.
 
 Two layers: :mod:`xmldask.linalg._kernels` (NumPy/SciPy functions on one row block) and
-:mod:`xmldask.linalg.passes` (one pass over the row blocks: a task per block plus a tree sum; every
-package's passes are built with its :func:`per_block` and :func:`tree_sum`), and on them
+:mod:`xmldask.linalg.passes` (one pass over the row blocks: a running sum per task run at once, each
+step computing one block's result, then a tree of those sums; every package's passes are built with its
+:func:`block_sum` and :func:`per_block`), and on them
 :mod:`xmldask.linalg.solvers` (regularised least squares by Cholesky or conjugate gradients).
 """
 

@@ -59,6 +59,8 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
+from dask.base import tokenize
+from dask.highlevelgraph import HighLevelGraph
 
 from ..scheduling import current_client, parallelism
 from ..store.csr import block_reader
@@ -75,6 +77,7 @@ __all__ = [
     "column_moments",
     "column_sums",
     "dense_operand",
+    "block_sum",
     "gram",
     "per_block",
     "per_block_objects",
@@ -138,11 +141,14 @@ def dense_operand(A, *, name: str = "operand") -> da.Array:
         # on every worker: each block task reads it anyway, and a worker that dies (or is restarted for
         # its memory) then loses no data the graph cannot get again (a future scattered to one worker only
         # is lost with it, and the whole computation fails)
-        future = client.scatter(A, hash=False, broadcast=True)
-        try:
-            return da.from_delayed(future, shape=A.shape, dtype=A.dtype, meta=np.empty((0,) * A.ndim, A.dtype))
-        except NotImplementedError:  # dask's array-expression engine has no from_delayed (yet): embed
-            logger.debug("cannot wrap a future as a dask array here; embedding %s in the graph", name)
+        # under the key of the array's one chunk: ``da.from_delayed(future)`` would add a task aliasing it,
+        # computed on one worker, and every task needing the operand would then be placed on that worker
+        array_name = f"operand-{tokenize(A)}"
+        key = (array_name,) + (0,) * A.ndim
+        (future,) = client.scatter({key: A}, hash=False, broadcast=True).values()
+        graph = HighLevelGraph.from_collections(array_name, {key: future}, dependencies=())
+        return da.Array(graph, array_name, tuple((n,) for n in A.shape), dtype=A.dtype,
+                        meta=np.empty((0,) * A.ndim, A.dtype))
     return da.from_array(A, chunks=A.shape)
 
 
@@ -389,37 +395,53 @@ def _chain_add(total, part):
     return total + part
 
 
-def tree_sum(parts: da.Array, split_every: int) -> da.Array:
-    """Sum over axis 0 of stacked block results: a running sum per chain, then a tree of the chains' sums.
+def _chain_apply(total, *args, **kwargs):
+    """One step of a chain of :func:`block_sum`: the running sum plus one block's kernel result, in one task."""
+    out = _apply(*args, **kwargs)
+    return out if total is None else total + out
 
-    Block ``i`` is added to chain ``i mod c``, with ``c`` the tasks the scheduler runs at once
-    (:func:`xmldask.scheduling.parallelism`, at most the number of blocks): each chain's running sum waits
-    for the block computed about when it needs it, so a worker holds a running sum and the results of
-    the blocks it is computing, however many blocks the pass has. (A tree over the blocks holds up to
-    ``log(n_blocks)`` partial sums a worker: peak memory then grew with ``n``.) The ``c`` running sums
-    are added by a tree of at most ``split_every`` inputs a task (fewer for large results:
-    :func:`reduce_split_every`), each task adding its inputs in place rather than concatenating them
-    (measured here: 0.04 s instead of 0.3-1 s for 16 results of 12.8 MB).
 
-    The order of the additions depends on ``c``, so a cluster of another size rounds differently (in
-    the last bits of float32).
-    """
-    name = f"{parts.name.rsplit('-', 1)[0].removesuffix('-block')}-sum"
-    n_blocks = parts.shape[0]
+def _chains(n_blocks: int) -> int:
+    """Running sums for a sum over ``n_blocks`` block results: one per task the scheduler runs at once; none
+    (0) when that is every block, so that the blocks meet in the tree directly."""
     chains = min(n_blocks, parallelism())
-    if n_blocks > chains > 0:
-        blocks = parts.to_delayed(optimize_graph=False).ravel()
-        meta = np.empty((0,) * parts.ndim, dtype=parts.dtype)
-        token = parts.name.rsplit("-", 1)[-1]
-        sums = []
-        for c in range(chains):
-            total = blocks[c]
-            for j, block in enumerate(blocks[c + chains::chains], 1):
-                total = dask.delayed(_chain_add)(total, block, dask_key_name=f"{name}-chain-{token}-{c}-{j}")
-            sums.append(da.from_delayed(total, shape=(1,) + parts.shape[1:], dtype=parts.dtype, meta=meta))
-        parts = da.concatenate(sums, axis=0)
+    return chains if n_blocks > chains > 0 else 0
+
+
+def _chain_places(chains: int) -> list[dict]:
+    """Where each of ``chains`` running sums starts, as ``dask.annotate`` keywords: chain ``c`` on the
+    ``c``-th thread of a ``distributed`` client's workers (loosely: another worker may take it), so that
+    the chains run side by side; nothing without a client (a local scheduler has one pool of threads).
+
+    The scheduler places a chain's later steps by its running sum, but it may start every chain on one
+    worker (the one that holds a shared operand), and a chain then stays there."""
+    client = current_client()
+    if client is None:
+        return [{}] * chains
+    slots = [address for address, n in sorted(client.nthreads().items()) for _ in range(n)]
+    if not slots:
+        return [{}] * chains
+    return [{"workers": [slots[c % len(slots)]], "allow_other_workers": True} for c in range(chains)]
+
+
+def _sum_name(parts: da.Array) -> tuple[str, str]:
+    """The sum's name (``xt_x_q-block-<token>`` -> ``xt_x_q-sum``) and the block results' token."""
+    prefix, token = parts.name.rsplit("-", 1)
+    return f"{prefix.removesuffix('-block')}-sum", token
+
+
+def _chain_sums(steps, parts: da.Array) -> da.Array:
+    """The running sums ``steps`` (delayed, one per chain) as an array stacked like ``parts``."""
+    meta = np.empty((0,) * parts.ndim, dtype=parts.dtype)
+    sums = [da.from_delayed(total, shape=(1,) + parts.shape[1:], dtype=parts.dtype, meta=meta) for total in steps]
+    return da.concatenate(sums, axis=0)
+
+
+def _tree(parts: da.Array, split_every: int, name: str) -> da.Array:
+    """The tree sum over axis 0 of stacked results, at most ``split_every`` inputs a task (fewer for large
+    results: :func:`reduce_split_every`), each task adding its inputs in place rather than concatenating
+    them (measured here: 0.04 s instead of 0.3-1 s for 16 results of 12.8 MB)."""
     result_bytes = int(np.prod(parts.shape[1:], dtype=np.int64)) * parts.dtype.itemsize
-    split_every = reduce_split_every(split_every, result_bytes)
     return da.reduction(
         parts,
         _sum_chunk,
@@ -427,11 +449,93 @@ def tree_sum(parts: da.Array, split_every: int) -> da.Array:
         combine=_sum_combine,
         axis=0,
         concatenate=False,
-        split_every=split_every,
+        split_every=reduce_split_every(split_every, result_bytes),
         dtype=parts.dtype,
         meta=np.empty((0,) * (parts.ndim - 1), dtype=parts.dtype),
         name=name,
     )
+
+
+def tree_sum(parts: da.Array, split_every: int) -> da.Array:
+    """Sum over axis 0 of stacked block results: a running sum per chain, then a tree of the chains' sums.
+
+    Block ``i`` is added to chain ``i mod c``, with ``c`` the tasks the scheduler runs at once
+    (:func:`xmldask.scheduling.parallelism`, at most the number of blocks), and only the ``c`` running
+    sums meet in the tree (:func:`_tree`). For results of a kernel on the row blocks use
+    :func:`block_sum`, which computes each block's result in the task that adds it.
+
+    The order of the additions depends on ``c``, so a cluster of another size rounds differently (in
+    the last bits of float32).
+    """
+    name, token = _sum_name(parts)
+    chains = _chains(parts.shape[0])
+    if chains:
+        blocks = parts.to_delayed(optimize_graph=False).ravel()
+        steps = []
+        for c in range(chains):
+            total = blocks[c]
+            for j, block in enumerate(blocks[c + chains::chains], 1):
+                total = dask.delayed(_chain_add)(total, block, dask_key_name=f"{name}-chain-{token}-{c}-{j}")
+            steps.append(total)
+        parts = _chain_sums(steps, parts)
+    return _tree(parts, split_every, name)
+
+
+def block_sum(func, operands, *, tail: tuple[int, ...], dtype, token: str, static: dict | None = None,
+              split_every: int = 8) -> da.Array:
+    """The sum over the row blocks of ``func(**{name: block})`` (arguments as for :func:`per_block`), shape
+    ``tail``.
+
+    Block ``i`` is computed *in* a step of running sum ``i mod c`` (``c`` = the tasks the scheduler runs
+    at once, at most the number of blocks): the task that computes a block's result adds it to its chain's
+    previous sum, so the scheduler runs each chain on the worker that holds its sum, and no block result
+    waits in memory or travels to another worker. A worker thus holds its running sum and the block it is
+    computing, however many blocks the pass has (a tree over the blocks held up to ``log(n_blocks)``
+    partial sums a worker: peak memory grew with ``n``; block results computed in tasks of their own moved
+    between workers about every other step). Only the ``c`` sums meet in a tree of at most
+    ``split_every`` inputs a task (:func:`_tree`). With as many tasks at once as blocks, this is a tree
+    over the blocks' results.
+
+    This applies when every row operand is read from a store (:func:`xmldask.store.csr.block_reader`);
+    with a computed row operand (a persisted state, a lazy product) each block's result is computed
+    where that operand's block is, and added by :func:`tree_sum`.
+
+    The order of the additions depends on ``c``, so a cluster of another size rounds differently (in
+    the last bits of float32).
+    """
+    parts = per_block(func, operands, tail=tail, dtype=dtype, token=token, static=static)
+    name, key_token = _sum_name(parts)
+    n_blocks = parts.shape[0]
+    chains = _chains(n_blocks)
+    if not chains:
+        return _tree(parts, split_every, name)
+    names, columns, readers = [], [], {}
+    for name_, value, kind in operands:
+        if value is None:
+            continue
+        if kind == ROWS:
+            readers[name_] = block_reader(value)
+            if readers[name_] is None:
+                # a computed row operand (a persisted state, a lazy product): its blocks are where they were
+                # computed, and a block's result is best computed there too
+                return tree_sum(parts, split_every)
+            bounds = np.cumsum((0,) + tuple(value.chunks[0])).tolist()  # read in the step's task
+            column = list(zip(bounds[:-1], bounds[1:]))
+        else:
+            (whole,) = dense_operand(value, name=name_).to_delayed(optimize_graph=False).ravel()
+            column = [whole] * n_blocks
+        names.append(name_)
+        columns.append(column)
+    kwargs = dict(_func=func, _names=tuple(names), _stack=True, _static=dict(static or {}), _readers=readers)
+    places, steps = _chain_places(chains), []
+    for c in range(chains):
+        with dask.annotate(**places[c]):  # where the chain starts; its later steps follow its running sum
+            total = None
+            for j, i in enumerate(range(c, n_blocks, chains)):
+                total = dask.delayed(_chain_apply)(total, *(column[i] for column in columns),
+                                                   dask_key_name=f"{name}-chain-{key_token}-{c}-{j}", **kwargs)
+        steps.append(total)
+    return _tree(_chain_sums(steps, parts), split_every, name)
 
 
 def per_block_objects(func, *arrays: da.Array, **static) -> list:
@@ -465,11 +569,11 @@ def _product_pass(mu, kernels: tuple, operands: list, tail: tuple[int, int], dty
     with the given column means ``mu`` (or ``None``) subtracted inside each block."""
     augmented, plain = kernels
     if mu is True:
-        parts = per_block(augmented, operands, tail=(tail[0] + 1, tail[1] + 1), dtype=dtype, token=token,
-                          static=static)
-        return _finish_centered(tree_sum(parts, split_every), dtype)
-    parts = per_block(plain, operands + [("center", mu, WHOLE)], tail=tail, dtype=dtype, token=token, static=static)
-    return tree_sum(parts, split_every)
+        total = block_sum(augmented, operands, tail=(tail[0] + 1, tail[1] + 1), dtype=dtype, token=token,
+                          static=static, split_every=split_every)
+        return _finish_centered(total, dtype)
+    return block_sum(plain, operands + [("center", mu, WHOLE)], tail=tail, dtype=dtype, token=token, static=static,
+                     split_every=split_every)
 
 
 # --------------------------------------------------------------------------------------------
@@ -674,9 +778,8 @@ def column_sums(X, *, weights=None, split_every: int = 8) -> da.Array:
     split_every = _check_split_every(split_every)
     w = _as_weights(weights, X)
     dtype = working_dtype(X.dtype)
-    parts = per_block(K.block_colsum, [("Xb", X, ROWS), ("weights", w, ROWS)], tail=(X.shape[1],),
-                       dtype=dtype, token="column_sums-block")
-    return tree_sum(parts, split_every)
+    return block_sum(K.block_colsum, [("Xb", X, ROWS), ("weights", w, ROWS)], tail=(X.shape[1],),
+                     dtype=dtype, token="column_sums-block", split_every=split_every)
 
 
 def column_mean(X, *, weights=None, split_every: int = 8) -> da.Array:
@@ -709,6 +812,5 @@ def _weighted_totals(X, weights, kernel, lead: tuple[int, ...], name: str, split
     split_every = _check_split_every(split_every)
     w = _as_weights(weights, X)
     dtype = working_dtype(X.dtype)
-    parts = per_block(kernel, [("Xb", X, ROWS), ("weights", w, ROWS)], tail=lead + (X.shape[1] + 1,),
-                       dtype=dtype, token=f"{name}-block")
-    return tree_sum(parts, split_every)
+    return block_sum(kernel, [("Xb", X, ROWS), ("weights", w, ROWS)], tail=lead + (X.shape[1] + 1,),
+                     dtype=dtype, token=f"{name}-block", split_every=split_every)

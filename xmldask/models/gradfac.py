@@ -53,7 +53,7 @@ import zarr
 
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg import dense_operand
-from ..linalg.passes import ROWS, WHOLE, per_block, per_block_objects, tree_sum
+from ..linalg.passes import ROWS, WHOLE, block_sum, per_block, per_block_objects
 from ..store import remove, zarr_store
 from ..store.models import SavedModel
 from . import _boost_kernels as BK
@@ -127,9 +127,8 @@ class _DaskRows:
 
     def reduce(self, kernel, names: tuple, size: int, static: dict | None = None, **whole) -> np.ndarray:
         self.n_passes += 1
-        parts = per_block(kernel, self._ops(names, whole), tail=(size,), dtype=np.float64, static=static,
-                          token=f"boost-{kernel.__name__}-{next(_tokens)}")
-        return tree_sum(parts, 8).compute()
+        return block_sum(kernel, self._ops(names, whole), tail=(size,), dtype=np.float64, static=static,
+                         token=f"boost-{kernel.__name__}-{next(_tokens)}").compute()
 
     def update(self, name: str, kernel, names: tuple, cols: int, dtype, static: dict | None = None, **whole):
         self.n_passes += 1

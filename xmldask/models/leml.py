@@ -54,7 +54,7 @@ import scipy.sparse.linalg as spla
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg import dense_operand, x_q, xt_b, xt_x_q, yt_x_z
 from ..linalg import gram as linalg_gram
-from ..linalg.passes import per_block, tree_sum
+from ..linalg.passes import block_sum
 from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
@@ -97,8 +97,7 @@ def _pass(kernel, X, Y, O, whole: dict, *, tail: tuple, static: dict, token: str
     """Tree sum over row blocks of ``kernel(Xb, Yb, [Ob], **whole, **static)``, lazily."""
     ops = [("Xb", X, ROWS), ("Yb", Y, ROWS), ("Ob", O, ROWS)]
     ops += [(name, dense_operand(value, name=name), WHOLE) for name, value in whole.items()]
-    parts = per_block(kernel, ops, tail=tail, dtype=np.float64, token=token, static=static)
-    return tree_sum(parts, split_every)
+    return block_sum(kernel, ops, tail=tail, dtype=np.float64, token=token, static=static, split_every=split_every)
 
 
 def _label_stats_kernel(Xb, Yb, W, Ob=None, *, n_labels: int):

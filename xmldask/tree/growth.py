@@ -36,7 +36,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from ..linalg.passes import ROWS, WHOLE, check_rows_operand, check_x, dense_operand, per_block, tree_sum
+from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, check_x, dense_operand, per_block
 from ..scheduling import worker_memory_limit
 from . import _kernels as K
 
@@ -144,9 +144,9 @@ class _Passes:
             operands.append(("pairs", self.state, ROWS))
             kw["nodes"] = np.asarray(nodes, dtype=np.int64)
         operands += [(name, dense_operand(value, name=name), WHOLE) for name, value in whole.items()]
-        parts = per_block(kernel, operands, tail=tail, dtype=np.float64, token=f"tree-{kernel.__name__}", static=kw)
         self.n_passes += 1
-        return tree_sum(parts, self.split_every).compute()
+        return block_sum(kernel, operands, tail=tail, dtype=np.float64, token=f"tree-{kernel.__name__}", static=kw,
+                         split_every=self.split_every).compute()
 
 
 def default_memory_budget() -> int:

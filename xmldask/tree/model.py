@@ -7,7 +7,7 @@ import dask.array as da
 import numpy as np
 
 from ..base import NotFittedError, ParamsMixin, as_rows
-from ..linalg.passes import ROWS, WHOLE, check_rows_operand, dense_operand, per_block, tree_sum
+from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, dense_operand, per_block
 from ..store.models import SavedModel
 from . import _kernels as K
 from .growth import grow_tree
@@ -169,9 +169,8 @@ class SpectralLabelTree(SavedModel, ParamsMixin):
         operands += [("depth", dense_operand(self.depth_, name="depth"), WHOLE),
                      ("top_labels", dense_operand(self.top_labels_, name="top_labels"), WHOLE)]
         L, F = self.n_labels_, K.N_FIGURES
-        parts = per_block(K.tree_figures, operands, tail=(F + L * 2,), dtype=np.float64, token="tree-figures",
-                           static={"form": self.sigma})
-        (s,) = dask.compute(tree_sum(parts, split_every))
+        (s,) = dask.compute(block_sum(K.tree_figures, operands, tail=(F + L * 2,), dtype=np.float64,
+                                      token="tree-figures", static={"form": self.sigma}, split_every=split_every))
         rows, assigned = max(s[0], 1), max(s[1], 1)
         left, right = s[F:F + L], s[F + L:]
         return {"tree_recall": s[2] / assigned, "root_purity": float(np.maximum(left, right).sum() / assigned),
@@ -195,9 +194,8 @@ class SpectralLabelTree(SavedModel, ParamsMixin):
         if Y.shape[1] != self.n_labels_:
             raise ValueError(f"Y has {Y.shape[1]} labels, but this tree was fitted on {self.n_labels_}")
         operands = [("Xb", X, ROWS), ("Yb", Y, ROWS)] + self._tree_operands() + self._cand_operands()
-        parts = per_block(K.leaf_figures, operands, tail=(len(self.table_), 3), dtype=np.float64,
-                           token="tree-leaf-figures", static={"form": self.sigma})
-        (s,) = dask.compute(tree_sum(parts, split_every))
+        (s,) = dask.compute(block_sum(K.leaf_figures, operands, tail=(len(self.table_), 3), dtype=np.float64,
+                                      token="tree-leaf-figures", static={"form": self.sigma}, split_every=split_every))
         rows, assignments, covered = s[:, 0], s[:, 1], s[:, 2]
         depth, n_cand = np.asarray(self.depth_, dtype=np.int64), np.diff(self.cand_indptr_)
         depths, at_depth = np.unique(depth, return_inverse=True)
