@@ -71,13 +71,13 @@ __all__ = [
     "ROWS",
     "SCATTER_BYTES",
     "WHOLE",
+    "block_sum",
     "check_rows_operand",
     "check_x",
     "column_mean",
     "column_moments",
     "column_sums",
     "dense_operand",
-    "block_sum",
     "gram",
     "per_block",
     "per_block_objects",
@@ -408,22 +408,6 @@ def _chains(n_blocks: int) -> int:
     return chains if n_blocks > chains > 0 else 0
 
 
-def _chain_places(chains: int) -> list[dict]:
-    """Where each of ``chains`` running sums starts, as ``dask.annotate`` keywords: chain ``c`` on the
-    ``c``-th thread of a ``distributed`` client's workers (loosely: another worker may take it), so that
-    the chains run side by side; nothing without a client (a local scheduler has one pool of threads).
-
-    The scheduler places a chain's later steps by its running sum, but it may start every chain on one
-    worker (the one that holds a shared operand), and a chain then stays there."""
-    client = current_client()
-    if client is None:
-        return [{}] * chains
-    slots = [address for address, n in sorted(client.nthreads().items()) for _ in range(n)]
-    if not slots:
-        return [{}] * chains
-    return [{"workers": [slots[c % len(slots)]], "allow_other_workers": True} for c in range(chains)]
-
-
 def _sum_name(parts: da.Array) -> tuple[str, str]:
     """The sum's name (``xt_x_q-block-<token>`` -> ``xt_x_q-sum``) and the block results' token."""
     prefix, token = parts.name.rsplit("-", 1)
@@ -527,13 +511,12 @@ def block_sum(func, operands, *, tail: tuple[int, ...], dtype, token: str, stati
         names.append(name_)
         columns.append(column)
     kwargs = dict(_func=func, _names=tuple(names), _stack=True, _static=dict(static or {}), _readers=readers)
-    places, steps = _chain_places(chains), []
+    steps = []
     for c in range(chains):
-        with dask.annotate(**places[c]):  # where the chain starts; its later steps follow its running sum
-            total = None
-            for j, i in enumerate(range(c, n_blocks, chains)):
-                total = dask.delayed(_chain_apply)(total, *(column[i] for column in columns),
-                                                   dask_key_name=f"{name}-chain-{key_token}-{c}-{j}", **kwargs)
+        total = None
+        for j, i in enumerate(range(c, n_blocks, chains)):
+            total = dask.delayed(_chain_apply)(total, *(column[i] for column in columns),
+                                               dask_key_name=f"{name}-chain-{key_token}-{c}-{j}", **kwargs)
         steps.append(total)
     return _tree(_chain_sums(steps, parts), split_every, name)
 

@@ -2,9 +2,10 @@
 
 All frontier nodes of one depth share the same passes over the data: every block task reads its
 rows' pairs with the frontier nodes (the level state: row, node and path probability, kept between
-passes where the block was computed) and returns partial sums keyed by node, which a tree reduction
-adds up (:func:`xmldask.linalg.passes.per_block` and ``tree_sum``, the pattern of every pass of the
-project). A level costs ``1`` (moving the level state one level down) ``+ 1`` (statistics)
+passes where the block was computed) and returns partial sums keyed by node, which running sums and a
+tree add up (:func:`xmldask.linalg.passes.block_sum`, the pattern of every pass of the project; with the
+level state as a row operand each block's sums are computed where its state is).
+A level costs ``1`` (moving the level state one level down) ``+ 1`` (statistics)
 ``+ 2 (1 + n_power_iter)`` (operator applications) ``+ MEDIAN_PASSES`` (weighted median) passes, plus
 one for multilabel data (each node's ``Y^T D Y`` on its labels, so that the Jacobi-PCG iterations
 need no pass; one per run of nodes whose blocks fit ``memory_budget``), whatever
