@@ -54,12 +54,12 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import uuid
 
 import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
-from dask.base import tokenize
 from dask.highlevelgraph import HighLevelGraph
 
 from ..scheduling import current_client, parallelism
@@ -142,8 +142,10 @@ def dense_operand(A, *, name: str = "operand") -> da.Array:
         # its memory) then loses no data the graph cannot get again (a future scattered to one worker only
         # is lost with it, and the whole computation fails)
         # under the key of the array's one chunk: ``da.from_delayed(future)`` would add a task aliasing it,
-        # computed on one worker, and every task needing the operand would then be placed on that worker
-        array_name = f"operand-{tokenize(A)}"
+        # computed on one worker, and every task needing the operand would then be placed on that worker.
+        # A new key each time: a key named by the operand's value would be shared by two graphs shipping the
+        # same values, and the first one's release would take it from under the second ("lost dependencies")
+        array_name = f"operand-{uuid.uuid4().hex}"
         key = (array_name,) + (0,) * A.ndim
         (future,) = client.scatter({key: A}, hash=False, broadcast=True).values()
         graph = HighLevelGraph.from_collections(array_name, {key: future}, dependencies=())
@@ -396,9 +398,20 @@ def _chain_add(total, part):
 
 
 def _chain_apply(total, *args, **kwargs):
-    """One step of a chain of :func:`block_sum`: the running sum plus one block's kernel result, in one task."""
+    """One step of a chain of :func:`block_sum`: the running sum plus one block's kernel result, in one task.
+
+    The sum is written into the kernel's result when that is an array the kernel made (it owns its
+    memory and is none of the task's inputs): a step then holds two arrays of the sum's size, not three.
+    The running sum it is given is never changed (a task may run again)."""
     out = _apply(*args, **kwargs)
-    return out if total is None else total + out
+    if total is None:
+        return out
+    made = out if out.base is None else out.base
+    if (made.flags.owndata and made.flags.writeable and out.dtype == total.dtype and out.shape == total.shape
+            and not any(made is arg for arg in (*args, *kwargs["_static"].values()))):
+        out += total
+        return out
+    return total + out
 
 
 def _chains(n_blocks: int) -> int:
