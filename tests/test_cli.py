@@ -1,6 +1,9 @@
 """The command-line contract: ingest, synth, info, demo."""
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,6 +17,14 @@ def _write_xc(path, rows, n_features, n_labels):
     lines = [f"{len(rows)} {n_features} {n_labels}"] + rows
     path.write_text("\n".join(lines) + "\n")
     return str(path)
+
+
+def test_array_expression_engine_is_refused_clearly():
+    """dask's opt-in array-expression engine lacks what the passes build on: one clear error at import."""
+    env = {**os.environ, "DASK_ARRAY__QUERY_PLANNING": "True"}
+    run = subprocess.run([sys.executable, "-c", "import xmldask"], env=env, capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "DASK_ARRAY__QUERY_PLANNING=False" in run.stderr.splitlines()[-1]
 
 
 def test_ingest_info_json(tmp_path, capsys):

@@ -33,8 +33,6 @@ N, D, N_LABELS, K_COLS = 1037, 23, 11, 5
 MEMORY_BLOCKS = (100,) * 10 + (37,)  # uneven: ten blocks of 100 rows and a remainder
 STORE_BLOCK_ROWS = 128  # eight blocks of 128 rows and one of 13
 DTYPES = [np.float32, np.float64]
-#: dask's array-expression engine (opt-in today) has no ``from_delayed``: operands are embedded, not scattered
-ARRAY_EXPR = "_array_expr" in type(da.zeros(1)).__module__
 
 
 # ------------------------------------------------------------------------------------------
@@ -439,13 +437,12 @@ def test_local_cluster_with_scattered_operands(stores, client, monkeypatch):
     with client.as_current():
         graphs = [_build(n, inputs, w, c) for n, w, c in cases]
         xt_b = graphs[cases.index(("xt_b", True, "given"))]
-        if not ARRAY_EXPR:  # B, w and mu are not inside the graph
-            assert len(pickle.dumps(dict(xt_b.__dask_graph__()), protocol=5)) < inputs.B.nbytes
+        # B, w and mu are not inside the graph
+        assert len(pickle.dumps(dict(xt_b.__dask_graph__()), protocol=5)) < inputs.B.nbytes
         results = _compute_all(graphs, client)
     _check_same_answers(cases, results, expected, np.float32)
 
 
-@pytest.mark.skipif(ARRAY_EXPR, reason="no from_delayed in dask's array-expression engine: operands are embedded")
 def test_large_operand_is_scattered_not_embedded(tmp_path, client):
     """A 10 MB Q would trigger distributed's "large graph" warning if embedded; it is scattered once."""
     d, k = 30_000, 100
@@ -483,7 +480,6 @@ def test_the_same_operand_values_shipped_pass_after_pass(tmp_path, client):
     assert len(names) == 30
 
 
-@pytest.mark.skipif(ARRAY_EXPR, reason="no from_delayed in dask's array-expression engine: operands are embedded")
 def test_scattered_operand_survives_a_worker_restart(tmp_path, client):
     """A dense operand is on every worker under its array's chunk key (no task aliasing it, which one worker
     would compute and every block task then follow), so a pass still completes after one worker is restarted."""
