@@ -5,6 +5,9 @@ Writes a synthetic dataset store once (``make_synthetic``) under ``--cache`` (de
 then, for ``n`` rows and for ``n / 10`` rows (same features and density), times in fresh processes:
 
 - ``scipy``: the whole matrix loaded in RAM as one ``csr_matrix``; only ``A.T @ (A @ Q)`` is timed;
+- ``scipy-threads``: the same matrix in RAM cut into the store's row blocks, a thread per core each
+  summing ``B.T @ (B @ Q)`` over every other block (no store, no Dask): what SciPy's kernels give on
+  this machine's cores together, the ceiling of any blocked pass built on them;
 - ``xmldask-1core``: ``xmldask.linalg.xt_x_q`` on a local cluster of one single-threaded worker,
   reading the store;
 - ``xmldask-2core``: the same with the default local cluster of :mod:`xmldask.cluster` (one worker
@@ -13,8 +16,9 @@ then, for ``n`` rows and for ``n / 10`` rows (same features and density), times 
 ``Q`` is float32 ``(n_features, k)`` and shipped once; one pass is run first to warm up, then
 ``--repeat`` passes are timed and the median is reported. GFLOP/s count ``4 nnz k`` flops
 (``2 nnz k`` for ``X Q`` and as many for ``X^T (X Q)``); ``ratio_to_scipy`` is scipy's seconds over
-the system's (a speedup). Peak RSS is ``VmHWM`` (a true peak, not a sample) of the scipy process
-or of each worker process (the largest worker is reported).
+the system's (a speedup), ``ratio_to_scipy_threads`` the same against ``scipy-threads``. Peak RSS is
+``VmHWM`` (a true peak, not a sample) of the scipy process or of each worker process (the largest
+worker is reported).
 
     python bench/passes.py [--rows 1200000] [--features 100000] [--avg-features 130] [--k 64]
                            [--block-rows 65536] [--repeat 3] [--json FILE] [--quick]
@@ -34,7 +38,7 @@ from pathlib import Path
 import _tables
 from _tables import load_line, main_or_child, write_json
 
-SYSTEMS = ("scipy", "xmldask-1core", "xmldask-2core")
+SYSTEMS = ("scipy", "scipy-threads", "xmldask-1core", "xmldask-2core")
 
 
 def _peak_rss_mb() -> float:
@@ -57,6 +61,29 @@ def _operand(n_features: int, k: int):
     return np.random.default_rng(0).standard_normal((n_features, k)).astype(np.float32)
 
 
+def _threaded_product(A, Q, row_blocks, threads: int):
+    """``A^T (A Q)`` over ``A``'s row blocks, a running sum per thread (SciPy releases the GIL in its kernels)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    import numpy as np
+
+    bounds = np.cumsum((0,) + tuple(row_blocks))
+    blocks = [A[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
+
+    def chain(j):
+        total = None
+        for B in blocks[j::threads]:
+            part = B.T @ (B @ Q)
+            total = part if total is None else total.__iadd__(part)
+        return total
+
+    def product():
+        with ThreadPoolExecutor(threads) as pool:
+            return sum(total for total in pool.map(chain, range(threads)) if total is not None)
+
+    return product
+
+
 def child(spec: dict) -> None:
     """Time one system on one store in this (fresh) process; print its figures as JSON."""
     import dask
@@ -67,17 +94,22 @@ def child(spec: dict) -> None:
     X = ds.X
     Q = _operand(X.shape[1], spec["k"])
     times = []
-    if spec["system"] == "scipy":
+    if spec["system"].startswith("scipy"):
         from xmldask.store.csr import to_scipy
 
         with dask.config.set(scheduler="threads"):
             A = to_scipy(X)
-        A.T @ (A @ Q)  # warm up
+        workers, threads = 1, 1
+        product = lambda: A.T @ (A @ Q)  # noqa: E731
+        if spec["system"] == "scipy-threads":
+            threads = len(os.sched_getaffinity(0))
+            product = _threaded_product(A, Q, X.chunks[0], threads)
+        product()  # warm up
         for _ in range(spec["repeat"]):
             start = time.perf_counter()
-            A.T @ (A @ Q)
+            product()
             times.append(time.perf_counter() - start)
-        workers, threads, peaks = 1, 1, [_peak_rss_mb()]
+        peaks = [_peak_rss_mb()]
     else:
         from xmldask.cluster import cluster
         from xmldask.linalg import dense_operand, xt_x_q
@@ -165,12 +197,14 @@ def main() -> None:
     for n in (args.rows, max(1, args.rows // args.factor)):
         url = ensure_store(root, n_samples=n, n_features=args.features, avg_features=args.avg_features,
                            block_rows=args.block_rows, seed=args.seed)
-        scipy_seconds = None
+        scipy_seconds = threads_seconds = None
         for system in args.systems:
             fig = run_child({"system": system, "url": url, "k": args.k, "repeat": args.repeat})
             seconds = statistics.median(fig["times"])
             if system == "scipy":
                 scipy_seconds = seconds
+            if system == "scipy-threads":
+                threads_seconds = seconds
             flops = 4 * fig["nnz"] * args.k
             rows.append({
                 "system": system, "n_samples": fig["n_samples"], "n_features": fig["n_features"], "nnz": fig["nnz"],
@@ -178,6 +212,7 @@ def main() -> None:
                 "threads_per_worker": fig["threads_per_worker"], "seconds": round(seconds, 3),
                 "seconds_min": round(min(fig["times"]), 3), "gflops": round(flops / seconds / 1e9, 2),
                 "ratio_to_scipy": round(scipy_seconds / seconds, 2) if scipy_seconds else None,
+                "ratio_to_scipy_threads": round(threads_seconds / seconds, 2) if threads_seconds else None,
                 "peak_rss_mb_per_worker": round(fig["peak_rss_mb_per_worker"], 1),
             })
             print(f"{system} n={n}: {seconds:.3f} s", file=sys.stderr, flush=True)

@@ -208,6 +208,44 @@ def test_kernels_match_numpy(layout, dtype):
         np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=what)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernels_in_column_slabs_match_numpy(dtype, monkeypatch):
+    """Products too large for a core's cache are computed in slabs of one cache line a row (uneven last slab)."""
+    monkeypatch.setattr(K, "CACHE_BYTES", 0)
+    rng = np.random.default_rng(3)
+    A = sp.random(300, 70, density=0.1, format="csr", dtype=dtype, random_state=rng)
+    Q, V = rng.standard_normal((70, 37)).astype(dtype), rng.standard_normal((300, 37)).astype(dtype)
+    w, mu = rng.random(300), rng.random(70)
+    Ad, Ac = A.toarray().astype(np.float64), A.toarray() - mu[None, :]
+    cases = {
+        "block_matmul": (K.block_matmul(A, Q, center=mu), Ac @ Q),
+        "block_tmatmul": (K.block_tmatmul(A, V, weights=w, center=mu), Ac.T @ (w[:, None] * V)),
+        "block_gram_apply": (K.block_gram_apply(A, Q), Ad.T @ (Ad @ Q)),
+    }
+    rtol = 1e-5 if dtype == np.float32 else 1e-12
+    for what, (got, want) in cases.items():
+        assert got.dtype == dtype and got.shape == want.shape, what
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * np.abs(want).max(), err_msg=what)
+
+    class Recording:  # the sparse operand, recording the widths of the dense operands it is multiplied by
+        def __init__(self, M):
+            self.M, self.shape, self.dtype, self.widths = M, M.shape, M.dtype, []
+
+        def __matmul__(self, B):
+            self.widths.append(B.shape[1])
+            assert B.flags.c_contiguous
+            return self.M @ B
+
+    recorded = Recording(A)
+    np.testing.assert_allclose(K._sparse_dense(recorded, Q), A @ Q, rtol=rtol)
+    width = 64 // np.dtype(dtype).itemsize
+    assert recorded.widths == [width] * (37 // width) + [37 % width]
+    monkeypatch.setattr(K, "CACHE_BYTES", 1 << 20)
+    recorded = Recording(A)
+    K._sparse_dense(recorded, Q)
+    assert recorded.widths == [37]  # small: one product
+
+
 def test_kernels_promote_like_numpy_and_handle_empty_blocks():
     Xb = sp.csr_matrix(DATA.A[:50]).astype(np.float32)
     assert K.block_matmul(Xb, DATA.Q).dtype == np.float64  # float32 X with a float64 Q: NumPy's rule

@@ -10,7 +10,8 @@
 Either way it logs the dashboard link (logger ``xmldask.cluster``; also ``client.dashboard_link``),
 limits the BLAS/OpenMP thread pools of every worker to ``blas_threads`` (a worker plugin calling
 ``threadpoolctl.threadpool_limits``; local worker processes also get ``OMP_NUM_THREADS``,
-``OPENBLAS_NUM_THREADS`` and ``MKL_NUM_THREADS`` before they start), and can write a Dask
+``OPENBLAS_NUM_THREADS`` and ``MKL_NUM_THREADS`` before they start), lets every worker's ``malloc``
+reuse freed large blocks (:class:`MallocThresholds`), and can write a Dask
 performance report (an HTML page of the task stream, worker profiles and bandwidth) of the body.
 
 Default layout of a local cluster
@@ -60,6 +61,7 @@ import argparse
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -74,6 +76,7 @@ __all__ = [
     "IN_PROCESS_MEMORY_SHARE",
     "PROFILE_HISTORY",
     "BlasThreadLimit",
+    "MallocThresholds",
     "add_cluster_arguments",
     "cluster",
     "cluster_from_args",
@@ -251,6 +254,66 @@ class BlasThreadLimit(WorkerPlugin):
         return f"{type(self).__name__}(n_threads={self.n_threads})"
 
 
+class MallocThresholds(WorkerPlugin):
+    """Worker plugin: let glibc's ``malloc`` keep freed large blocks for reuse (``mallopt``).
+
+    Dask's nanny starts its workers with ``MALLOC_TRIM_THRESHOLD_=65536`` (so that freed memory goes back
+    to the system at once), which also turns off glibc's adaptive thresholds: every array above 128 KiB
+    is then mapped afresh and its pages faulted in one by one, and freeing it unmaps them. A pass
+    allocates its block, ``X_b Q`` and a ``(d, k)`` result in every task, and two threads of one worker
+    faulting and unmapping at once serialise on the kernel's address-space lock.
+
+    This sets the threshold below which arrays come from the heap (and are reused) to
+    ``memory_limit / 512`` between 128 KiB and 32 MiB (glibc's own adaptive maximum on 64-bit systems),
+    and the trim threshold to twice that, as glibc's adaptive rule pairs them: a worker of the machine's
+    24 GB gets 32 MiB, one of 1 GiB 2 MiB, one of 256 MiB 512 KiB. What the heap keeps grows with the
+    threshold, so it is bounded by the worker's limit. Measured (``X^T (X Q)``, k = 64, 1.2 M rows in 19
+    blocks, one worker of two threads, median of 4 passes, peak RSS): Dask's setting 6.9 s / 370 MB,
+    8 MiB 4.7 s / 531 MB, 32 MiB 4.3 s / 646 MB. A no-op where the C library is not glibc; teardown
+    restores the fixed thresholds the process started with.
+    """
+
+    name = "xmldask-malloc-thresholds"
+    idempotent = True
+    #: the share of the worker's memory limit, and the bounds, of the heap's ``M_MMAP_THRESHOLD``
+    limit_share = 1 / 512
+    bounds = (128 << 10, 32 << 20)
+
+    def thresholds(self, memory_limit: int | None) -> tuple[int, int]:
+        """``(mmap_threshold, trim_threshold)`` in bytes for a worker of ``memory_limit`` bytes (None: none)."""
+        low, high = self.bounds
+        mmap_threshold = high if not memory_limit else int(min(max(memory_limit * self.limit_share, low), high))
+        return mmap_threshold, 2 * mmap_threshold
+
+    def setup(self, worker=None):
+        """Set the thresholds in this worker's process."""
+        memory_limit = getattr(getattr(worker, "memory_manager", None), "memory_limit", None)
+        _mallopt(*self.thresholds(memory_limit))
+
+    def teardown(self, worker=None):
+        """Back to the fixed thresholds the process started with."""
+        _mallopt(128 << 10, int(os.environ.get("MALLOC_TRIM_THRESHOLD_", 128 << 10)))
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(limit_share={self.limit_share}, bounds={self.bounds})"
+
+
+def _mallopt(mmap_threshold: int, trim_threshold: int) -> bool:
+    """glibc's ``mallopt(M_MMAP_THRESHOLD, ...)`` and ``mallopt(M_TRIM_THRESHOLD, ...)``; False without glibc."""
+    import ctypes
+    import ctypes.util
+
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        mallopt = libc.mallopt
+    except (OSError, AttributeError):  # musl and others: no mallopt
+        return False
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    return bool(mallopt(M_MMAP_THRESHOLD, int(mmap_threshold))) and bool(mallopt(M_TRIM_THRESHOLD, int(trim_threshold)))
+
+
 def worker_blas_threads(client) -> dict[str, list[dict]]:
     """The thread pools ``threadpoolctl`` sees in each worker: ``{worker address: threadpool_info()}``.
 
@@ -409,6 +472,7 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
             dashboard_on = dashboard_address is not None
         if blas_threads is not None:
             client.register_plugin(BlasThreadLimit(blas_threads), name=BlasThreadLimit.name)
+        client.register_plugin(MallocThresholds(), name=MallocThresholds.name)
         link = _dashboard(client, dashboard_on)
         logger.info("Dask dashboard: %s", link or "disabled")
         if performance_report is not None:
