@@ -270,7 +270,8 @@ class MallocThresholds(WorkerPlugin):
     threshold, so it is bounded by the worker's limit. Measured (``X^T (X Q)``, k = 64, 1.2 M rows in 19
     blocks, one worker of two threads, median of 4 passes, peak RSS): Dask's setting 6.9 s / 370 MB,
     8 MiB 4.7 s / 531 MB, 32 MiB 4.3 s / 646 MB. A no-op where the C library is not glibc; teardown
-    restores the fixed thresholds the process started with.
+    sets glibc's fixed defaults (128 KiB; the trim threshold of ``MALLOC_TRIM_THRESHOLD_`` when the process
+    has one, as a nanny's worker does).
     """
 
     name = "xmldask-malloc-thresholds"
@@ -291,7 +292,7 @@ class MallocThresholds(WorkerPlugin):
         _mallopt(*self.thresholds(memory_limit))
 
     def teardown(self, worker=None):
-        """Back to the fixed thresholds the process started with."""
+        """Back to glibc's fixed defaults (or the ``MALLOC_TRIM_THRESHOLD_`` the process was started with)."""
         _mallopt(128 << 10, int(os.environ.get("MALLOC_TRIM_THRESHOLD_", 128 << 10)))
 
     def __repr__(self) -> str:
