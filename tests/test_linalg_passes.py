@@ -229,7 +229,7 @@ def test_kernels_in_column_slabs_match_numpy(dtype, monkeypatch):
 
     class Recording:  # the sparse operand, recording the widths of the dense operands it is multiplied by
         def __init__(self, M):
-            self.M, self.shape, self.dtype, self.widths = M, M.shape, M.dtype, []
+            self.M, self.shape, self.dtype, self.format, self.widths = M, M.shape, M.dtype, M.format, []
 
         def __matmul__(self, B):
             self.widths.append(B.shape[1])
@@ -240,10 +240,16 @@ def test_kernels_in_column_slabs_match_numpy(dtype, monkeypatch):
     np.testing.assert_allclose(K._sparse_dense(recorded, Q), A @ Q, rtol=rtol)
     width = 64 // np.dtype(dtype).itemsize
     assert recorded.widths == [width] * (37 // width) + [37 % width]
-    monkeypatch.setattr(K, "CACHE_BYTES", 1 << 20)
-    recorded = Recording(A)
-    K._sparse_dense(recorded, Q)
-    assert recorded.widths == [37]  # small: one product
+    recorded = Recording(A.T.tocsc())  # a transposed block: the result's rows are the random ones
+    K._sparse_dense(recorded, V)
+    assert recorded.widths == [width] * (37 // width) + [37 % width]
+    rows_bytes = 70 * 37 * np.dtype(dtype).itemsize  # Q's rows, or A^T V's
+    monkeypatch.setattr(K, "CACHE_BYTES", rows_bytes)
+    for M, B in ((A, Q), (A.T.tocsc(), V)):  # fits: one product, whatever the other dimension
+        recorded = Recording(M)
+        K._sparse_dense(recorded, B)
+        assert recorded.widths == [37]
+    assert 1 << 20 <= K._last_level_cache_bytes() <= 1 << 32
 
 
 def test_kernels_promote_like_numpy_and_handle_empty_blocks():

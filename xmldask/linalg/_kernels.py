@@ -18,6 +18,8 @@ Conventions shared by all kernels:
 
 from __future__ import annotations
 
+import glob
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -91,9 +93,24 @@ def canonical(M, *, drop_zeros: bool = False):
     return M
 
 
-#: a sparse-times-dense product whose randomly accessed rows (of the dense operand, or of the result when
-#: the sparse one is a transposed block) take more than this many bytes is computed in column slabs
-CACHE_BYTES = 1 << 20
+def _last_level_cache_bytes(default: int = 32 << 20) -> int:
+    """Size of this machine's largest CPU cache (Linux sysfs), else ``default``."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    sizes = []
+    for path in glob.glob("/sys/devices/system/cpu/cpu0/cache/index*/size"):
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+            sizes.append(int(text[:-1]) * units[text[-1]] if text[-1:] in units else int(text))
+        except (OSError, ValueError):
+            continue
+    return max(sizes, default=default)
+
+
+#: a sparse-times-dense product whose randomly accessed rows (of the dense operand for a CSR block, of the
+#: result for a CSC one: a transposed CSR block) take more than this many bytes is computed in column slabs:
+#: a quarter of the largest cache, which those rows share with the other operand and the other cores
+CACHE_BYTES = _last_level_cache_bytes() // 4
 #: columns of a slab: one 64-byte cache line of its dtype per row
 _LINE_BYTES = 64
 
@@ -101,15 +118,17 @@ _LINE_BYTES = 64
 def _sparse_dense(A, B: np.ndarray) -> np.ndarray:
     """``A @ B`` for sparse ``A`` and dense ``B`` (a dense result), in column slabs of ``B`` when large.
 
-    SciPy reads (``A`` by rows) or writes (``A`` by columns, a transposed row block) whole rows of ``k``
-    values at random places; when those rows do not fit in a core's cache, every one costs a trip to
-    memory, and two cores share the bus. With slabs of one cache line a row, the rows of a slab stay
-    in cache, for one more pass over ``A``'s (sequential) index arrays per slab. Measured on a 65,536-row
-    block with 100,000 columns and k = 64 (float32): ``A^T V`` 1.6x faster on one core.
+    SciPy reads (CSR ``A``) or writes (CSC ``A``, a transposed row block) whole rows of ``k`` values at
+    random places; when those rows do not fit in the cache, every one costs a trip to memory, and the
+    cores share the bus. With slabs of one cache line a row, the rows of a slab stay in cache, for one
+    more pass over ``A``'s (sequential) index arrays per slab. Below :data:`CACHE_BYTES` slabs lose
+    (``python bench/kernels.py``: 0.39-0.81x with rows of 0.5-7.8 MiB on this machine's 32 MiB L3; 1.36-2.06x
+    with rows of 12.2-24.4 MiB).
     """
     width = max(1, _LINE_BYTES // B.dtype.itemsize)
     k = B.shape[1] if B.ndim == 2 else 1
-    if k <= width or max(A.shape) * k * B.dtype.itemsize <= CACHE_BYTES:
+    random_rows = {"csr": A.shape[1], "csc": A.shape[0]}.get(getattr(A, "format", None), 0)
+    if k <= width or random_rows * k * B.dtype.itemsize <= CACHE_BYTES:
         return _dense(A @ B)
     out = np.empty((A.shape[0], k), dtype=np.result_type(A.dtype, B.dtype))
     for start in range(0, k, width):
