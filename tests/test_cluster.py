@@ -123,6 +123,24 @@ def test_workers_reuse_freed_large_arrays(process_cluster):
         assert 4 * max(kept[address], again[address]) < fresh[address], (kept, fresh, again)
 
 
+def test_closing_a_local_cluster_drops_only_the_heartbeat_race(caplog):
+    """The heartbeat traceback of distributed's shutdown race is dropped while the cluster closes; other errors,
+    and the same message during the job, are kept."""
+    worker_log = logging.getLogger("distributed.worker")
+
+    class Closing:
+        def close(self):
+            worker_log.error("Failed to communicate with scheduler during heartbeat.")
+            worker_log.error("another error")
+
+    with caplog.at_level(logging.ERROR, logger="distributed.worker"):
+        with xc._closed_quietly(Closing()):
+            worker_log.error("Failed to communicate with scheduler during heartbeat.")  # during the job: kept
+    messages = [record.getMessage() for record in caplog.records]
+    assert messages == ["Failed to communicate with scheduler during heartbeat.", "another error"]
+    assert not worker_log.filters  # the filter is gone after the close
+
+
 def test_malloc_thresholds_follow_the_memory_limit():
     plugin = MallocThresholds()
     assert plugin.thresholds(None) == (32 << 20, 64 << 20)  # no limit: glibc's adaptive maximum

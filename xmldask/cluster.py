@@ -269,9 +269,11 @@ class MallocThresholds(WorkerPlugin):
     24 GB gets 32 MiB, one of 1 GiB 2 MiB, one of 256 MiB 512 KiB. What the heap keeps grows with the
     threshold, so it is bounded by the worker's limit. Measured (``X^T (X Q)``, k = 64, 1.2 M rows in 19
     blocks, one worker of two threads, median of 4 passes, peak RSS): Dask's setting 6.9 s / 370 MB,
-    8 MiB 4.7 s / 531 MB, 32 MiB 4.3 s / 646 MB. A no-op where the C library is not glibc; teardown
-    sets glibc's fixed defaults (128 KiB; the trim threshold of ``MALLOC_TRIM_THRESHOLD_`` when the process
-    has one, as a nanny's worker does).
+    8 MiB 4.7 s / 531 MB, 32 MiB 4.3 s / 646 MB. A no-op where the C library is not glibc. Teardown puts
+    back what a process started with ``MALLOC_TRIM_THRESHOLD_`` had (a nanny's worker: 128 KiB and that
+    trim threshold); a process started without it (workers that are threads of the client's process)
+    keeps these thresholds, near where glibc's adaptive rule had taken it (mallopt cannot turn that rule
+    back on).
     """
 
     name = "xmldask-malloc-thresholds"
@@ -292,8 +294,10 @@ class MallocThresholds(WorkerPlugin):
         _mallopt(*self.thresholds(memory_limit))
 
     def teardown(self, worker=None):
-        """Back to glibc's fixed defaults (or the ``MALLOC_TRIM_THRESHOLD_`` the process was started with)."""
-        _mallopt(128 << 10, int(os.environ.get("MALLOC_TRIM_THRESHOLD_", 128 << 10)))
+        """Back to the fixed thresholds of a process started with ``MALLOC_TRIM_THRESHOLD_``."""
+        trim = os.environ.get("MALLOC_TRIM_THRESHOLD_")
+        if trim and trim.isdigit():
+            _mallopt(128 << 10, int(trim))
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(limit_share={self.limit_share}, bounds={self.bounds})"
@@ -543,11 +547,37 @@ def _local(*, n_workers, threads_per_worker, processes, memory_limit, dashboard_
         spawn_env["distributed.admin.low-level-log-length"] = PROFILE_HISTORY
     with dask.config.set(spawn_env):
         local = LocalCluster(**kwargs)
-    with local, Client(local, timeout=timeout, set_as_default=True) as client:
+    with _closed_quietly(local), Client(local, timeout=timeout, set_as_default=True) as client:
         logger.info("started a local Dask cluster: %d worker(s) x %d thread(s) (%s), memory limit %s per worker",
                     n_workers, threads_per_worker, "worker processes" if processes else "threads of this process",
                     _describe_limit(kwargs["memory_limit"]))
         yield client
+
+
+class _ShutdownHeartbeat(logging.Filter):
+    """Drops a worker's "Failed to communicate with scheduler during heartbeat" traceback."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to communicate with scheduler during heartbeat")
+
+
+@contextlib.contextmanager
+def _closed_quietly(local):
+    """Close the local cluster on exit without the heartbeat traceback of its shutdown race.
+
+    A worker whose heartbeat is in flight while the scheduler closes logs an ERROR with a traceback
+    (dask/distributed#7105), at the end of a job that went well. Only while the cluster closes, and only
+    that message, is dropped; a heartbeat lost during the job is still logged.
+    """
+    try:
+        yield local
+    finally:
+        quiet, worker_log = _ShutdownHeartbeat(), logging.getLogger("distributed.worker")
+        worker_log.addFilter(quiet)
+        try:
+            local.close()
+        finally:
+            worker_log.removeFilter(quiet)
 
 
 @contextlib.contextmanager
