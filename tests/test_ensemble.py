@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import dask
 import dask.array as da
 import numpy as np
@@ -92,6 +94,41 @@ def test_members_differ_only_in_their_seeds_and_member_0_is_the_single_model(dat
     one = EnsembleClassifier(_template(kernel="none"), n_estimators=1, random_state=11).fit(X, Y)
     np.testing.assert_allclose(one.decision_function(X).compute(), expit(single.decision_function(X).compute()),
                                atol=1e-6)
+
+
+@pytest.mark.parametrize("scheduler", ["threads", "distributed"])
+def test_members_fitted_at_once_are_the_members_fitted_one_at_a_time(data, scheduler, monkeypatch):
+    X, Y = data["multiclass"]
+    threads = set()
+    fit = EmbeddingClassifier.fit
+
+    def recording_fit(self, *args, **kwargs):
+        threads.add(threading.current_thread().name)
+        return fit(self, *args, **kwargs)
+
+    def both():
+        one = EnsembleClassifier(_template(), n_estimators=3, random_state=5).fit(X, Y)
+        monkeypatch.setattr(EmbeddingClassifier, "fit", recording_fit)
+        try:
+            return one, EnsembleClassifier(_template(), n_estimators=3, random_state=5, n_jobs=2).fit(X, Y)
+        finally:
+            monkeypatch.setattr(EmbeddingClassifier, "fit", fit)
+
+    if scheduler == "distributed":
+        from distributed import Client
+
+        with Client(processes=False, n_workers=1, threads_per_worker=2, dashboard_address=":0"):
+            one, many = both()
+    else:
+        one, many = both()
+    # member 0 alone (the others share its embedding), then members 1 and 2 in two threads of their own
+    assert len([name for name in threads if name.startswith("xmldask-fit")]) == 2, threads
+    for a, b in zip(one.estimators_, many.estimators_):
+        assert a.random_state == b.random_state
+        for name in ("W_", "Q_", "R_"):
+            np.testing.assert_array_equal(getattr(a, name), getattr(b, name), err_msg=name)
+        assert [{**h, "seconds": 0} for h in a.history_] == [{**h, "seconds": 0} for h in b.history_]
+    np.testing.assert_array_equal(one.decision_function(X).compute(), many.decision_function(X).compute())
 
 
 def test_fitted_members_are_reused_and_checked(data):

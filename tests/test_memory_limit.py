@@ -127,3 +127,28 @@ def test_release_worker_memory_returns_freed_heap_to_the_os(client):
     after = client.run(_rss_mib)
     assert all(after[w] < idle[w] + 40 for w in idle), (idle, before, after)
     release_worker_memory()  # no client: nothing to do
+
+
+def test_thread_map_keeps_the_order_and_raises_the_first_error():
+    import time as _time
+
+    from xmldask.scheduling import concurrent_fits, thread_map
+
+    def slow_square(x):
+        _time.sleep(0.05 * (3 - x))  # the first item finishes last
+        return x * x
+
+    assert thread_map(slow_square, [0, 1, 2], n_jobs=3) == [0, 1, 4]
+    assert thread_map(slow_square, [0, 1, 2]) == [0, 1, 4]
+
+    def fails_on_one(x):
+        if x == 1:
+            raise KeyError(x)
+        return x
+
+    with pytest.raises(KeyError):
+        thread_map(fails_on_one, [0, 1, 2], n_jobs=2)
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="n_jobs"):
+            thread_map(abs, [1, 2], n_jobs=bad)
+    assert 1 <= concurrent_fits() <= len(os.sched_getaffinity(0))

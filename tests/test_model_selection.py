@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import threading
 
 import dask
 import numpy as np
@@ -71,6 +72,38 @@ def test_grid_search_fits_every_combination(data):
     assert [tuple(r["params"].values()) for r in search.results_] == [
         (4, "none"), (4, "gaussian"), (8, "none"), (8, "gaussian")]
     assert search.best_score_ == max(-r["val_loss"] for r in search.results_)
+
+
+@pytest.mark.parametrize("strategy", ["grid", "coordinate"])
+def test_fits_made_at_once_give_the_same_search(data, strategy, monkeypatch):
+    """n_jobs=2: the fits of a step run in two threads; the results, their order and the model kept are those of
+    one fit at a time (screened settings scored by the screener's statistics stay in this thread)."""
+    ds = open_dataset(data[1])
+    grid = {"n_components": [4, 8], "alpha": [1e-3, 1.0], "kernel": ["none", "gaussian"]}
+    kw = dict(strategy=strategy, max_extensions=0, screen={"max_epochs": 0, "kernel": "none"} if strategy ==
+              "coordinate" else None)
+    threads = []
+    fit = EmbeddingClassifier.fit
+
+    def recording_fit(self, *args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return fit(self, *args, **kwargs)
+
+    one = HeldOutSearch(_template(), grid, **kw).fit(ds.X, ds.Y)
+    monkeypatch.setattr(EmbeddingClassifier, "fit", recording_fit)
+    many = HeldOutSearch(_template(), grid, n_jobs=2, **kw).fit(ds.X, ds.Y)
+    monkeypatch.setattr(EmbeddingClassifier, "fit", fit)
+
+    def figures(search):
+        return [{**r, "seconds": 0} for r in search.results_]
+
+    assert figures(many) == figures(one)
+    assert many.best_params_ == one.best_params_ and many.best_score_ == one.best_score_
+    np.testing.assert_array_equal(many.best_estimator_.W_, one.best_estimator_.W_)
+    pooled = [name for name in threads if name.startswith("xmldask-fit")]
+    assert len(set(pooled)) == 2
+    # grid: every one of the 8 fits in the pool; coordinate: the two kernels' full fits
+    assert len(pooled) == (8 if strategy == "grid" else 2), threads
 
 
 def test_search_refusals(data):

@@ -34,7 +34,7 @@ import numpy as np
 
 from .base import FAMILIES, check_fully_observed
 from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, kernel_name, validated
-from .scheduling import release_worker_memory
+from .scheduling import concurrent_fits, release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
 
 logger = logging.getLogger(__name__)
@@ -100,7 +100,8 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         screen = _search_grid({name: [value] for name, value in SCREEN.items()}) if p.search_screen else None
         fitted = HeldOutSearch(model, grid, strategy=p.search_strategy, max_extensions=p.search_extensions,
                                screen={name: values[0] for name, values in screen.items()} if screen else None,
-                               screen_repeats=_screen_repeats(p, model, data)).fit(data.X, data.Y)
+                               screen_repeats=_screen_repeats(p, model, data),
+                               n_jobs=concurrent_fits()).fit(data.X, data.Y)
         model = fitted.best_estimator_
         chosen = _public(fitted.best_params_)
     else:
@@ -110,7 +111,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         from .models import EnsembleClassifier
 
         model = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=p.n_estimators,
-                                   random_state=p.seed).fit(data.X, data.Y, fitted=[single])
+                                   random_state=p.seed, n_jobs=concurrent_fits()).fit(data.X, data.Y, fitted=[single])
     seconds = time.perf_counter() - start
     meta = {"train_url": train_url, **({"search": fitted.record()} if grid else {})}
     model.save(out, overwrite=overwrite, meta=meta)

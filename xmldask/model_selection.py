@@ -55,6 +55,7 @@ import numpy as np
 
 from .models import kept_epoch
 from .params import parse_grid
+from .scheduling import thread_map
 
 __all__ = ["HeldOutSearch", "held_out_score", "kept_epoch", "parse_grid"]
 
@@ -107,6 +108,9 @@ class HeldOutSearch:
         Fits of every screened setting, each holding out other random rows (seeds drawn from the
         template's ``random_state``); its score is their mean. A held-out slice of a few hundred rows
         is noise: repeats are what make a screen of small data a choice.
+    n_jobs : int or None
+        Fits of one step (a coordinate's values, or the whole grid) made at once, in threads of this
+        process (None: one at a time). The results, and the model kept, are the same either way.
     Attributes
     ----------
     best_estimator_ : the fitted candidate with the best score
@@ -119,9 +123,11 @@ class HeldOutSearch:
     """
 
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
-                 max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1):
+                 max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1,
+                 n_jobs: int | None = None):
         self.estimator, self.param_grid, self.strategy, self.scoring = estimator, param_grid, strategy, scoring
         self.max_extensions, self.screen, self.screen_repeats = max_extensions, screen, screen_repeats
+        self.n_jobs = n_jobs
 
     def _validated(self) -> dict[str, list]:
         if self.strategy not in _STRATEGIES:
@@ -204,29 +210,59 @@ class HeldOutSearch:
                 return
             edge = value
 
-    def _fit_one(self, setting: dict, X, Y, overrides: dict | None = None) -> tuple[float, object]:
-        """Fit ``setting`` (with ``overrides`` on top, when screening); the held-out score and the model."""
+    def _prepare(self, setting: dict, overrides: dict | None):
+        """The candidate ``setting`` (with ``overrides`` on top, when screening): its effective setting, its key,
+        the parameters of its fits (one per repeat), and whether the screener's statistics score it."""
         overrides = overrides or {}
         setting = self._effective({**setting, **overrides})
         key = tuple(sorted((name, repr(value)) for name, value in setting.items())) + (bool(overrides),)
-        if key in self._done:
-            return self._done[key]
         params = {**self.estimator.get_params(deep=False), **setting}
-        start = time.perf_counter()
         # a screened setting is judged on more held-out rows: fitted on other random splits too
         repeats = [params] + [{**params, "random_state": int(np.random.SeedSequence(
             [_seed(params.get("random_state")), i]).generate_state(1)[0])}
             for i in range(1, self.screen_repeats if overrides else 1)]
-        if overrides and self._screener is not None and self._screener.applies(params):
+        by_statistics = bool(overrides) and self._screener is not None and self._screener.applies(params)
+        return setting, key, repeats, by_statistics
+
+    def _fits(self, repeats: list[dict], X, Y) -> tuple[object, list[dict], float]:
+        """Fit every repeat: the first one's model, the kept epoch of each, and the seconds it took."""
+        start = time.perf_counter()
+        model = type(self.estimator)(**repeats[0]).fit(X, Y)
+        kept = [kept_epoch(model)] + [kept_epoch(type(self.estimator)(**repeat).fit(X, Y)) for repeat in repeats[1:]]
+        return model, kept, time.perf_counter() - start
+
+    def _fit_many(self, settings: list[dict], X, Y, overrides: dict | None = None) -> list[float]:
+        """The held-out score of each setting (:meth:`_fit_one`); the fits not yet made run in up to ``n_jobs``
+        threads, and are recorded in the order of ``settings`` (the same results as one at a time)."""
+        fits = {}
+        if self.n_jobs and self.n_jobs > 1:
+            todo = {}
+            for setting in settings:
+                _, key, repeats, by_statistics = self._prepare(setting, overrides)
+                if key not in self._done and not by_statistics:
+                    todo.setdefault(key, repeats)
+            if len(todo) > 1:
+                fits = dict(zip(todo, thread_map(lambda repeats: self._fits(repeats, X, Y), list(todo.values()),
+                                                 self.n_jobs)))
+        return [self._fit_one(setting, X, Y, overrides, fits)[0] for setting in settings]
+
+    def _fit_one(self, setting: dict, X, Y, overrides: dict | None = None,
+                 fits: dict | None = None) -> tuple[float, object]:
+        """Fit ``setting`` (with ``overrides`` on top, when screening), or take its fit from ``fits``; the held-out
+        score and the model."""
+        setting, key, repeats, by_statistics = self._prepare(setting, overrides)
+        if key in self._done:
+            return self._done[key]
+        if by_statistics:
+            start = time.perf_counter()
             model, kept = None, [self._screener.score(repeat) for repeat in repeats]
+            seconds = time.perf_counter() - start
         else:
-            model = type(self.estimator)(**params).fit(X, Y)
-            kept = [kept_epoch(model)]
-            kept += [kept_epoch(type(self.estimator)(**repeat).fit(X, Y)) for repeat in repeats[1:]]
+            model, kept, seconds = (fits or {}).get(key) or self._fits(repeats, X, Y)
         figures = {key: float(np.mean([k[key] for k in kept])) for key in ("val_p@1", "val_loss")}
         score = figures["val_p@1"] if self.scoring == "p@1" else -figures["val_loss"]
         self.results_.append({"params": dict(setting), "score": score, **figures,
-                              "seconds": round(time.perf_counter() - start, 3), "screened": bool(overrides)})
+                              "seconds": round(seconds, 3), "screened": bool(overrides)})
         logger.info("held-out search%s: %s -> %s %.4f (%.1f s)", " (screening)" if overrides else "", setting,
                     self.scoring, abs(score), self.results_[-1]["seconds"])
         # keep only the best fitted model in memory (a screened fit is never the one kept)
@@ -274,12 +310,12 @@ class HeldOutSearch:
             return start
         if self.strategy == "grid":
             settings = [{**start, **dict(zip(grid, values))} for values in itertools.product(*grid.values())]
-            scores = [self._fit_one(setting, X, Y, overrides)[0] for setting in settings]
+            scores = self._fit_many(settings, X, Y, overrides)
             return settings[int(np.argmax(scores))]
         current = {**start, **{name: values[0] for name, values in grid.items()}}
         bounds = self.estimator.search_bounds(X, Y) if hasattr(self.estimator, "search_bounds") else {}
         for name, options in self._coordinates(grid):
-            scores = [self._fit_one({**current, **option}, X, Y, overrides)[0] for option in options]
+            scores = self._fit_many([{**current, **option} for option in options], X, Y, overrides)
             if all(len(option) == 1 for option in options):  # no conditional parameters: may be extended
                 for value in self._extensions(grid[name], scores, bounds.get(name, (0, math.inf))):
                     options.append({name: value})

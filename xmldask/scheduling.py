@@ -12,7 +12,8 @@ import sys
 import dask
 from dask.base import get_scheduler
 
-__all__ = ["current_client", "parallelism", "release_worker_memory", "worker_memory_limit"]
+__all__ = ["concurrent_fits", "current_client", "parallelism", "release_worker_memory", "thread_map",
+           "worker_memory_limit"]
 
 
 def current_client():
@@ -37,6 +38,33 @@ def parallelism() -> int:
     if client is not None:
         return max(1, sum(client.nthreads().values()))
     return max(1, dask.config.get("num_workers", None) or os.cpu_count() or 1)
+
+
+def concurrent_fits() -> int:
+    """How many model fits to run at once here: the tasks the scheduler runs at once, at most this process's
+    cores. A fit's own algebra in this process (the decoder's solves and small SGD epochs) runs on one
+    core when the workers are threads of this process (their BLAS limit of one thread is the process's),
+    and its passes wait on the workers; two fits at once fill both."""
+    return max(1, min(parallelism(), len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
+
+
+def thread_map(func, items, n_jobs: int | None = None) -> list:
+    """``[func(item) for item in items]``, computed in up to ``n_jobs`` threads of this process.
+
+    ``n_jobs`` None or 1: in order, in this thread. The results are in the order of ``items`` whatever
+    the order the threads finish in; the first exception raised is raised here (the other calls finish
+    first).
+    """
+    items = list(items)
+    if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1):
+        raise ValueError(f"n_jobs must be a positive integer or None, but is {n_jobs!r}")
+    if not n_jobs or n_jobs == 1 or len(items) < 2:
+        return [func(item) for item in items]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(n_jobs, len(items)), thread_name_prefix="xmldask-fit") as pool:
+        return list(pool.map(func, items))
 
 
 def worker_memory_limit() -> int | None:

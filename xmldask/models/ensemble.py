@@ -19,6 +19,7 @@ import dask.array as da
 import numpy as np
 
 from ..base import NotFittedError, ParamsMixin, as_rows, kept_epoch, seed_of
+from ..scheduling import thread_map
 from ..store.models import SavedModel, jsonable
 from . import _graph
 from .embedding_classifier import EmbeddingClassifier
@@ -52,6 +53,9 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         The members after the first embed the labels with the first member's fitted embedding (an
         embedding given by name is fitted on all rows, the same data for every member) instead of
         fitting it again: Rembrandt's passes are made once per ensemble, not once per member.
+    n_jobs : int or None
+        Members fitted at once, in threads of this process (None: one at a time). The members are the
+        same either way.
 
     Attributes
     ----------
@@ -80,9 +84,10 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
 
     _MODEL_VERSION = ENSEMBLE_VERSION
 
-    def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None, share_embedding: bool = True):
+    def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None, share_embedding: bool = True,
+                 n_jobs: int | None = None):
         self.estimator, self.n_estimators = estimator, n_estimators
-        self.random_state, self.share_embedding = random_state, share_embedding
+        self.random_state, self.share_embedding, self.n_jobs = random_state, share_embedding, n_jobs
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.estimator!r}, n_estimators={self.n_estimators!r})"
@@ -125,12 +130,15 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
                 raise ValueError(f"fitted member {i} is not the template fitted with seed {want['random_state']} "
                                  f"(differs in {', '.join(differ) or 'being unfitted'})")
         self.estimators_ = list(fitted)
-        for member in members[len(fitted):]:
-            first = self.estimators_[0] if self.estimators_ else None
-            if (self.share_embedding and first is not None and isinstance(member.embedding, str)
+        rest = members[len(fitted):]
+        if not self.estimators_ and rest:  # the first member alone: the others may share its embedding
+            self.estimators_.append(rest.pop(0).fit(X, Y))
+        first = self.estimators_[0]
+        for member in rest:
+            if (self.share_embedding and isinstance(member.embedding, str)
                     and getattr(first, "embedding_kind_", None) == "label"):
                 member.set_params(embedding=first.R_)  # the same data: embed once per ensemble
-            self.estimators_.append(member.fit(X, Y))
+        self.estimators_ += thread_map(lambda member: member.fit(X, Y), rest, self.n_jobs)
         return self._fitted()
 
     def _fitted(self) -> EnsembleClassifier:
