@@ -175,6 +175,8 @@ def test_refusals(data):
         EnsembleClassifier(_template(), n_estimators=0).fit(X, Y)
     with pytest.raises(TypeError, match="estimator must be an EmbeddingClassifier"):
         EnsembleClassifier("rembrandt").fit(X, Y)
+    with pytest.raises(ValueError, match="n_jobs must be a positive integer"):
+        EnsembleClassifier(_template(), n_jobs=0).fit(X, Y)
     with pytest.raises(NotFittedError):
         EnsembleClassifier(_template()).predict_topk(X)
     clf = EnsembleClassifier(_template(kernel="none"), n_estimators=1, random_state=0).fit(X, Y)

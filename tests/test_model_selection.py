@@ -116,6 +116,9 @@ def test_search_refusals(data):
         HeldOutSearch(_template(), {"alpha": [1]}, strategy="random").fit(ds.X, ds.Y)
     with pytest.raises(ValueError, match="holds out no rows"):
         HeldOutSearch(_template(validation_fraction=0.0), {"alpha": [1]}).fit(ds.X, ds.Y)
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="n_jobs must be a positive integer"):
+            HeldOutSearch(_template(), {"alpha": [1]}, n_jobs=bad).fit(ds.X, ds.Y)
     with pytest.raises(NotFittedError):
         HeldOutSearch(_template(), {"alpha": [1]}).predict_topk(ds.X, 3)
 

@@ -145,6 +145,9 @@ class HeldOutSearch:
             if not values:
                 raise ValueError(f"param_grid[{name!r}] has no values")
             grid[name] = values
+        if self.n_jobs is not None and (isinstance(self.n_jobs, bool) or not isinstance(self.n_jobs, int)
+                                        or self.n_jobs < 1):
+            raise ValueError(f"n_jobs must be a positive integer or None, but is {self.n_jobs!r}")
         if isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int) or self.max_extensions < 0:
             raise ValueError(f"max_extensions must be an integer >= 0, but is {self.max_extensions!r}")
         if not self.estimator.get_params(deep=False).get("validation_fraction"):

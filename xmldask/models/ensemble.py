@@ -98,6 +98,9 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         n = self.n_estimators
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"n_estimators must be an integer of at least 1, but is {n!r}")
+        jobs = self.n_jobs
+        if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, numbers.Integral) or jobs < 1):
+            raise ValueError(f"n_jobs must be a positive integer or None, but is {jobs!r}")
         seed = seed_of(self.random_state)
         params = self.estimator.get_params(deep=False)
         return [EmbeddingClassifier(**{**params, "random_state": member_seed(seed, i)}) for i in range(int(n))]
