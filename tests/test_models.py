@@ -133,19 +133,28 @@ def test_loss_gradients(loss_name):
     assert G32.dtype == np.float32 and loss32 == pytest.approx(loss, rel=1e-5)
 
 
-def test_topk_rows_matches_stable_argsort_with_ties():
+@pytest.mark.parametrize("special", ["finite", "nan", "-inf"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_topk_rows_matches_stable_argsort_with_ties(special, dtype):
+    # finite scores and k <= SELECT_K take the argmax scans, the others the partition
     rng = np.random.default_rng(0)
-    S = rng.integers(0, 4, size=(200, 30)).astype(np.float32)  # many ties
+    S = rng.integers(0, 4, size=(200, 30)).astype(dtype)  # many ties
     S[5, :] = 1.0  # a row of equal scores
-    S[7, 3] = np.nan  # NaN ranks last
-    for k in (1, 3, 7, 30):
+    S[9, :4] = -0.0  # equal to 0.0
+    if special != "finite":
+        S[7, 3] = np.nan if special == "nan" else -np.inf  # both rank last
+    original = S.copy()
+    for k in (1, 3, 7, K.SELECT_K, 30, 40):
+        S = np.concatenate([S, np.zeros((200, 10), dtype)], axis=1) if k > S.shape[1] else S
         labels, scores = K.topk_rows(S, k)
         ref = np.argsort(-np.where(np.isnan(S), -np.inf, S), axis=1, kind="stable")[:, :k]
         assert labels.dtype == np.int32
         assert np.array_equal(labels, ref)
         assert np.array_equal(scores, np.take_along_axis(S, ref, axis=1), equal_nan=True)
+        assert scores.dtype == dtype
+        assert np.array_equal(S[:, :30], original, equal_nan=True)  # the input is left alone
     with pytest.raises(ValueError, match="k must be"):
-        K.topk_rows(S, 31)
+        K.topk_rows(S, 41)
 
 
 def test_topk_scores_sub_batches_equal_full():
