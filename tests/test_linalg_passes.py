@@ -371,10 +371,10 @@ def test_xt_x_q_graph_has_bounded_fan_in(tmp_path):
     graph = dict(result.__dask_graph__())
     # a store-backed X is read inside the block tasks: no task of X's own, no X block held between tasks
     assert not [k for k in graph if isinstance(k, tuple) and k[0] == X.name]
-    block_tasks = [k for k in graph if isinstance(k, tuple) and str(k[0]).startswith("xt_x_q-block")]
-    assert len(block_tasks) == 64
-    for key in block_tasks:
-        assert len(get_dependencies(graph, key)) <= 3  # its block's row bounds, Q and its weights block
+    steps = [k for k in graph if "xt_x_q-sum-chain" in str(k)]  # each block's result made in a running sum's step
+    assert len(steps) == 64
+    for key in steps:
+        assert len(get_dependencies(graph, key)) <= 3  # the previous sum, Q and its weights block
     fan_in = {key: len(get_dependencies(graph, key)) for key in graph}
     over = {k: v for k, v in fan_in.items() if v > split_every}
     assert not over, f"tasks with more than split_every={split_every} inputs: {over}"
@@ -547,7 +547,7 @@ def test_scattered_operand_survives_a_worker_restart(tmp_path, client):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
-def test_tree_sum_takes_fewer_large_results_per_task(monkeypatch):
+def test_sum_tree_takes_fewer_large_results_per_task(monkeypatch):
     """A combine task takes at most REDUCE_BYTES of block results (never fewer than 2), same sum."""
     rng = np.random.default_rng(0)
     A = sp.random(900, 400, density=0.05, format="csr", dtype=np.float64, random_state=1)
@@ -566,9 +566,10 @@ def test_tree_sum_takes_fewer_large_results_per_task(monkeypatch):
 
 
 @pytest.mark.parametrize("chains", [1, 3])
-def test_tree_sum_runs_one_running_sum_per_parallel_task(monkeypatch, chains):
-    """Block i goes to running sum i mod c (c = the tasks run at once): every step adds one block result to
-    the previous sum, and only the c sums meet in the tree; the same sum, uneven blocks, float32."""
+def test_in_memory_rows_run_one_running_sum_per_parallel_task(monkeypatch, chains):
+    """Rows not read from a store: block i goes to step i // c of running sum i mod c (c = the tasks run at
+    once), which takes that block, the previous sum and Q, and only the c sums meet in the tree; the same
+    sum, uneven blocks, float32."""
     rng = np.random.default_rng(1)
     A = sp.random(1000, 300, density=0.05, format="csr", dtype=np.float32, random_state=3)
     Q = rng.standard_normal((300, 4)).astype(np.float32)
@@ -578,9 +579,11 @@ def test_tree_sum_runs_one_running_sum_per_parallel_task(monkeypatch, chains):
     out = linalg.xt_x_q(X, Q, split_every=8)
     graph = dict(out.__dask_graph__())
     steps = [key for key in graph if "xt_x_q-sum-chain" in str(key)]
-    assert len(steps) == len(chunks) - chains
-    for key in steps:  # the previous running sum and one block's result
-        assert len(get_dependencies(graph, key)) == 2
+    assert len(steps) == len(chunks)
+    for key in steps:  # its block of X, Q and (after the first step) the previous running sum
+        c, j = (int(p) for p in key.split("-")[-2:])
+        deps = set(get_dependencies(graph, key))
+        assert (X.name, c + chains * j, 0) in deps and len(deps) == 2 + (j > 0)
     expected = A.toarray().astype(np.float64)
     np.testing.assert_allclose(out.compute(), expected.T @ (expected @ Q), rtol=1e-4, atol=1e-4)
 
@@ -636,15 +639,21 @@ def test_chain_step_never_changes_its_inputs():
     np.testing.assert_array_equal(kw["_static"]["keep"], np.arange(3.0))
 
 
-def test_block_sum_of_a_computed_row_operand_keeps_its_block_tasks(monkeypatch):
-    """A row operand that is not read from a store (here in memory) is not re-read in the chain's steps:
-    its blocks' results are computed in tasks of their own, then added by the running sums."""
+def test_block_sum_of_a_computed_row_operand_takes_its_blocks_into_the_steps(monkeypatch):
+    """A row operand that is not read from a store (here in memory, uneven blocks) is an input of the chain's
+    steps: block i of it goes to step i // c of running sum i mod c, and no kernel result is computed in a
+    task of its own (whose result would wait, ready, for the sequential steps); the sum is NumPy's."""
     A = sp.random(500, 50, density=0.1, format="csr", dtype=np.float64, random_state=6)
-    X = da.from_array(A, chunks=(100, -1), asarray=False)
+    X = da.from_array(A, chunks=((100, 130, 70, 100, 100), -1), asarray=False)
     monkeypatch.setattr(passes, "parallelism", lambda: 2)
     out = linalg.column_sums(X)
     graph = dict(out.__dask_graph__())
-    assert len([key for key in graph if "column_sums-block" in str(key)]) == 5
+    assert not [key for key in graph if "column_sums-block" in str(key)]
+    steps = [key for key in graph if "column_sums-sum-chain" in str(key)]
+    assert len(steps) == 5
+    for key in steps:
+        c, j = (int(p) for p in key.split("-")[-2:])
+        assert (X.name, 2 * j + c, 0) in set(get_dependencies(graph, key))
     np.testing.assert_allclose(out.compute(), np.asarray(A.sum(axis=0)).ravel(), rtol=1e-12)
 
 

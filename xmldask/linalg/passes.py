@@ -3,7 +3,7 @@
 Every pass is one ``blockwise`` task per row block, which applies a kernel of
 :mod:`xmldask.linalg._kernels` to that block and returns a small dense result, followed by a sum of
 those results: a running sum per task the scheduler runs at once, then a tree of those sums (at most
-``split_every`` inputs per task; :func:`tree_sum`). No task ever holds more than one row block of
+``split_every`` inputs per task; :func:`block_sum`). No task ever holds more than one row block of
 ``X`` (and of ``Y`` or ``B``), and a worker holds one running sum however many blocks there are, so a
 pass runs over stores larger than memory in memory that does not grow with them.
 
@@ -82,7 +82,6 @@ __all__ = [
     "per_block",
     "per_block_objects",
     "tree_combine",
-    "tree_sum",
     "x_q",
     "xt_b",
     "xt_x_q",
@@ -392,11 +391,6 @@ def reduce_split_every(split_every: int, result_bytes: int) -> int:
     return max(2, min(int(split_every), REDUCE_BYTES // max(int(result_bytes), 1)))
 
 
-def _chain_add(total, part):
-    """One step of a chain of :func:`tree_sum`: a new array (the inputs may still be held elsewhere)."""
-    return total + part
-
-
 def _chain_apply(total, *args, **kwargs):
     """One step of a chain of :func:`block_sum`: the running sum plus one block's kernel result, in one task.
 
@@ -453,31 +447,6 @@ def _tree(parts: da.Array, split_every: int, name: str) -> da.Array:
     )
 
 
-def tree_sum(parts: da.Array, split_every: int) -> da.Array:
-    """Sum over axis 0 of stacked block results: a running sum per chain, then a tree of the chains' sums.
-
-    Block ``i`` is added to chain ``i mod c``, with ``c`` the tasks the scheduler runs at once
-    (:func:`xmldask.scheduling.parallelism`, at most the number of blocks), and only the ``c`` running
-    sums meet in the tree (:func:`_tree`). For results of a kernel on the row blocks use
-    :func:`block_sum`, which computes each block's result in the task that adds it.
-
-    The order of the additions depends on ``c``, so a cluster of another size rounds differently (in
-    the last bits of float32).
-    """
-    name, token = _sum_name(parts)
-    chains = _chains(parts.shape[0])
-    if chains:
-        blocks = parts.to_delayed(optimize_graph=False).ravel()
-        steps = []
-        for c in range(chains):
-            total = blocks[c]
-            for j, block in enumerate(blocks[c + chains::chains], 1):
-                total = dask.delayed(_chain_add)(total, block, dask_key_name=f"{name}-chain-{token}-{c}-{j}")
-            steps.append(total)
-        parts = _chain_sums(steps, parts)
-    return _tree(parts, split_every, name)
-
-
 def block_sum(func, operands, *, tail: tuple[int, ...], dtype, token: str, static: dict | None = None,
               split_every: int = 8) -> da.Array:
     """The sum over the row blocks of ``func(**{name: block})`` (arguments as for :func:`per_block`), shape
@@ -493,9 +462,11 @@ def block_sum(func, operands, *, tail: tuple[int, ...], dtype, token: str, stati
     ``split_every`` inputs a task (:func:`_tree`). With as many tasks at once as blocks, this is a tree
     over the blocks' results.
 
-    This applies when every row operand is read from a store (:func:`xmldask.store.csr.block_reader`);
-    with a computed row operand (a persisted state, a lazy product) each block's result is computed
-    where that operand's block is, and added by :func:`tree_sum`.
+    A row operand read from a store (:func:`xmldask.store.csr.block_reader`) is read in the step's task; a
+    computed one (a persisted state, a lazy product) is an input of the step, so the scheduler runs the step
+    where the larger of its block and the running sum is and moves the smaller. (Computing such blocks'
+    results in tasks of their own let them pile up, ready, ahead of the sequential steps: a tree level's
+    sums of 122 blocks restarted workers of 256 MiB, where 7 blocks peaked at 214 MiB.)
 
     The order of the additions depends on ``c``, so a cluster of another size rounds differently (in
     the last bits of float32).
@@ -510,14 +481,12 @@ def block_sum(func, operands, *, tail: tuple[int, ...], dtype, token: str, stati
     for name_, value, kind in operands:
         if value is None:
             continue
-        if kind == ROWS:
+        if kind == ROWS and block_reader(value) is not None:
             readers[name_] = block_reader(value)
-            if readers[name_] is None:
-                # a computed row operand (a persisted state, a lazy product): its blocks are where they were
-                # computed, and a block's result is best computed there too
-                return tree_sum(parts, split_every)
             bounds = np.cumsum((0,) + tuple(value.chunks[0])).tolist()  # read in the step's task
             column = list(zip(bounds[:-1], bounds[1:]))
+        elif kind == ROWS:  # a computed operand: its block is an input of the step
+            column = list(value.to_delayed(optimize_graph=False).reshape(n_blocks))
         else:
             (whole,) = dense_operand(value, name=name_).to_delayed(optimize_graph=False).ravel()
             column = [whole] * n_blocks
@@ -544,7 +513,8 @@ def per_block_objects(func, *arrays: da.Array, **static) -> list:
 
 def tree_combine(parts: list, combine):
     """The delayed ``combine(a, b)`` of all ``parts``, pairwise as a binary tree: ``log2(len(parts))``
-    levels, no task holds more than two results (the :func:`tree_sum` of results that are not arrays)."""
+    levels, no task holds more than two results (the tree of :func:`block_sum` for results that are
+    not arrays)."""
     if not parts:
         raise ValueError("tree_combine needs at least one part")
     while len(parts) > 1:
