@@ -481,8 +481,9 @@ def block_sum(func, operands, *, tail: tuple[int, ...], dtype, token: str, stati
     for name_, value, kind in operands:
         if value is None:
             continue
-        if kind == ROWS and block_reader(value) is not None:
-            readers[name_] = block_reader(value)
+        reader = block_reader(value) if kind == ROWS else None
+        if reader is not None:
+            readers[name_] = reader
             bounds = np.cumsum((0,) + tuple(value.chunks[0])).tolist()  # read in the step's task
             column = list(zip(bounds[:-1], bounds[1:]))
         elif kind == ROWS:  # a computed operand: its block is an input of the step
