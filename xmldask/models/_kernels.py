@@ -62,8 +62,8 @@ SCORE_BUDGET = 1 << 20
 
 #: :func:`topk_rows` takes up to this many labels a row by ``k`` argmax scans (a scan of a row costs
 #: about 1/50 of partitioning it); more by ``np.argpartition``. Measured by ``python bench/topk.py``
-#: (one core, a sub-batch of ``SCORE_BUDGET`` scores): for ``k <= 32`` the scans are 1.2-9x faster at
-#: 100 labels and 2-49x at 1,000-100,000; at 100 labels they lose from ``k = 50``
+#: (one core, a sub-batch of ``SCORE_BUDGET`` scores): for ``k <= 32`` the scans are 1.1-8.5x faster at
+#: 100 labels and 2.8-51x at 1,000-100,000; at 100 labels they lose from ``k = 50``
 SELECT_K = 32
 
 #: most score entries of one SGD minibatch (the batch is cut to fit; 256 MiB of float32)
