@@ -96,7 +96,7 @@ def _reference_tree(Xd, Yd, *, max_depth, leaf_labels, recall=0.999, determinist
             tq, bq, sq = t, b, sigma
             if routers is not None:
                 row = routers.table_[i]
-                tq = X @ routers.W_[int(row[K.ROUTER])].astype(np.float64)
+                tq = X @ routers.W_.toarray()[int(row[K.ROUTER])].astype(np.float64)
                 bq, sq = row[K.BIAS], row[K.SIGMA]
             q = (tq > bq).astype(float) if deterministic else 0.5 + 0.5 * erf((tq - bq) / sq)
             node.update(leaf=False, w=w, b=b, sigma=sigma, lam=lam, children=(len(nodes), len(nodes) + 1))
@@ -116,7 +116,7 @@ def _compare(tree, ref, R):
             assert set(tree.candidates(i)) >= set(node["cands"])  # orphan repair may add labels
             continue
         assert tuple(row[[K.LEFT, K.RIGHT]].astype(int)) == node["children"]
-        w = tree.W_[int(row[K.ROUTER])].astype(np.float64)
+        w = tree.W_.toarray()[int(row[K.ROUTER])].astype(np.float64)
         assert abs(w @ node["w"]) > 1 - 1e-5
         # histogram median: the upper edge of a bin of width 2R / BINS**PASSES holding the exact median
         assert node["b"] - 1e-4 * R <= row[K.BIAS] <= node["b"] + 2 * R / MEDIAN_BINS**MEDIAN_PASSES + 1e-4 * R
@@ -141,6 +141,63 @@ def test_multiclass_tree_matches_exact_reference(dtype, routing):
     assert tree.levels_[2]["passes"] - tree.levels_[1]["passes"] == per_level
 
 
+@pytest.mark.parametrize("routing", ["fractional", "deterministic"])
+def test_tree_on_sparse_features_keeps_each_node_on_its_own_features(routing):
+    """Classes in four groups, each group's rows nonzero on its own 10 of 40 features: nodes below the root
+    hold a part of the features (deterministic routing; fractional routing keeps every row in every node to
+    depth 3 here), and their routers (learned on those features alone) are the exact ones."""
+    Xd, Yd = _clustered(n=1237, d=40, L=16, seed=4)
+    group_of_class = np.arange(16) % 4
+    features_of_row = group_of_class[Yd.argmax(axis=1)]
+    Xd = np.where(np.arange(40)[None, :] // 10 == features_of_row[:, None], Xd + 3.0, 0.0).astype(np.float32)
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=3, leaf_labels=3, n_power_iter=40, routing=routing, orphan_repair=False,
+                             random_state=1).fit(X, Y)
+    # zeros stored in the rows (a text file's "f:0") are features of their rows' nodes, and change no router
+    rows, cols = np.nonzero(Xd)
+    zeros = (np.arange(len(Xd)), np.where(features_of_row < 3, 39, 0))  # past / before the row's features
+    Xz = sp.csr_matrix((np.concatenate([Xd[rows, cols], np.zeros(len(Xd), np.float32)]),
+                        (np.concatenate([rows, zeros[0]]), np.concatenate([cols, zeros[1]]))), shape=Xd.shape)
+    assert Xz.nnz == np.count_nonzero(Xd) + len(Xd)
+    stats = K.level_stats(Xz, sp.csr_matrix(Yd), np.arange(40), np.arange(16), [0])
+    assert (stats[1 + 40:1 + 80] > 0).all()  # the root's features: every column, 39 by its stored zeros alone
+    stats = K.level_stats(Xz[features_of_row == 0], sp.csr_matrix(Yd[features_of_row == 0]), np.arange(40),
+                          np.arange(16), [0])
+    np.testing.assert_array_equal(np.flatnonzero(stats[1 + 40:1 + 80]), list(range(10)) + [39])
+    stored = SpectralLabelTree(max_depth=3, leaf_labels=3, n_power_iter=40, routing=routing, orphan_repair=False,
+                               random_state=1).fit(da.from_array(Xz, chunks=(_chunks(len(Xd)), -1), asarray=False), Y)
+    np.testing.assert_allclose(stored.W_.toarray(), tree.W_.toarray(), atol=1e-5)
+    ref = _reference_tree(Xd, Yd, max_depth=3, leaf_labels=3, deterministic=routing == "deterministic",
+                          routers=tree)
+    _compare(tree, ref, np.linalg.norm(Xd.astype(float), axis=1).max())
+    # a router is zero off its node's features, and some node below the root lacks a whole group
+    support = [np.flatnonzero(np.abs(Xd).T @ (node["p"] > K.CUTOFF)) for node in ref if not node["leaf"]]
+    for w, features in zip(tree.W_.toarray(), support):
+        assert not np.delete(w, features).any()
+    assert min(len(f) for f in support) <= (30 if routing == "deterministic" else 40)
+
+
+def test_csr_routers_give_the_dense_routers_products():
+    rng = np.random.default_rng(0)
+    W = sp.random(40, 300, density=0.2, format="csr", dtype=np.float32, random_state=1)
+    shuffled = W.copy()  # the same matrix with each row's entries out of order
+    for r in range(W.shape[0]):
+        lo, hi = W.indptr[r], W.indptr[r + 1]
+        perm = lo + rng.permutation(hi - lo)
+        shuffled.indices[lo:hi], shuffled.data[lo:hi] = W.indices[perm], W.data[perm]
+    shuffled.has_sorted_indices = False
+    routers, features = rng.integers(0, 40, 5000), rng.integers(0, 300, 5000)
+    for csr in (W, shuffled):
+        np.testing.assert_array_equal(K.router_entries(csr, routers, features), W.toarray()[routers, features])
+    X = sp.random(200, 300, density=0.1, format="csr", random_state=2)
+    rows, widx = rng.integers(0, 200, 700), rng.integers(0, 40, 700)
+    np.testing.assert_allclose(K.pair_dots(X, rows, W, widx), K.pair_dots(X, rows, W.toarray(), widx))
+    order = np.argsort(widx, kind="stable")
+    np.testing.assert_allclose(K.node_products(X, rows[order], widx[order], W),
+                               K.node_products(X, rows[order], widx[order], W.toarray()))
+    assert not K.router_entries(sp.csr_matrix((3, 300), dtype=np.float32), routers % 3, features).any()
+
+
 def test_multilabel_tree_matches_exact_reference():
     Xd, Yd = _clustered(multilabel=True, seed=3)
     X, Y = _dask(Xd, Yd)
@@ -149,7 +206,7 @@ def test_multilabel_tree_matches_exact_reference():
     assert tree.task_ == "multilabel"
     ref = _reference_tree(Xd, Yd, max_depth=2, leaf_labels=4, multilabel=True)
     root = ref[0]
-    w = tree.W_[0].astype(np.float64)
+    w = tree.W_.toarray()[0].astype(np.float64)
     # the reference code's CG stops at ||r||^2 < 1e-4 ||r0||^2 (float32): close, not exact
     assert abs(w @ root["w"]) > 0.99
     assert tree.eigenvalue_[0] == pytest.approx(root["lam"], rel=0.02)
@@ -202,7 +259,7 @@ def test_label_gram_gives_the_tree_of_the_cg_passes(monkeypatch):
     monkeypatch.setattr(growth, "_label_gram", lambda *args: None)  # a pass per CG iteration, as before
     slow = SpectralLabelTree(max_depth=3, leaf_labels=4, random_state=0).fit(X, Y)
     for other in (runs, slow):
-        np.testing.assert_allclose(fast.W_, other.W_, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(fast.W_.toarray(), other.W_.toarray(), rtol=1e-4, atol=1e-5)
         np.testing.assert_array_equal(fast.cand_indices_, other.cand_indices_)
     assert fast.n_passes_ < runs.n_passes_ < slow.n_passes_  # 35, 39 and 64 here (the CG stops early)
 
@@ -223,7 +280,7 @@ def test_single_power_step_default_is_close_on_a_clear_gap():
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=1, leaf_labels=3, random_state=0).fit(X, Y)
     ref = _reference_tree(Xd, Yd, max_depth=1, leaf_labels=3)
-    assert abs(tree.W_[0].astype(float) @ ref[0]["w"]) > 0.95
+    assert abs(tree.W_.toarray()[0].astype(float) @ ref[0]["w"]) > 0.95
     # norms, task, level 0, level 1 state and stats, orphans
     assert tree.n_passes_ == 2 + 1 + 4 + MEDIAN_PASSES + 1 + 1 + 2
 
@@ -282,7 +339,7 @@ def test_figures_match_a_loop(multilabel_tree):
     Xd, Yd, X, Y, tree = multilabel_tree
     fig = tree.figures(X, Y)
     leaf = tree.route(X).compute()
-    t = Xd.astype(np.float64) @ tree.W_[0].astype(np.float64)
+    t = Xd.astype(np.float64) @ tree.W_.toarray()[0].astype(np.float64)
     left = t > tree.table_[0, K.BIAS]
     covered = assigned = top = 0
     for i in range(len(leaf)):
@@ -309,8 +366,20 @@ def test_save_load_and_feature_count_refused(tmp_path):
     url = str(tmp_path / "tree.zarr")
     tree.save(url, meta={"train_url": "x"})
     loaded = SpectralLabelTree.load(url)
+    assert sp.issparse(loaded.W_) and (loaded.W_ != tree.W_).nnz == 0  # the routers, as CSR
     np.testing.assert_array_equal(loaded.route(X).compute(), tree.route(X).compute())
     assert loaded.figures(X, Y) == tree.figures(X, Y)
+    # a store of the first version (dense W) still loads, as CSR
+    from xmldask.store.models import open_model_store, write_model_store
+
+    params, fitted, arrays = tree._parts()
+    old = str(tmp_path / "tree-v1.zarr")
+    write_model_store(old, class_name="SpectralLabelTree", model_version=1, params=params, fitted=fitted,
+                      arrays={**arrays, "W": tree.W_.toarray()})
+    assert "W" in open_model_store(old, model_version=1)[0].array_keys()
+    v1 = SpectralLabelTree.load(old)
+    assert sp.issparse(v1.W_) and (v1.W_ != tree.W_).nnz == 0
+    np.testing.assert_array_equal(v1.route(X).compute(), tree.route(X).compute())
     with pytest.raises(FileExistsError):
         tree.save(url)
     with pytest.raises(ValueError, match="features"):
@@ -447,7 +516,7 @@ def test_pair_chunks_give_the_same_tree(monkeypatch):
     monkeypatch.setattr(K, "PAIR_NNZ", 97)  # many small chunks of pairs per block
     monkeypatch.setattr(K, "PAIR_CHUNK", 89)
     chunked = SpectralLabelTree(max_depth=2, leaf_labels=3, random_state=0).fit(X, Y)
-    np.testing.assert_allclose(chunked.W_, whole.W_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(chunked.W_.toarray(), whole.W_.toarray(), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(chunked.cand_indices_, whole.cand_indices_)
 
 
@@ -477,7 +546,7 @@ def test_node_groups_give_the_same_tree():
     X, Y = _dask(Xd, Yd)
     whole = SpectralLabelTree(max_depth=3, leaf_labels=3, random_state=0).fit(X, Y)
     grouped = SpectralLabelTree(max_depth=3, leaf_labels=3, memory_budget=1, random_state=0).fit(X, Y)
-    np.testing.assert_allclose(grouped.W_, whole.W_, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grouped.W_.toarray(), whole.W_.toarray(), rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(grouped.cand_indices_, whole.cand_indices_)
     assert grouped.n_passes_ > whole.n_passes_  # one group, with its own passes, per node
 

@@ -82,6 +82,7 @@ __all__ = [
     "per_block",
     "per_block_objects",
     "tree_combine",
+    "whole_operand",
     "x_q",
     "xt_b",
     "xt_x_q",
@@ -109,7 +110,7 @@ def _scatter_target(nbytes: int):
     return current_client() if nbytes >= SCATTER_BYTES else None
 
 
-def dense_operand(A, *, name: str = "operand") -> da.Array:
+def dense_operand(A, *, name: str = "operand", nbytes: int | None = None) -> da.Array:
     """A small dense operand as a single-chunk Dask array, to be shipped once per graph.
 
     Parameters
@@ -118,6 +119,9 @@ def dense_operand(A, *, name: str = "operand") -> da.Array:
         The operand, for example ``Q`` of shape ``(n_features, k)``.
     name : str
         Name used in error messages.
+    nbytes : int, optional
+        The operand's size when ``A.nbytes`` does not tell it (a 0-d object array holding a sparse
+        matrix, which a kernel unwraps).
 
     Returns
     -------
@@ -134,9 +138,10 @@ def dense_operand(A, *, name: str = "operand") -> da.Array:
     if sp.issparse(A):
         raise TypeError(f"{name} must be dense, but is a {type(A).__name__}; pass {name}.toarray()")
     A = np.asarray(A)
-    client = _scatter_target(A.nbytes)
+    nbytes = A.nbytes if nbytes is None else nbytes
+    client = _scatter_target(nbytes)
     if client is not None:
-        logger.debug("scattering %s (%d bytes) to %s", name, A.nbytes, client)
+        logger.debug("scattering %s (%d bytes) to %s", name, nbytes, client)
         # on every worker: each block task reads it anyway, and a worker that dies (or is restarted for
         # its memory) then loses no data the graph cannot get again (a future scattered to one worker only
         # is lost with it, and the whole computation fails)
@@ -151,6 +156,17 @@ def dense_operand(A, *, name: str = "operand") -> da.Array:
         return da.Array(graph, array_name, tuple((n,) for n in A.shape), dtype=A.dtype,
                         meta=np.empty((0,) * A.ndim, A.dtype))
     return da.from_array(A, chunks=A.shape)
+
+
+def whole_operand(A, *, name: str = "operand") -> da.Array:
+    """:func:`dense_operand` for an array or a SciPy sparse matrix: a sparse one travels in a 0-d object array
+    (scattered by the size of its arrays), which the kernel unwraps (``A.item()``)."""
+    if not sp.issparse(A):
+        return dense_operand(A, name=name)
+    A = sp.csr_matrix(A)
+    holder = np.empty((), dtype=object)
+    holder[()] = A
+    return dense_operand(holder, name=name, nbytes=A.data.nbytes + A.indices.nbytes + A.indptr.nbytes)
 
 
 def _rows_from_memory(A: np.ndarray, row_chunks: tuple[int, ...]) -> da.Array:

@@ -29,7 +29,7 @@ import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
 from ..base import NotFittedError, ParamsMixin, as_rows
-from ..linalg.passes import ROWS, WHOLE, dense_operand, gram, per_block
+from ..linalg.passes import ROWS, WHOLE, gram, per_block, whole_operand
 from ..store.models import SavedModel
 from ..tree import leaf_of, route_pairs, rows_by_node
 from ..tree.model import SpectralLabelTree
@@ -39,7 +39,7 @@ __all__ = ["TREE_CLASSIFIER_VERSION", "CandidateScorer", "TreeClassifier"]
 
 logger = logging.getLogger(__name__)
 
-TREE_CLASSIFIER_VERSION = 1
+TREE_CLASSIFIER_VERSION = 2
 #: the preconditioner of ``U``'s gradient is the full ``(0.5 X^T X + ridge tr/d I)^-1`` (rows made dense) up to
 #: this many features, its diagonal beyond (rows kept sparse, a step touching only the rows of ``U`` at the
 #: leaf's features). The diagonal is not used for fewer features however sparse the rows: on the pipeline's
@@ -92,6 +92,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
     """
 
     _MODEL_VERSION = TREE_CLASSIFIER_VERSION
+    _EARLIER_VERSIONS = (1,)  # the tree's W dense
     _FORMER_PARAMS = {"rank": "n_components"}
     _ARRAYS = ("U", "V", "b", "cand_indptr", "cand_indices", "table", "W")
     _SCALARS = ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history",
@@ -253,7 +254,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
         X = self._rows(X)
         k = self._checked_k(k)
         whole = {name: getattr(self, name + "_") for name in self._ARRAYS}
-        operands = [("Xb", X, ROWS)] + [(n, dense_operand(v, name=n), WHOLE) for n, v in whole.items()]
+        operands = [("Xb", X, ROWS)] + [(n, whole_operand(v, name=n), WHOLE) for n, v in whole.items()]
         packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="tree-classifier-topk",
                             stack=False, static={"k": k, "form": self.sigma_form_, "task": self.task_,
                                                  "per_leaf": bool(self.per_leaf)})
@@ -444,7 +445,7 @@ class CandidateScorer(ParamsMixin):
                  "table": self.tree.table_, "W": self.tree.W_, "cand_indptr": self.tree.cand_indptr_,
                  "cand_indices": self.tree.cand_indices_}
         operands = [("Xb", X, ROWS), ("Fb", F, ROWS)]
-        operands += [(n, dense_operand(v, name=n), WHOLE) for n, v in whole.items() if v is not None]
+        operands += [(n, whole_operand(v, name=n), WHOLE) for n, v in whole.items() if v is not None]
         packed = per_block(_candidate_topk_block, operands, tail=(2 * k,), dtype=np.float64,
                             token="candidate-scorer-topk", stack=False, static={"k": k, "form": self.tree.sigma})
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)

@@ -3,7 +3,8 @@
 Layout: the group attributes ``xmldask`` (``kind = "model"``, ``class``, ``model_version``,
 ``layout_version``, ``complete`` and any extra facts such as the training data's URL), ``params``
 (the constructor parameters as JSON) and ``fitted`` (fitted scalars and small lists), and one
-array per fitted array. Written under a hidden temporary name beside the target and moved into
+array per fitted array (a sparse one: a group of its CSR ``data``, ``indices`` and ``indptr``, with
+the attributes ``sparse = "csr"`` and ``shape``). Written under a hidden temporary name beside the target and moved into
 place when complete, like every store.
 """
 
@@ -13,6 +14,7 @@ import json
 import numbers
 
 import numpy as np
+import scipy.sparse as sp
 import zarr
 
 from . import _fs
@@ -55,8 +57,9 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
         Version of the estimator's saved form.
     params, fitted : dict
         JSON-serialisable constructor parameters and fitted scalars (NaN and infinity allowed).
-    arrays : dict of str to ndarray or None
-        Fitted arrays; ``None`` entries are left out.
+    arrays : dict of str to ndarray, SciPy sparse matrix or None
+        Fitted arrays (a sparse one as a group of its CSR ``data``, ``indices`` and ``indptr``; see
+        :func:`read_model_array`); ``None`` entries are left out.
     meta : dict, optional
         Extra facts for the ``xmldask`` attribute.
     overwrite : bool, default False
@@ -74,11 +77,14 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
         for name, value in arrays.items():
             if value is None:
                 continue
-            value = np.ascontiguousarray(value)
-            chunks = tuple(max(1, min(s, MODEL_CHUNK)) for s in value.shape) if value.ndim else None
-            array = group.create_array(name, shape=value.shape, dtype=value.dtype, chunks=chunks,
-                                       compressors=compressors(), fill_value=0)
-            array[...] = value
+            if sp.issparse(value):  # a group of its CSR arrays
+                value = sp.csr_matrix(value)
+                sub = group.create_group(name)
+                sub.attrs.update({"sparse": "csr", "shape": list(value.shape)})
+                for part in ("data", "indices", "indptr"):
+                    _write_array(sub, part, getattr(value, part))
+                continue
+            _write_array(group, name, value)
         info = {**(meta or {}), "kind": "model", "class": class_name, "model_version": model_version,
                 "layout_version": LAYOUT_VERSION, "complete": True}
         group.attrs.update({ATTR: info, "params": params, "fitted": fitted, INVENTORY_ATTR: record_inventory(tmp)})
@@ -87,6 +93,22 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
         _fs.remove(tmp)
         raise
     return url
+
+
+def _write_array(group, name: str, value) -> None:
+    value = np.ascontiguousarray(value)
+    chunks = tuple(max(1, min(s, MODEL_CHUNK)) for s in value.shape) if value.ndim else None
+    array = group.create_array(name, shape=value.shape, dtype=value.dtype, chunks=chunks,
+                               compressors=compressors(), fill_value=0)
+    array[...] = value
+
+
+def read_model_array(value):
+    """A fitted array as :func:`write_model_store` wrote it (a CSR matrix from its group), or as given."""
+    if isinstance(value, zarr.Group):
+        return sp.csr_matrix(tuple(np.asarray(value[part][...]) for part in ("data", "indices", "indptr")),
+                             shape=tuple(value.attrs["shape"]))
+    return value if sp.issparse(value) else np.asarray(value[...])
 
 
 def _model_group(url: str):
@@ -100,8 +122,10 @@ def model_class(url: str) -> str:
     return str(_model_group(url)[1].get("class"))
 
 
-def open_model_store(url: str, *, model_version: int, class_name: str | None = None, hint: str = ""):
-    """Open a model store after checking its kind, version, completeness and (if given) class.
+def open_model_store(url: str, *, model_version: int | tuple[int, ...], class_name: str | None = None,
+                     hint: str = ""):
+    """Open a model store after checking its kind, version (``model_version``: the one, or those, this code
+    reads), completeness and (if given) class.
 
     Returns
     -------
@@ -110,11 +134,13 @@ def open_model_store(url: str, *, model_version: int, class_name: str | None = N
         The ``xmldask`` attribute.
     """
     group, meta = _model_group(url)
-    if meta.get("model_version") != model_version:
-        raise StoreError(f"{url} has model version {meta.get('model_version')}; this xmldask reads {model_version}")
     if class_name is not None and meta.get("class") != class_name:
         raise StoreError(f"{url} holds a {meta.get('class')} model, not a {class_name}; load it with "
                          f"{meta.get('class')}.load(url){hint}")
+    versions = (model_version,) if isinstance(model_version, int) else tuple(model_version)
+    if meta.get("model_version") not in versions:
+        raise StoreError(f"{url} has model version {meta.get('model_version')}; this xmldask reads "
+                         f"{', '.join(map(str, versions))}")
     return group, dict(meta)
 
 
@@ -129,6 +155,8 @@ class SavedModel:
     """
 
     _MODEL_VERSION: int = 1
+    #: earlier versions of the saved form that :meth:`load` still reads (``_from_group`` converts them)
+    _EARLIER_VERSIONS: tuple[int, ...] = ()
     _ARRAYS: tuple[str, ...] = ()
     _SCALARS: tuple[str, ...] = ()
     #: constructor parameters that stores written by earlier versions hold under another name: old -> new
@@ -173,7 +201,8 @@ class SavedModel:
             No model at ``url``, an incomplete or newer store, or a model of another class
             (:func:`xmldask.models.load_model` reads any).
         """
-        group, meta = open_model_store(url, model_version=cls._MODEL_VERSION, class_name=cls.__name__,
+        group, meta = open_model_store(url, model_version=(cls._MODEL_VERSION, *cls._EARLIER_VERSIONS),
+                                       class_name=cls.__name__,
                                        hint=" (or xmldask.models.load_model(url) for any model)")
         return cls._from_group(group, meta)
 
@@ -191,7 +220,7 @@ class SavedModel:
         names = cls._get_param_names()
         model = cls(**{key: value for key, value in params.items() if key in names})
         for name in cls._ARRAYS:
-            setattr(model, name + "_", np.asarray(arrays[name][...]) if name in arrays else None)
+            setattr(model, name + "_", read_model_array(arrays[name]) if name in arrays else None)
         for name, value in fitted.items():
             setattr(model, name + "_", value)
         return model

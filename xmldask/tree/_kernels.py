@@ -9,7 +9,13 @@ group of frontier nodes it accumulates (``nodes``, global ids, whose position is
 
 The tree so far is two dense arrays: ``table`` of shape ``(n_nodes, 5)`` holding per node
 ``left, right, router, bias, sigma`` (``left = right = -1`` for a terminal node, ``router`` the
-row of ``W``) and ``W`` of shape ``(n_routers, d)``.
+row of ``W``) and ``W`` of shape ``(n_routers, d)``: dense, or CSR while the tree grows (a router lives on
+its node's features).
+
+While the tree grows, every per-node vector lives on the node's own *slots*, not on all ``d`` features or
+``L`` labels: sorted keys ``j d + feature`` (``j L + label``) for the features (labels) of the rows that
+reach node ``j``, as a group's partial sums would otherwise take ``g (d + L)`` entries whatever the
+nodes' sizes (text data: ``d`` in the hundred thousands, a deep node's rows a few hundred features).
 
 References
 ----------
@@ -83,7 +89,7 @@ def pair_chunks(X, rows: np.ndarray):
 def pair_dots(X: sp.csr_matrix, rows: np.ndarray, W: np.ndarray, widx: np.ndarray) -> np.ndarray:
     """``x_rows[i] . W[widx[i]]`` for every pair ``i`` (float64), shape ``(m,)`` or ``(m, r)`` for 3-D ``W``.
 
-    ``W`` has shape ``(n, d)`` (one vector per pair's ``widx``) or ``(n, d, r)``.
+    ``W`` has shape ``(n, d)`` (one vector per pair's ``widx``; dense or CSR) or ``(n, d, r)``.
     """
     chunks = pair_chunks(X, rows)
     if len(chunks) > 1:
@@ -91,12 +97,39 @@ def pair_dots(X: sp.csr_matrix, rows: np.ndarray, W: np.ndarray, widx: np.ndarra
     sub = X[rows]
     counts = np.diff(sub.indptr)
     vals = sub.data.astype(np.float64)
+    if sp.issparse(W):  # CSR routers: each stored entry of a pair's row looked up in its router
+        contrib = vals * router_entries(W, np.repeat(widx, counts), sub.indices)
+        return np.bincount(np.repeat(np.arange(len(rows)), counts), weights=contrib, minlength=len(rows))
     if W.ndim == 2:
         contrib = vals * W[np.repeat(widx, counts), sub.indices]
         return np.bincount(np.repeat(np.arange(len(rows)), counts), weights=contrib, minlength=len(rows))
     contrib = vals[:, None] * W[np.repeat(widx, counts), sub.indices, :]
     out = np.zeros((len(rows), W.shape[2]))
     _segment_sum(out, sub.indptr, contrib)
+    return out
+
+
+def router_entries(W: sp.csr_matrix, routers: np.ndarray, features: np.ndarray) -> np.ndarray:
+    """``W[routers[i], features[i]]`` for CSR ``W`` (0 where not stored), float64.
+
+    One binary search per entry, the queries sorted, in the sorted keys ``router d + feature`` of ``W``'s
+    entries (kept on ``W`` for the next call: the same scattered routers serve every block of a pass).
+    SciPy's ``W[rows, cols]`` scans a row's entries per query: 70x slower for routers of 25,000 features.
+    """
+    keys = getattr(W, "_xmldask_keys", None)
+    if keys is None:
+        if not W.has_sorted_indices:
+            W.sort_indices()
+        keys = np.repeat(np.arange(W.shape[0], dtype=np.int64), np.diff(W.indptr)) * W.shape[1] + W.indices
+        W._xmldask_keys = keys
+    out = np.zeros(len(routers))
+    if not len(keys) or not len(routers):
+        return out
+    want = np.asarray(routers, dtype=np.int64) * W.shape[1] + features
+    order = np.argsort(want, kind="stable")
+    pos = np.minimum(np.searchsorted(keys, want[order]), len(keys) - 1)
+    hit = keys[pos] == want[order]
+    out[order[hit]] = W.data[pos[hit]]
     return out
 
 
@@ -135,7 +168,7 @@ def route_pairs(Xb, table: np.ndarray, W: np.ndarray, *, deterministic: bool = F
     p : ndarray of float64, shape (m,)
         Path probability (1 under deterministic or randomized routing).
     """
-    X = as_csr(Xb)
+    X, W = as_csr(Xb), unwrap(W)
     n = X.shape[0]
     rows, nodes, p = np.arange(n, dtype=np.int64), np.zeros(n, dtype=np.int64), np.ones(n)
     done_r, done_n, done_p = [], [], []
@@ -205,10 +238,41 @@ def node_products(X: sp.csr_matrix, rows: np.ndarray, key: np.ndarray, M: np.nda
     (Measured on ALOI's row blocks, 24 % filled: as fast as dense BLAS products on gathered rows,
     without the dense copy.)
     """
+    if sp.issparse(M):  # CSR routers
+        return pair_dots(X, rows, M, key)
     out = np.empty((len(rows),) + M.shape[2:])
     for k, a, b in _segments(key):
         out[a:b] = np.asarray(X[rows[a:b]] @ M[k].astype(np.float64, copy=False)).reshape(out[a:b].shape)
     return out
+
+
+def unwrap(value):
+    """A whole operand shipped in a 0-d object array (a CSR ``W``, a level-state block): the object."""
+    return value.item() if isinstance(value, np.ndarray) and value.dtype == object else value
+
+
+def slot_offsets(slots: np.ndarray, g: int, width: int) -> np.ndarray:
+    """Where each local node's slots start in ``slots`` (sorted keys ``j width + i``), shape (g + 1,)."""
+    return np.searchsorted(slots, np.arange(g + 1, dtype=np.int64) * width)
+
+
+def local_columns(Xs: sp.csr_matrix, support: np.ndarray) -> sp.csr_matrix:
+    """``Xs[:, support]`` for rows whose features all lie in ``support`` (sorted): their columns renumbered,
+    nothing copied but the column ids."""
+    Xs = sp.csr_matrix(Xs)
+    return sp.csr_matrix((Xs.data, np.searchsorted(support, Xs.indices), Xs.indptr),
+                         shape=(Xs.shape[0], len(support)))
+
+
+def _to_slots(keys: np.ndarray, slots: np.ndarray, what: str) -> np.ndarray:
+    """Positions of ``keys`` in the sorted ``slots``; every key must be one (a node's rows use only the
+    features and labels of its parent's rows)."""
+    pos = np.searchsorted(slots, keys)
+    bad = pos >= len(slots)
+    bad[~bad] = slots[pos[~bad]] != keys[~bad]
+    if bad.any():
+        raise AssertionError(f"{int(bad.sum())} {what} outside their node's slots")
+    return pos
 
 
 def _label_pairs(Yb, rows: np.ndarray, j: np.ndarray, p: np.ndarray):
@@ -220,23 +284,44 @@ def _label_pairs(Yb, rows: np.ndarray, j: np.ndarray, p: np.ndarray):
     return pair, j[pair], sub.indices.astype(np.int64), p[pair]
 
 
-def level_stats(Xb, Yb, nodes, pairs=None):
-    """Per node of the group: ``m = sum p``, ``mu = sum p x`` and the label masses ``n_c = sum p y_c``.
+def support_products(X: sp.csr_matrix, rows: np.ndarray, key: np.ndarray, M: np.ndarray, slots: np.ndarray,
+                     offsets: np.ndarray, width: int) -> np.ndarray:
+    """``x_rows[i] @ M_k`` for pairs sorted by ``key``, where node ``k``'s ``M_k`` lives on its feature slots
+    (``M[offsets[k]:offsets[k + 1]]``, rows of ``slots`` keyed ``k width + feature``): one sparse product
+    per node on its own columns, float64, shape ``(m,)`` or ``(m, r)`` as ``M`` is 1-D or 2-D."""
+    out = np.empty((len(rows),) + M.shape[1:])
+    for k, a, b in _segments(key):
+        lo, hi = offsets[k], offsets[k + 1]
+        local = local_columns(X[rows[a:b]], slots[lo:hi] - k * width)
+        out[a:b] = np.asarray(local @ M[lo:hi].astype(np.float64, copy=False)).reshape(out[a:b].shape)
+    return out
 
-    ``pairs`` is the block's frontier (:func:`frontier`). Returns an array of float64, shape
-    ``(g, 1 + d + L)``: ``[m, mu (d), n (L)]`` per node (one block's partial sum).
+
+def level_stats(Xb, Yb, fslots, lslots, nodes, pairs=None):
+    """Per node of the group: ``m = sum p``, ``mu = sum p x`` and ``a = sum p [x stored]`` on its feature
+    slots ``fslots`` (whose nonzero ``a`` are the node's features: those its rows store, zeros too), and the
+    label masses ``n_c = sum p y_c`` on its label slots ``lslots`` (sorted keys ``j d + feature``,
+    ``j L + label``; a parent's slots hold its children's).
+
+    ``pairs`` is the block's frontier (:func:`frontier`). Returns float64, shape
+    ``(g + 2 len(fslots) + len(lslots),)``: ``[m (g), mu, a, n]`` (one block's partial sum).
     """
     g, (b, d), L = len(nodes), Xb.shape, Yb.shape[1]
     X = as_csr(Xb)
+    nf = len(fslots)
     rows, j, p = _local_pairs(pairs, b, nodes)
-    out = np.zeros((g, 1 + d + L))
-    out[:, 0] = np.bincount(j, weights=p, minlength=g)
+    out = np.zeros(g + 2 * nf + len(lslots))
+    out[:g] = np.bincount(j, weights=p, minlength=g)
+    stored = sp.csr_matrix((np.ones(len(X.data)), X.indices, X.indptr), shape=X.shape)
     for c in pair_chunks(X, rows):
         P = sp.csr_matrix((p[c], (j[c], rows[c])), shape=(g, b))
-        mu = P @ X
-        out[:, 1:1 + d] += mu.toarray() if sp.issparse(mu) else mu
+        for i, M in enumerate((X, stored)):
+            prod = sp.coo_matrix(P @ M)
+            at = _to_slots(prod.row.astype(np.int64) * d + prod.col, fslots, "features")
+            out[g + i * nf + at] += prod.data
     _, jl, labels, pl = _label_pairs(Yb, rows, j, p)
-    out[:, 1 + d:] = np.bincount(jl * L + labels, weights=pl, minlength=g * L).reshape(g, L)
+    at = _to_slots(jl * L + labels, lslots, "labels")
+    out[g + 2 * nf:] = np.bincount(at, weights=pl, minlength=len(lslots))
     return out
 
 
@@ -246,18 +331,21 @@ def _slot_pairs(Yb, rows, j, p, slots):
     return pair, np.searchsorted(slots, jl * Yb.shape[1] + labels), pl
 
 
-def level_yt_x(Xb, Yb, Omega, slots, nodes, pairs=None):
-    """``T_j = Y^T D_j X Omega_j`` for every node ``j`` of the group, at its slots.
+def level_yt_x(Xb, Yb, Omega, xslots, slots, nodes, pairs=None):
+    """``T_j = Y^T D_j X Omega_j`` for every node ``j`` of the group, at its label slots.
 
-    ``Omega`` has shape ``(g, d, r)``; ``slots`` (sorted ``j L + label``) lists the (node, label) pairs
-    with label mass, which every (pair, label) of the frontier is. Returns float64 ``(n_slots, r)``.
+    ``Omega`` has shape ``(len(xslots), r)``: each node's block on its feature slots ``xslots`` (sorted
+    ``j d + feature``); ``slots`` (sorted ``j L + label``) lists the (node, label) pairs with label mass,
+    which every (pair, label) of the frontier is. Returns float64 ``(n_slots, r)``.
     """
-    r = Omega.shape[2]
+    r = Omega.shape[1]
     X = as_csr(Xb)
+    d = X.shape[1]
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
+    xoff = slot_offsets(xslots, len(nodes), d)
     out = np.zeros((len(slots), r))
     for c in pair_chunks(X, rows):
-        xo = node_products(X, rows[c], j[c], Omega)  # (m, r)
+        xo = support_products(X, rows[c], j[c], Omega, xslots, xoff, d)  # (m, r)
         pair, slot, pl = _slot_pairs(Yb, rows[c], j[c], p[c], slots)
         out += sp.csr_matrix((pl, (slot, pair)), shape=(len(slots), len(xo))) @ xo
     return out
@@ -270,18 +358,20 @@ def _pairs_times_v(Yb, rows, j, p, V, slots):
     return np.asarray(gather @ V) * p[:, None]
 
 
-def level_xt_y(Xb, Yb, V, slots, nodes, pairs=None):
-    """``Z_j = X^T D_j Y V_j`` for every node ``j`` of the group; ``V`` per slot ``(n_slots, r)``; float64
-    ``(g, d, r)``."""
+def level_xt_y(Xb, Yb, V, slots, xslots, nodes, pairs=None):
+    """``Z_j = X^T D_j Y V_j`` for every node ``j`` of the group on its feature slots ``xslots``; ``V`` per
+    label slot ``(n_slots, r)``; float64 ``(len(xslots), r)``."""
     g, d, r = len(nodes), Xb.shape[1], V.shape[1]
     X = as_csr(Xb)
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
-    out = np.zeros((g, d, r))
+    xoff = slot_offsets(xslots, g, d)
+    out = np.zeros((len(xslots), r))
     for c in pair_chunks(X, rows):
         yv = _pairs_times_v(Yb, rows[c], j[c], p[c], V, slots)
         rc = rows[c]
         for k, a, b in _segments(j[c]):
-            out[k] += np.asarray(X[rc[a:b]].T @ yv[a:b])
+            lo, hi = xoff[k], xoff[k + 1]
+            out[lo:hi] += np.asarray(local_columns(X[rc[a:b]], xslots[lo:hi] - k * d).T @ yv[a:b])
     return out
 
 
@@ -319,8 +409,9 @@ def level_label_gram(Xb, Yb, slots, offsets, nodes, pairs=None):
     return out
 
 
-def level_histogram(Xb, w, lo, hi, nodes, pairs=None, *, bins):
-    """Weighted histogram of ``w_j^T x`` per node over ``bins`` equal bins of ``[lo_j, hi_j)``.
+def level_histogram(Xb, w, lo, hi, xslots, nodes, pairs=None, *, bins):
+    """Weighted histogram of ``w_j^T x`` per node over ``bins`` equal bins of ``[lo_j, hi_j)``; ``w`` on the
+    nodes' feature slots ``xslots``.
 
     Returns an array of float64, shape ``(g, bins + 2)``: column 0 the weight below ``lo_j``, columns
     ``1..bins`` the bins, the last the weight at or above ``hi_j``.
@@ -328,10 +419,11 @@ def level_histogram(Xb, w, lo, hi, nodes, pairs=None, *, bins):
     g = len(nodes)
     X = as_csr(Xb)
     rows, j, p = _local_pairs(pairs, Xb.shape[0], nodes)
+    xoff = slot_offsets(xslots, g, X.shape[1])
     out = np.zeros(g * (bins + 2))
     for c in pair_chunks(X, rows):
         jc = j[c]
-        t = node_products(X, rows[c], jc, w)
+        t = support_products(X, rows[c], jc, w, xslots, xoff, X.shape[1])
         width = (hi[jc] - lo[jc]) / bins
         k = np.floor((t - lo[jc]) / np.where(width > 0, width, 1.0)).astype(np.int64) + 1
         k = np.clip(k, 0, bins + 1)
@@ -345,7 +437,7 @@ def advance(Xb, table, W, pairs=None, *, form="code", deterministic=False, cutof
     """The block's frontier one level down: pairs at nodes just split move to their children (path
     probability times the routing probability, dropped at ``cutoff`` or below); pairs at nodes that
     stayed leaves are dropped. Returns the new frontier as a 0-d object array (a level-state block)."""
-    X = as_csr(Xb)
+    X, W = as_csr(Xb), unwrap(W)
     rows, at, p = frontier(pairs, Xb.shape[0])
     node_rows = table[at]
     split = node_rows[:, LEFT] >= 0
@@ -466,6 +558,7 @@ def tree_figures(Xb, Yb, table, W, cand_indptr, cand_indices, depth, top_labels,
         covered by the top training labels, rows routed left at the root`` then the label counts
         routed left (L) and right (L) at the root.
     """
+    W = unwrap(W)
     X, leaf, rows, _, labels, covered = _routed_labels(Xb, Yb, table, W, cand_indptr, cand_indices, form)
     L = Yb.shape[1]
     top = np.zeros(L, dtype=bool)

@@ -37,7 +37,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, check_x, dense_operand, per_block
+from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, check_x, dense_operand, per_block, whole_operand
 from ..scheduling import worker_memory_limit
 from . import _kernels as K
 
@@ -62,7 +62,7 @@ class GrownTree:
     """The arrays of a grown tree (see :class:`xmldask.tree.SpectralLabelTree` for their meaning)."""
 
     table: np.ndarray
-    W: np.ndarray
+    W: sp.csr_matrix
     depth: np.ndarray
     eigenvalue: np.ndarray
     mass: np.ndarray
@@ -78,29 +78,41 @@ class GrownTree:
 
 
 class _Tree:
-    """The tree under construction: node rows, routers, candidate lists."""
+    """The tree under construction: node rows, routers (each on its node's features), candidate lists, and
+    each frontier node's feature and label support (its parent's until its statistics pass)."""
 
-    def __init__(self, d: int):
+    def __init__(self, d: int, L: int):
         self.d = d
         self.table = [[-1, -1, -1, 0.0, 1.0]]
-        self.W: list[np.ndarray] = []
+        self.W: list[tuple[np.ndarray, np.ndarray]] = []  # (features, weights) per router
         self.depth, self.budget, self.eig, self.mass = [0], [None], [0.0], [0.0]
         self.cands: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.features = {0: np.arange(d, dtype=np.int64)}
+        self.labels = {0: np.arange(L, dtype=np.int64)}
 
-    def arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        W = np.stack(self.W).astype(np.float32) if self.W else np.zeros((1, self.d), np.float32)
-        return np.asarray(self.table, dtype=np.float64), W
+    def routers(self) -> sp.csr_matrix:
+        """``W`` as CSR float32, shape (max(n_routers, 1), d)."""
+        if not self.W:
+            return sp.csr_matrix((1, self.d), dtype=np.float32)
+        indptr = np.zeros(len(self.W) + 1, dtype=np.int64)
+        indptr[1:] = np.cumsum([len(f) for f, _ in self.W])
+        return sp.csr_matrix((np.concatenate([w for _, w in self.W]).astype(np.float32),
+                              np.concatenate([f for f, _ in self.W]), indptr), shape=(len(self.W), self.d))
 
-    def split(self, node: int, w: np.ndarray, bias: float, sigma: float) -> None:
-        self.W.append(np.asarray(w, dtype=np.float32))
+    def arrays(self) -> tuple[np.ndarray, sp.csr_matrix]:
+        return np.asarray(self.table, dtype=np.float64), self.routers()
+
+    def split(self, node: int, features: np.ndarray, w: np.ndarray, bias: float, sigma: float) -> None:
+        self.W.append((features, np.asarray(w, dtype=np.float32)))
         left, right = len(self.table), len(self.table) + 1
         self.table[node] = [left, right, len(self.W) - 1, bias, sigma]
-        for _ in range(2):
+        for child in (left, right):
             self.table.append([-1, -1, -1, 0.0, 1.0])
             self.depth.append(self.depth[node] + 1)
             self.budget.append(self.budget[node])
             self.eig.append(0.0)
             self.mass.append(0.0)
+            self.features[child], self.labels[child] = self.features[node], self.labels[node]
 
 
 class _Passes:
@@ -121,8 +133,8 @@ class _Passes:
         self.state = None  # the root's frontier: every row, p = 1
 
     def set_tree(self, tree: _Tree) -> None:
-        table, W = tree.arrays()
-        self.table, self.W = dense_operand(table, name="table"), dense_operand(W, name="W")
+        self.table = dense_operand(np.asarray(tree.table, dtype=np.float64), name="table")
+        self.W = whole_operand(tree.routers(), name="W")
 
     def advance(self, tree: _Tree) -> None:
         """Move every block's frontier one level down the nodes just split (one pass, persisted)."""
@@ -170,11 +182,6 @@ def _groups(nodes: list[int], per_node_bytes, budget: int) -> list[list[int]]:
     return groups + [current] if current else groups
 
 
-def _project(Z: np.ndarray, P: np.ndarray) -> np.ndarray:
-    """``(I - P P^T) Z`` per node: ``Z`` (g, d, r), ``P`` (g, d) unit rows."""
-    return Z - P[:, :, None] * np.einsum("gd,gdr->gr", P, Z)[:, None, :]
-
-
 def _jacobi_pcg(apply, B: np.ndarray, diag: np.ndarray, node_of: np.ndarray, *, max_iter: int,
                 tol: float) -> np.ndarray:
     """Solve ``M_j V_j = B_j`` per node ``j`` and column, Jacobi-preconditioned CG from ``V = 0``.
@@ -218,20 +225,22 @@ def _jacobi_pcg(apply, B: np.ndarray, diag: np.ndarray, node_of: np.ndarray, *, 
     return best
 
 
-def _top_eigenpairs(Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """``lambda = sqrt(top eigenvalue of Z^T Z)`` and ``w = Z v / lambda`` per node (sign: largest entry > 0)."""
-    g, d, _ = Z.shape
-    lam, W = np.zeros(g), np.zeros((g, d))
+def _top_eigenpairs(Z: np.ndarray, bounds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``lambda = sqrt(top eigenvalue of Z_j^T Z_j)`` and ``w = Z_j v / lambda`` per node, node ``j`` the rows
+    ``bounds[j]:bounds[j + 1]`` of ``Z`` (sign: largest entry > 0); ``W`` flat like ``Z``'s rows."""
+    g = len(bounds) - 1
+    lam, W = np.zeros(g), np.zeros(Z.shape[0])
     for j in range(g):
-        vals, vecs = np.linalg.eigh(Z[j].T @ Z[j])
+        Zj = Z[bounds[j]:bounds[j + 1]]
+        vals, vecs = np.linalg.eigh(Zj.T @ Zj)
         mu = vals[-1]
         if not mu > 0:
             continue
         lam[j] = math.sqrt(mu)
-        w = Z[j] @ vecs[:, -1]
+        w = Zj @ vecs[:, -1]
         w /= np.linalg.norm(w)
         lam[j] = lam[j] if np.isfinite(w).all() else 0.0
-        W[j] = w * np.sign(w[np.argmax(np.abs(w))])
+        W[bounds[j]:bounds[j + 1]] = w * np.sign(w[np.argmax(np.abs(w))])
     return lam, W
 
 
@@ -339,7 +348,7 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
     passes = _Passes(X, Y, form=sigma, deterministic=routing == "deterministic", cutoff=cutoff,
                      split_every=split_every)
     passes.n_passes = extra_passes
-    tree = _Tree(d)
+    tree = _Tree(d, L)
     tree.budget[0] = int(leaf_labels)
     root_mass = None
     levels = []
@@ -350,28 +359,33 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
         if depth:
             passes.advance(tree)
         splittable, stats = [], {}
-        for group in _groups(frontier, (1 + d + L) * 8, memory_budget):
-            s = passes.run(K.level_stats, {}, group, (len(group), 1 + d + L))
-            for j, node in enumerate(group):
-                stats[node] = (s[j, 0], s[j, 1:1 + d], s[j, 1 + d:])
+        sizes = [(1 + 2 * len(tree.features[node]) + len(tree.labels[node])) * 8 for node in frontier]
+        for group in _groups(frontier, sizes, memory_budget):
+            stats.update(_level_stats(passes, tree, group))
         if depth == 0:
-            root_mass = stats[0][2].copy()
+            root_mass = np.zeros(L)
+            root_mass[stats[0].labels] = stats[0].mass
         for node in frontier:
-            m, _, mass = stats[node]
-            tree.mass[node] = m
-            cands = _candidates(mass, tree.budget[node], recall)
+            st = stats[node]
+            tree.mass[node] = st.m
+            tree.features[node], tree.labels[node] = st.features, st.labels  # what its children inherit
+            at = _candidates(st.mass, tree.budget[node], recall)
+            cands = st.labels[at]
             tree.budget[node] = len(cands)  # s_node = min(s_parent, k): the children's inherited budget
-            tree.cands[node] = (cands, mass[cands])
-            if depth < max_depth and len(cands) >= leaf_labels and m > 0 and np.linalg.norm(stats[node][1]) > 0:
+            tree.cands[node] = (cands, st.mass[at])
+            if depth < max_depth and len(cands) >= leaf_labels and st.m > 0 and np.linalg.norm(st.mu) > 0:
                 splittable.append(node)
-        # a node's partial sums: Z (d x r), T at its labels with mass (slots x r), a median histogram
-        per_node = [(d + np.count_nonzero(stats[node][2])) * block_size * 8 + (MEDIAN_BINS + 2) * 8
+        # a node's partial sums: Z on its features, T on its labels (x r each), a median histogram
+        per_node = [(len(stats[node].features) + len(stats[node].labels)) * block_size * 8 + (MEDIAN_BINS + 2) * 8
                     for node in splittable]
         next_frontier = []
         for group in _groups(splittable, per_node, memory_budget):
             next_frontier += _learn_group(passes, tree, group, stats, task=task, block_size=block_size,
                                           n_power_iter=n_power_iter, cg_max_iter=cg_max_iter, R=R, sigma=sigma,
                                           seed=seed, L=L, memory_budget=memory_budget)
+        for node in frontier:
+            if node not in next_frontier:  # a leaf: its supports are no longer needed
+                tree.features.pop(node, None), tree.labels.pop(node, None)
         levels.append({"depth": depth, "nodes": len(frontier), "split": len(next_frontier) // 2,
                        "passes": passes.n_passes, "seconds": round(time.perf_counter() - start, 3)})
         logger.info("tree level %d: %d nodes, %d split (%d passes so far)", depth, len(frontier),
@@ -395,27 +409,76 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
                      seconds=time.perf_counter() - start, levels=levels)
 
 
+@dataclass
+class _NodeStats:
+    """A frontier node's statistics pass: its weight ``m``, its features (those of its rows) with ``mu = sum p x``
+    on them, and its labels with mass (ascending) with their masses."""
+
+    m: float
+    features: np.ndarray
+    mu: np.ndarray
+    labels: np.ndarray
+    mass: np.ndarray
+
+
+def _slots(supports: list[np.ndarray], width: int) -> np.ndarray:
+    """Sorted keys ``j width + i`` of the group's supports (local node ``j``, its sorted ids ``i``)."""
+    if not supports:
+        return np.zeros(0, np.int64)
+    return np.concatenate([j * width + np.asarray(ids, dtype=np.int64) for j, ids in enumerate(supports)])
+
+
+def _level_stats(passes: _Passes, tree: _Tree, group: list[int]) -> dict[int, _NodeStats]:
+    """One statistics pass for a group of frontier nodes, on the supports they inherited; each node's own."""
+    d, L, g = tree.d, passes.Y.shape[1], len(group)
+    fsup, lsup = [tree.features[node] for node in group], [tree.labels[node] for node in group]
+    fslots, lslots = _slots(fsup, d), _slots(lsup, L)
+    nf = len(fslots)
+    s = passes.run(K.level_stats, {"fslots": fslots, "lslots": lslots}, group, (g + 2 * nf + len(lslots),))
+    mu, a, mass = s[g:g + nf], s[g + nf:g + 2 * nf], s[g + 2 * nf:]
+    fo, lo = np.cumsum([0] + [len(f) for f in fsup]), np.cumsum([0] + [len(f) for f in lsup])
+    out = {}
+    for j, node in enumerate(group):
+        on = a[fo[j]:fo[j + 1]] > 0
+        has = mass[lo[j]:lo[j + 1]] > 0
+        out[node] = _NodeStats(m=float(s[j]), features=fsup[j][on], mu=mu[fo[j]:fo[j + 1]][on], labels=lsup[j][has],
+                               mass=mass[lo[j]:lo[j + 1]][has])
+    return out
+
+
 def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *, task, block_size, n_power_iter,
                  cg_max_iter, R, sigma, seed, L, memory_budget) -> list[int]:
-    """Learn the routers of a group of nodes of one level (shared passes); split them; new node ids."""
-    g = len(group)
-    mu = np.stack([stats[node][1] for node in group])
-    P = mu / np.linalg.norm(mu, axis=1, keepdims=True)
-    S = np.stack([stats[node][2] for node in group])
-    d = mu.shape[1]
+    """Learn the routers of a group of nodes of one level (shared passes); split them; new node ids.
 
+    Every node's vectors live on its slots: ``Q``, ``Z`` and ``w`` on its features, ``T``, ``V`` and the CG
+    vectors on its labels with mass.
+    """
+    g, d = len(group), tree.d
+    st = [stats[node] for node in group]
+    # the (node, feature) slots: the node's rows' features
+    xslots = _slots([s.features for s in st], d)
+    sizes = np.array([len(s.features) for s in st])
+    bounds = np.concatenate([[0], np.cumsum(sizes)])
+    x_node = np.repeat(np.arange(g), sizes)
+    x_sum = sp.csr_matrix((np.ones(len(x_node)), (x_node, np.arange(len(x_node)))), shape=(g, len(x_node)))
+    mu = np.concatenate([s.mu for s in st])
+    P = mu / np.sqrt(x_sum @ (mu * mu))[x_node]
     # the (node, label) slots with label mass: T, V and the CG vectors live there, not on g x L
-    slots = np.flatnonzero(S.ravel() > 0)
-    node_of, S_slot = slots // L, S.ravel()[slots]
+    slots = _slots([s.labels for s in st], L)
+    node_of = np.repeat(np.arange(g), [len(s.labels) for s in st])
+    S_slot = np.concatenate([s.mass for s in st])
 
     label_gram = None if task == "multiclass" else _label_gram(passes, group, slots, node_of, memory_budget)
+
+    def project(Z):  # (I - P P^T) Z per node
+        return Z - P[:, None] * (x_sum @ (P[:, None] * Z))[x_node]
 
     def apply(Q):
         # (I - PP^T) A (I - PP^T) Q: projecting the input too keeps the operator symmetric, so a
         # rank-deficient A (a node with fewer labels than block_size) cannot leak A P into the Ritz values
-        Q = _project(Q, P)
-        r = Q.shape[2]
-        T = passes.run(K.level_yt_x, {"Omega": Q, "slots": slots}, group, (len(slots), r))
+        Q = project(Q)
+        r = Q.shape[1]
+        T = passes.run(K.level_yt_x, {"Omega": Q, "xslots": xslots, "slots": slots}, group, (len(slots), r))
         if task == "multiclass":
             V = T / np.maximum(S_slot, 1.0)[:, None]
         else:
@@ -424,15 +487,24 @@ def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *,
                           lambda M: passes.run(K.level_yt_y, {"V": M, "slots": slots}, group, (len(slots), r)))
             V = _jacobi_pcg(gram_times, T, np.maximum(S_slot, passes.static["cutoff"]), node_of, max_iter=cg_max_iter,
                             tol=tol)
-        return _project(passes.run(K.level_xt_y, {"V": V, "slots": slots}, group, (g, d, r)), P)
+        return project(passes.run(K.level_xt_y, {"V": V, "slots": slots, "xslots": xslots}, group,
+                                  (len(xslots), r)))
+
+    def orthonormal(Z):  # each node's block by QR (zero columns past a node's feature count)
+        out = np.zeros_like(Z)
+        for j in range(g):
+            q = np.linalg.qr(Z[bounds[j]:bounds[j + 1]])[0]
+            out[bounds[j]:bounds[j + 1], :q.shape[1]] = q
+        return out
 
     r = min(block_size, d)
-    Omega = np.stack([np.random.default_rng([seed, node]).standard_normal((d, r)) for node in group])
+    Omega = np.concatenate([np.random.default_rng([seed, node]).standard_normal((n, r))
+                            for node, n in zip(group, sizes)])
     Z = apply(Omega)
     for _ in range(n_power_iter):
-        Z = apply(np.stack([np.linalg.qr(Z[j])[0] for j in range(g)]))
-    lam, Wg = _top_eigenpairs(Z)
-    bias = _weighted_median(passes, group, Wg, R)
+        Z = apply(orthonormal(Z))
+    lam, Wg = _top_eigenpairs(Z, bounds)
+    bias = _weighted_median(passes, group, Wg, xslots, R)
     new = []
     for j, node in enumerate(group):
         m = tree.mass[node]
@@ -440,7 +512,7 @@ def _learn_group(passes: _Passes, tree: _Tree, group: list[int], stats: dict, *,
         if not lam[j] > 0:
             continue
         width = math.sqrt(lam[j] / m) if sigma == "code" else lam[j] / m
-        tree.split(node, Wg[j], bias[j], width)
+        tree.split(node, st[j].features, Wg[bounds[j]:bounds[j + 1]], bias[j], width)
         new += [int(tree.table[node][K.LEFT]), int(tree.table[node][K.RIGHT])]
     return new
 
@@ -467,13 +539,14 @@ def _label_gram(passes: _Passes, group: list[int], slots: np.ndarray, node_of: n
     return sp.block_diag(blocks, format="csr") if blocks else sp.csr_matrix((0, 0))
 
 
-def _weighted_median(passes: _Passes, group: list[int], Wg: np.ndarray, R: float) -> np.ndarray:
-    """Weighted median of ``w_j^T x`` per node by histogram refinement (``MEDIAN_PASSES`` passes):
-    the upper edge of the final bin where the cumulative weight first exceeds half."""
+def _weighted_median(passes: _Passes, group: list[int], Wg: np.ndarray, xslots: np.ndarray, R: float) -> np.ndarray:
+    """Weighted median of ``w_j^T x`` per node (``Wg`` on the feature slots ``xslots``) by histogram
+    refinement (``MEDIAN_PASSES`` passes): the upper edge of the final bin where the cumulative weight first
+    exceeds half."""
     g = len(group)
     lo, hi = np.full(g, -R * (1 + 1e-9) - 1e-300), np.full(g, R * (1 + 1e-9) + 1e-300)
     for _ in range(MEDIAN_PASSES):
-        h = passes.run(K.level_histogram, {"w": Wg, "lo": lo, "hi": hi}, group, (g, MEDIAN_BINS + 2),
+        h = passes.run(K.level_histogram, {"w": Wg, "lo": lo, "hi": hi, "xslots": xslots}, group, (g, MEDIAN_BINS + 2),
                        labels=False, static={"bins": MEDIAN_BINS})
         half = h.sum(axis=1) / 2
         cum = np.cumsum(h, axis=1)

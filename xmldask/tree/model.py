@@ -5,17 +5,18 @@ from __future__ import annotations
 import dask
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
 
 from ..base import NotFittedError, ParamsMixin, as_rows
-from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, dense_operand, per_block
+from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, dense_operand, per_block, whole_operand
 from ..store.models import SavedModel
 from . import _kernels as K
 from .growth import grow_tree
 
 __all__ = ["TREE_VERSION", "SpectralLabelTree"]
 
-#: version of the tree's saved form
-TREE_VERSION = 1
+#: version of the tree's saved form (2: ``W`` as CSR; version 1's dense ``W`` still loads)
+TREE_VERSION = 2
 
 
 class SpectralLabelTree(SavedModel, ParamsMixin):
@@ -53,7 +54,8 @@ class SpectralLabelTree(SavedModel, ParamsMixin):
     ----------
     table_ : ndarray, shape (n_nodes, 5)
         ``left, right, router, bias, sigma`` per node (children ``-1`` at a leaf); node 0 is the root.
-    W_ : ndarray of float32, shape (n_routers, n_features)
+    W_ : scipy.sparse.csr_matrix of float32, shape (n_routers, n_features)
+        The routers, each on its node's features (the features of the training rows that reached it).
     depth_, eigenvalue_, mass_ : ndarray, shape (n_nodes,)
         Depth, ``lambda`` and training mass ``m`` of every node.
     cand_indptr_, cand_indices_, cand_scores_ : ndarray
@@ -69,6 +71,7 @@ class SpectralLabelTree(SavedModel, ParamsMixin):
     """
 
     _MODEL_VERSION = TREE_VERSION
+    _EARLIER_VERSIONS = (1,)
     _ARRAYS = ("table", "W", "depth", "eigenvalue", "mass", "cand_indptr", "cand_indices", "cand_scores",
                "root_label_mass", "top_labels")
     _SCALARS = ("task", "n_passes", "n_orphans", "fit_seconds", "levels", "n_features_in", "n_labels")
@@ -115,7 +118,7 @@ class SpectralLabelTree(SavedModel, ParamsMixin):
 
     def _tree_operands(self) -> list:
         return [("table", dense_operand(self.table_, name="table"), WHOLE),
-                ("W", dense_operand(self.W_, name="W"), WHOLE)]
+                ("W", whole_operand(self.W_, name="W"), WHOLE)]
 
     def _cand_operands(self) -> list:
         return [(name, dense_operand(getattr(self, name + "_"), name=name), WHOLE)
@@ -214,5 +217,6 @@ class SpectralLabelTree(SavedModel, ParamsMixin):
         """The saved tree, with ``meta_`` = its store's ``xmldask`` attribute (for example the training data's
         URL and fingerprint, given to :meth:`save` as ``meta``)."""
         tree = super()._from_group(group, meta)
+        tree.W_ = sp.csr_matrix(tree.W_, dtype=np.float32)  # version 1: dense
         tree.meta_ = meta
         return tree
