@@ -293,6 +293,32 @@ def test_train_job_ensemble_after_a_search(data, capsys):
     assert len(load_model(cli_url).estimators_) == 2
 
 
+def test_train_job_holds_small_training_rows_in_memory_for_its_fits(data, monkeypatch):
+    """A search and an ensemble on rows that fit the workers' memory read the store once (persisted rows,
+    no store reader), and make the model that reading it at every pass makes."""
+    from xmldask.store.csr import block_reader
+
+    root, train = data
+    from_store = []
+    search_fit = HeldOutSearch.fit
+
+    def fit(self, X, Y):
+        from_store.append(block_reader(X) is not None)
+        return search_fit(self, X, Y)
+
+    monkeypatch.setattr(HeldOutSearch, "fit", fit)
+    kw = dict(k=8, kernel="none", seed=3, max_epochs=1, n_estimators=2, search={"alpha": [1e-3, 10.0]},
+              search_extensions=0)
+    held = load_model(jobs.train(train, str(root / "held.zarr"), **kw)["model"])
+    monkeypatch.setattr(jobs, "IN_MEMORY_SHARE", 0.0)
+    read = load_model(jobs.train(train, str(root / "read.zarr"), **kw)["model"])
+    assert from_store == [False, True]
+    X = open_dataset(train).X
+    (a_labels, a_scores), (b_labels, b_scores) = (dask.compute(*m.predict_topk(X, k=3)) for m in (held, read))
+    np.testing.assert_array_equal(a_labels, b_labels)
+    np.testing.assert_allclose(a_scores, b_scores, rtol=1e-6)
+
+
 def test_screen_repeats_score_a_setting_by_the_mean_over_splits(data):
     """screen_repeats=3: a screened setting's figures are the mean of three fits on other held-out splits
     (seeds drawn from the template's), computed here one by one; full fits are made once."""

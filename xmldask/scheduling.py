@@ -12,8 +12,8 @@ import sys
 import dask
 from dask.base import get_scheduler
 
-__all__ = ["concurrent_fits", "current_client", "parallelism", "release_worker_memory", "thread_map",
-           "worker_memory_limit"]
+__all__ = ["concurrent_fits", "current_client", "memory_for_data", "parallelism", "release_worker_memory",
+           "thread_map", "worker_memory_limit"]
 
 
 def current_client():
@@ -76,6 +76,19 @@ def worker_memory_limit() -> int | None:
     limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
     limits = [int(limit) for limit in limits if limit > 0]
     return min(limits) if limits else None
+
+
+def memory_for_data() -> int:
+    """Bytes the workers of the current scheduler hold at most: the sum of the ``distributed`` workers'
+    memory limits, or this machine's memory (no client, or a worker without a limit)."""
+    import psutil
+
+    client = current_client()
+    if client is not None:
+        limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
+        if limits and all(limit > 0 for limit in limits):
+            return int(sum(limits))
+    return int(psutil.virtual_memory().total)
 
 
 def _trim_heap() -> None:
