@@ -383,9 +383,8 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
             next_frontier += _learn_group(passes, tree, group, stats, task=task, block_size=block_size,
                                           n_power_iter=n_power_iter, cg_max_iter=cg_max_iter, R=R, sigma=sigma,
                                           seed=seed, L=L, memory_budget=memory_budget)
-        for node in frontier:
-            if node not in next_frontier:  # a leaf: its supports are no longer needed
-                tree.features.pop(node, None), tree.labels.pop(node, None)
+        for node in frontier:  # its children hold what they inherit
+            del tree.features[node], tree.labels[node]
         levels.append({"depth": depth, "nodes": len(frontier), "split": len(next_frontier) // 2,
                        "passes": passes.n_passes, "seconds": round(time.perf_counter() - start, 3)})
         logger.info("tree level %d: %d nodes, %d split (%d passes so far)", depth, len(frontier),
