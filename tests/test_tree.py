@@ -643,6 +643,33 @@ def test_job_refuses_a_label_without_training_rows_before_any_pass_or_grows_with
     assert 4 not in tree.cand_indices_ and set(tree.cand_indices_) <= {0, 1, 2, 3}
 
 
+def test_tree_jobs_hold_small_training_rows_in_memory(tmp_path, monkeypatch):
+    """The tree job and the tree classifier's job fit on persisted rows when they are small (no store reader),
+    and make what reading the store at every pass makes."""
+    from xmldask import jobs
+    from xmldask.datasets import make_synthetic
+    from xmldask.models.tree_classifier import TreeClassifier
+    from xmldask.store.csr import block_reader
+
+    train = make_synthetic(str(tmp_path / "train.zarr"), n_samples=900, n_features=60, n_labels=12, seed=3,
+                           block_rows=300).url
+    from_store = []
+    for cls in (SpectralLabelTree, TreeClassifier):
+        monkeypatch.setattr(cls, "fit", lambda self, X, Y, _fit=cls.fit: from_store.append(
+            block_reader(X) is not None) or _fit(self, X, Y))
+    trees, models = [], []
+    for share in (jobs.IN_MEMORY_SHARE, 0.0):
+        monkeypatch.setattr(jobs, "IN_MEMORY_SHARE", share)
+        tree = jobs.tree(train, str(tmp_path / f"tree-{share}.zarr"), depth=3, leaf_labels=3, seed=0)["tree"]
+        model = jobs.train(train, str(tmp_path / f"clf-{share}.zarr"), tree=tree, k=4, max_epochs=2)["model"]
+        trees.append(SpectralLabelTree.load(tree))
+        models.append(TreeClassifier.load(model))
+    assert from_store == [False, False, True, True]
+    np.testing.assert_allclose(trees[0].W_.toarray(), trees[1].W_.toarray(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(trees[0].cand_indices_, trees[1].cand_indices_)
+    np.testing.assert_allclose(models[0].U_, models[1].U_, rtol=1e-5, atol=1e-6)
+
+
 def test_memory_budget_follows_the_workers_memory_limit():
     assert default_memory_budget() == MEMORY_BUDGET  # no cluster
     with cluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="256MiB", dashboard_address=None):
