@@ -142,7 +142,7 @@ def test_multiclass_tree_matches_exact_reference(dtype, routing):
 
 
 @pytest.mark.parametrize("routing", ["fractional", "deterministic"])
-def test_tree_on_sparse_features_keeps_each_node_on_its_own_features(routing):
+def test_tree_on_sparse_features_keeps_each_node_on_its_own_features(routing, monkeypatch):
     """Classes in four groups, each group's rows nonzero on its own 10 of 40 features: nodes below the root
     hold a part of the features (deterministic routing; fractional routing keeps every row in every node to
     depth 3 here), and their routers (learned on those features alone) are the exact ones."""
@@ -164,9 +164,15 @@ def test_tree_on_sparse_features_keeps_each_node_on_its_own_features(routing):
     stats = K.level_stats(Xz[features_of_row == 0], sp.csr_matrix(Yd[features_of_row == 0]), np.arange(40),
                           np.arange(16), [0])
     np.testing.assert_array_equal(np.flatnonzero(stats[1 + 40:1 + 80]), list(range(10)) + [39])
+    # ... and so do routers routed as CSR (text data's; small ones are routed dense)
+    import xmldask.tree.growth as growth
+
+    monkeypatch.setattr(growth, "DENSE_ROUTERS_BYTES", 0)
+    Xz = da.from_array(Xz, chunks=(_chunks(len(Xd)), -1), asarray=False)
     stored = SpectralLabelTree(max_depth=3, leaf_labels=3, n_power_iter=40, routing=routing, orphan_repair=False,
-                               random_state=1).fit(da.from_array(Xz, chunks=(_chunks(len(Xd)), -1), asarray=False), Y)
+                               random_state=1).fit(Xz, Y)
     np.testing.assert_allclose(stored.W_.toarray(), tree.W_.toarray(), atol=1e-5)
+    np.testing.assert_array_equal(stored.route(Xz).compute(), tree.route(X).compute())
     ref = _reference_tree(Xd, Yd, max_depth=3, leaf_labels=3, deterministic=routing == "deterministic",
                           routers=tree)
     _compare(tree, ref, np.linalg.norm(Xd.astype(float), axis=1).max())

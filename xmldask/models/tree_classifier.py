@@ -32,6 +32,7 @@ from ..base import NotFittedError, ParamsMixin, as_rows
 from ..linalg.passes import ROWS, WHOLE, gram, per_block, whole_operand
 from ..store.models import SavedModel
 from ..tree import leaf_of, route_pairs, rows_by_node
+from ..tree.growth import router_operand, routing_routers
 from ..tree.model import SpectralLabelTree
 from . import _kernels as MK
 
@@ -165,12 +166,13 @@ class TreeClassifier(SavedModel, ParamsMixin):
         steps = _RowHeavyBall(U, self.momentum) if sparse_rows else _DenseHeavyBall(U, self.momentum)
         mV, mb = np.zeros_like(V), np.zeros_like(b)
         eta = float(self.learning_rate)
+        W = routing_routers(self.W_)
         for epoch in range(int(self.n_epochs)):
             loss_sum = rows_used = rows_seen = 0
             for Xd, Yd in blocks:
                 Xb, Yb = dask.compute(Xd, Yd)
                 Xb, Yb = sp.csr_matrix(Xb), sp.csr_matrix(Yb)
-                rows, leaf, _ = route_pairs(Xb, self.table_, self.W_, form=self.sigma_form_,
+                rows, leaf, _ = route_pairs(Xb, self.table_, W, form=self.sigma_form_,
                                                deterministic=self.routing == "deterministic",
                                                rng=rng if self.routing == "randomized" else None)
                 rows_seen += Xb.shape[0]
@@ -254,7 +256,8 @@ class TreeClassifier(SavedModel, ParamsMixin):
         X = self._rows(X)
         k = self._checked_k(k)
         whole = {name: getattr(self, name + "_") for name in self._ARRAYS}
-        operands = [("Xb", X, ROWS)] + [(n, whole_operand(v, name=n), WHOLE) for n, v in whole.items()]
+        operands = [("Xb", X, ROWS)] + [(n, router_operand(v) if n == "W" else whole_operand(v, name=n), WHOLE)
+                                        for n, v in whole.items()]
         packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="tree-classifier-topk",
                             stack=False, static={"k": k, "form": self.sigma_form_, "task": self.task_,
                                                  "per_leaf": bool(self.per_leaf)})
@@ -445,7 +448,8 @@ class CandidateScorer(ParamsMixin):
                  "table": self.tree.table_, "W": self.tree.W_, "cand_indptr": self.tree.cand_indptr_,
                  "cand_indices": self.tree.cand_indices_}
         operands = [("Xb", X, ROWS), ("Fb", F, ROWS)]
-        operands += [(n, whole_operand(v, name=n), WHOLE) for n, v in whole.items() if v is not None]
+        operands += [(n, router_operand(v) if n == "W" else whole_operand(v, name=n), WHOLE)
+                     for n, v in whole.items() if v is not None]
         packed = per_block(_candidate_topk_block, operands, tail=(2 * k,), dtype=np.float64,
                             token="candidate-scorer-topk", stack=False, static={"k": k, "form": self.tree.sigma})
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)

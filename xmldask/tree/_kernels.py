@@ -264,6 +264,11 @@ def local_columns(Xs: sp.csr_matrix, support: np.ndarray) -> sp.csr_matrix:
                          shape=(Xs.shape[0], len(support)))
 
 
+def _on_support(Xs: sp.csr_matrix, support: np.ndarray) -> sp.csr_matrix:
+    """:func:`local_columns`, or ``Xs`` itself when ``support`` is every column."""
+    return Xs if len(support) == Xs.shape[1] else local_columns(Xs, support)
+
+
 def _to_slots(keys: np.ndarray, slots: np.ndarray, what: str) -> np.ndarray:
     """Positions of ``keys`` in the sorted ``slots``; every key must be one (a node's rows use only the
     features and labels of its parent's rows)."""
@@ -292,7 +297,7 @@ def support_products(X: sp.csr_matrix, rows: np.ndarray, key: np.ndarray, M: np.
     out = np.empty((len(rows),) + M.shape[1:])
     for k, a, b in _segments(key):
         lo, hi = offsets[k], offsets[k + 1]
-        local = local_columns(X[rows[a:b]], slots[lo:hi] - k * width)
+        local = _on_support(X[rows[a:b]], slots[lo:hi] - k * width)
         out[a:b] = np.asarray(local @ M[lo:hi].astype(np.float64, copy=False)).reshape(out[a:b].shape)
     return out
 
@@ -371,7 +376,7 @@ def level_xt_y(Xb, Yb, V, slots, xslots, nodes, pairs=None):
         rc = rows[c]
         for k, a, b in _segments(j[c]):
             lo, hi = xoff[k], xoff[k + 1]
-            out[lo:hi] += np.asarray(local_columns(X[rc[a:b]], xslots[lo:hi] - k * d).T @ yv[a:b])
+            out[lo:hi] += np.asarray(_on_support(X[rc[a:b]], xslots[lo:hi] - k * d).T @ yv[a:b])
     return out
 
 

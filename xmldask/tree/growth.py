@@ -124,8 +124,9 @@ class _Passes:
     the whole tree (``nodes=None``) routes from the root with the tree shipped once.
     """
 
-    def __init__(self, X, Y, *, form, deterministic, cutoff, split_every):
+    def __init__(self, X, Y, *, form, deterministic, cutoff, split_every, dense_bytes):
         self.X, self.Y = X, Y
+        self.dense_bytes = dense_bytes
         self.static = {"form": form, "deterministic": deterministic, "cutoff": cutoff}
         self.split_every = split_every
         self.n_passes = 0
@@ -134,7 +135,7 @@ class _Passes:
 
     def set_tree(self, tree: _Tree) -> None:
         self.table = dense_operand(np.asarray(tree.table, dtype=np.float64), name="table")
-        self.W = whole_operand(tree.routers(), name="W")
+        self.W = router_operand(tree.routers(), min(self.dense_bytes, DENSE_ROUTERS_BYTES))
 
     def advance(self, tree: _Tree) -> None:
         """Move every block's frontier one level down the nodes just split (one pass, persisted)."""
@@ -160,6 +161,24 @@ class _Passes:
         self.n_passes += 1
         return block_sum(kernel, operands, tail=tail, dtype=np.float64, token=f"tree-{kernel.__name__}", static=kw,
                          split_every=self.split_every).compute()
+
+
+#: routers are routed with as a dense array up to this size (a dense gather routes about 5x faster than
+#: a sparse lookup), as CSR beyond (text data: each router on its node's features)
+DENSE_ROUTERS_BYTES = 1 << 26
+
+
+def routing_routers(W, dense_bytes: int | None = None):
+    """``W`` (dense or CSR) in the form routing takes: dense up to ``dense_bytes`` (default
+    :data:`DENSE_ROUTERS_BYTES`), else CSR."""
+    if W.shape[0] * W.shape[1] * 4 <= (DENSE_ROUTERS_BYTES if dense_bytes is None else dense_bytes):
+        return W.toarray() if sp.issparse(W) else np.asarray(W)
+    return sp.csr_matrix(W)
+
+
+def router_operand(W, dense_bytes: int | None = None):
+    """The routers as a whole operand, in :func:`routing_routers`' form."""
+    return whole_operand(routing_routers(W, dense_bytes), name="W")
 
 
 def default_memory_budget() -> int:
@@ -346,7 +365,7 @@ def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float
     task = _task(Y) if task == "auto" else task
     R = _max_row_norm(X)
     passes = _Passes(X, Y, form=sigma, deterministic=routing == "deterministic", cutoff=cutoff,
-                     split_every=split_every)
+                     split_every=split_every, dense_bytes=memory_budget)
     passes.n_passes = extra_passes
     tree = _Tree(d, L)
     tree.budget[0] = int(leaf_labels)

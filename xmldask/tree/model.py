@@ -8,10 +8,10 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..base import NotFittedError, ParamsMixin, as_rows
-from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, dense_operand, per_block, whole_operand
+from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, dense_operand, per_block
 from ..store.models import SavedModel
 from . import _kernels as K
-from .growth import grow_tree
+from .growth import grow_tree, router_operand
 
 __all__ = ["TREE_VERSION", "SpectralLabelTree"]
 
@@ -118,7 +118,7 @@ class SpectralLabelTree(SavedModel, ParamsMixin):
 
     def _tree_operands(self) -> list:
         return [("table", dense_operand(self.table_, name="table"), WHOLE),
-                ("W", whole_operand(self.W_, name="W"), WHOLE)]
+                ("W", router_operand(self.W_), WHOLE)]
 
     def _cand_operands(self) -> list:
         return [(name, dense_operand(getattr(self, name + "_"), name=name), WHOLE)
