@@ -766,3 +766,17 @@ def test_in_memory_rows_and_label_blocks_are_canonical_copies():
     np.testing.assert_array_equal(S.toarray(), expected)
     for array, copy in zip((A.data, A.indices, A.indptr, Y.data, Y.indices, Y.indptr), before + saved):
         np.testing.assert_array_equal(array, copy)
+
+
+@pytest.mark.parametrize("source", ["memory", "store"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
+def test_row_gram_matches_numpy(source, dtype, stores):
+    """``X X^T`` block by block (uneven row blocks, both ways), in float64 from float32 rows when asked."""
+    inputs = _inputs(source, dtype, stores)
+    want = DATA.A.astype(dtype).astype(np.float64) @ DATA.A.astype(dtype).astype(np.float64).T
+    K = passes.row_gram(inputs.X)
+    assert K.shape == (N, N) and K.chunks == (inputs.X.chunks[0],) * 2 and K.dtype == np.float64
+    np.testing.assert_allclose(K.compute(), want.toarray(), rtol=1e-12, atol=1e-12)
+    K32 = passes.row_gram(inputs.X, dtype=np.float32).compute()
+    assert K32.dtype == np.float32
+    np.testing.assert_allclose(K32, want.toarray(), rtol=1e-5, atol=1e-5 * np.abs(want).max())

@@ -73,7 +73,7 @@ CASE_IDS = [f"{'weighted' if w else 'unweighted'}-{'centred' if c else 'raw'}" f
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 @pytest.mark.parametrize(("weighted", "center"), CASES, ids=CASE_IDS)
-@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+@pytest.mark.parametrize("solver", ["cholesky", "cg", "dual"])
 def test_matches_reference(solver, weighted, center, dtype):
     weights = W if weighted else None
     Zref, bref, lam, kappa = _reference(A, B, ALPHA, weights, center)
@@ -93,8 +93,8 @@ def test_matches_reference(solver, weighted, center, dtype):
         assert res.intercept is None
     assert res.converged
     assert np.all(res.relative_residual <= (tol if solver == "cg" else 100 * (N + D) * eps))
-    if solver == "cholesky":
-        assert (res.n_passes, res.n_iter) == (1, 0)
+    if solver != "cg":
+        assert (res.n_passes, res.n_iter) == ({"cholesky": 1, "dual": 2}[solver], 0)
     else:
         assert res.n_passes == res.n_iter + 1 and 1 <= res.n_iter <= 200
 
@@ -158,7 +158,7 @@ def test_columns_converge_independently():
     _assert_close(res.coef, _reference(A, B0, ALPHA)[0], 1e-7, "coef")
 
 
-@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+@pytest.mark.parametrize("solver", ["cholesky", "cg", "dual"])
 def test_sparse_and_lazy_right_hand_sides(solver, tmp_path):
     """B = Y (sparse row blocks) and B = Y Q (lazy, computed per block inside the pass), from stores."""
     X = open_csr(write_csr(str(tmp_path / "x.zarr"), A.astype(np.float32), block_rows=128))
@@ -167,7 +167,8 @@ def test_sparse_and_lazy_right_hand_sides(solver, tmp_path):
     for rhs, dense_rhs in ((Ys, Y), (x_q(Ys, Q), Y @ Q)):
         Zref, bref, _, kappa = _reference(A, dense_rhs, ALPHA, center=True)
         res = ridge_lstsq(X, rhs, ALPHA, solver=solver, center=True, tol=1e-6, max_iter=200)
-        assert res.coef.dtype == np.float32 and res.n_passes == (1 if solver == "cholesky" else res.n_iter + 1)
+        assert res.coef.dtype == np.float32
+        assert res.n_passes == {"cholesky": 1, "dual": 2, "cg": res.n_iter + 1}[solver]
         _assert_close(res.coef, Zref, kappa * 1e-4, "coef")
         _assert_close(res.intercept, bref, kappa * 1e-3, "intercept")
 
@@ -180,10 +181,35 @@ def test_vector_right_hand_side():
     np.testing.assert_allclose(res.intercept, bref[0], rtol=1e-9)
 
 
-def test_auto_picks_by_feature_count(monkeypatch):
+def test_auto_picks_by_feature_and_row_count(monkeypatch):
     assert ridge_lstsq(_x(np.float64), B, ALPHA).solver == "cholesky"
     monkeypatch.setattr(solvers, "MAX_GRAM_FEATURES", D - 1)
+    assert ridge_lstsq(_x(np.float64), B, ALPHA).solver == "dual"
+    monkeypatch.setattr(solvers, "MAX_DUAL_ROWS", N - 1)
     assert ridge_lstsq(_x(np.float64), B, ALPHA, max_iter=2).solver == "cg"
+
+
+def test_dual_with_lazy_weights_and_right_hand_side_between_them():
+    """The classifier's call: ``B = Y Q`` and the weights both lazy, one row block each way (the dual computes the
+    rows' Gram matrix, ``B`` and the weights; dask 2026.8 returned a Delayed between two arrays out of order)."""
+    Ys = da.from_array(Y.astype(np.float32), chunks=(BLOCKS, -1), asarray=False)
+    Q = np.random.default_rng(1).standard_normal((Y.shape[1], 3)).astype(np.float32)
+    w = da.from_array(W, chunks=(BLOCKS,)).map_blocks(lambda b: b * 1.0, dtype=np.float64)
+    res = ridge_lstsq(_x(np.float32), x_q(Ys, Q), ALPHA, solver="dual", weights=w, center=True)
+    Zref, bref, _, kappa = _reference(A, Y @ Q, ALPHA, W, True)
+    _assert_close(res.coef, Zref, kappa * 1e-5, "coef")
+    _assert_close(res.intercept, bref, kappa * 1e-4, "intercept")
+
+
+def test_dual_uses_only_the_rows_of_positive_weight():
+    """Zero-weight rows (the held-out rows of a fit) leave the dual system: the same solution as without them."""
+    w = W.copy()
+    w[::3] = 0
+    keep = w > 0
+    res = ridge_lstsq(_x(np.float64), B, ALPHA, solver="dual", weights=w, center=True)
+    Zref, bref, _, _ = _reference(A[keep], B[keep], ALPHA, w[keep], True)
+    np.testing.assert_allclose(res.coef, Zref, rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(res.intercept, bref, rtol=1e-8)
 
 
 def test_same_answer_for_any_chunking_of_the_same_blocks_and_any_split():
@@ -195,7 +221,7 @@ def test_same_answer_for_any_chunking_of_the_same_blocks_and_any_split():
     np.testing.assert_allclose(other.coef, one.coef, rtol=1e-8, atol=1e-12)
 
 
-@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+@pytest.mark.parametrize("solver", ["cholesky", "cg", "dual"])
 def test_two_worker_cluster_gives_the_synchronous_answer(solver, client, tmp_path):
     X = open_csr(write_csr(str(tmp_path / "x.zarr"), A.astype(np.float32), block_rows=100))
     kwargs = dict(solver=solver, weights=W, center=True, tol=1e-6, max_iter=100)
@@ -220,6 +246,7 @@ def test_two_worker_cluster_gives_the_synchronous_answer(solver, client, tmp_pat
         (dict(max_iter=0), "max_iter must be an integer of at least 1"),
         (dict(center=np.zeros(D)), "center must be True or False"),
         (dict(solver="cholesky", x0=np.zeros((D, K))), "x0 is a CG warm start"),
+        (dict(solver="dual", x0=np.zeros((D, K))), "x0 is a CG warm start"),
         (dict(solver="cg", x0=np.zeros((D, K + 1))), r"x0 must have shape \(23, 4\)"),
     ],
 )
@@ -236,7 +263,7 @@ def test_misaligned_right_hand_side():
         ridge_lstsq(_x(np.float64), da.from_array(B, chunks=(500, -1)), ALPHA)
 
 
-@pytest.mark.parametrize("solver", ["cholesky", "cg"])
+@pytest.mark.parametrize("solver", ["cholesky", "cg", "dual"])
 def test_singular_system_without_ridge(solver):
     A0 = A.tolil()
     A0[:, 3] = 0  # an empty feature makes X^T X singular

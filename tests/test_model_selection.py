@@ -348,12 +348,21 @@ def multiclass_data(tmp_path_factory):
                           block_rows=450).url
 
 
+@pytest.mark.parametrize("route", ["primal", "dual"])
 @pytest.mark.parametrize("features", ["raw", "l2", "tfidf"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("which", ["multilabel", "multiclass"])
-def test_screener_gives_the_figures_of_the_screened_fit(data, multiclass_data, features, dtype, which):
+def test_screener_gives_the_figures_of_the_screened_fit(data, multiclass_data, features, dtype, which, route,
+                                                         monkeypatch):
     """A screened setting's held-out figures from the shared statistics equal those of its fit (uneven
-    row blocks; every k, alpha and seed on the same statistics)."""
+    row blocks; every k, alpha and seed on the same statistics); in the dual too, where the fit solves its least
+    squares through the rows' Gram matrix (taken here by lowering the feature limit)."""
+    if route == "dual":
+        from xmldask.linalg import solvers
+        from xmldask.models import _screen
+
+        monkeypatch.setattr(solvers, "MAX_GRAM_FEATURES", 0)
+        monkeypatch.setattr(_screen, "MAX_GRAM_FEATURES", 0)
     ds = open_dataset(data[1] if which == "multilabel" else multiclass_data)
     template = _template(features=features, dtype=dtype)
     screener = template.screener(ds.X, ds.Y)
@@ -366,8 +375,9 @@ def test_screener_gives_the_figures_of_the_screened_fit(data, multiclass_data, f
         want = fit.history_[0]
         assert got["val_p@1"] == want["val_p@1"]
         assert got["val_loss"] == pytest.approx(want["val_loss"], rel=1e-4 if dtype == np.float32 else 1e-6)
-    # one pass per input normalisation and held-out split (a tf-idf's document counts: one more)
-    assert screener.n_passes == 2 + (features == "tfidf")
+    # one pass per input normalisation and held-out split (a tf-idf's document counts: one more); the dual
+    # draws the held-out rows from the split's seed: one pass per input normalisation
+    assert screener.n_passes == (2 if route == "primal" else 1) + (features == "tfidf")
 
 
 def test_screener_refuses_what_it_does_not_compute(data, monkeypatch):
@@ -381,7 +391,9 @@ def test_screener_refuses_what_it_does_not_compute(data, monkeypatch):
         assert not screener.applies({**base, **change})
     with pytest.raises(ValueError, match="fit it instead"):
         screener.score({**base, "kernel": "gaussian"})
-    monkeypatch.setattr(_screen, "MAX_GRAM_FEATURES", ds.X.shape[1] - 1)  # too many features for a Gram
+    monkeypatch.setattr(_screen, "MAX_GRAM_FEATURES", ds.X.shape[1] - 1)  # too many features for a Gram: the dual
+    assert screener.applies(base)
+    monkeypatch.setattr(_screen.solvers, "MAX_DUAL_ROWS", ds.X.shape[0] - 1)  # and too many rows: CG, no statistics
     assert not screener.applies(base)
 
 

@@ -12,6 +12,9 @@ with CG) plus one ``Y^T X Z`` pass; plus one solve for the feature-side map when
 solve is by Cholesky (few features) and ``X^T Y`` is small (at most :data:`MAX_CROSS_ENTRIES`
 entries), one pass accumulates ``X^T X``, ``X^T Y`` and the label sums instead, and every product
 ``M Q = (X^T Y)^T (X^T X + lam I)^{-1} (X^T Y) Q`` is then computed in memory: **one pass in all**.
+When the solve is in the dual (many features, at most :data:`~xmldask.linalg.solvers.MAX_DUAL_ROWS` rows),
+one pass computes the rows' Gram matrix ``K = X X^T`` and gathers ``Y``, and every product is
+``M Q = Y^T K (K + lam I)^{-1} Y Q``, in memory: one pass too (two with the feature-side map).
 
 References
 ----------
@@ -34,7 +37,7 @@ import scipy.linalg
 import scipy.sparse as sp
 
 from ..linalg import working_dtype
-from ..linalg.passes import column_mean, column_sums, dense_operand, gram, x_q, xt_b, yt_x_z
+from ..linalg.passes import column_mean, column_sums, dense_operand, gram, row_gram, x_q, xt_b, yt_x_z
 from ..linalg.randomized import check_random_state, randomized_eigh
 from ._base import EmbeddingModel, check_columns, project
 
@@ -183,11 +186,22 @@ def rembrandt(X, Y, n_components: int, *, oversample: int = 20, n_iter: int = 1,
 
     d, n_labels = X.shape[1], Y.shape[1]
     cholesky = solver == "cholesky" or (solver == "auto" and d <= solvers.MAX_GRAM_FEATURES)
+    dual = solver == "dual" or (solver == "auto" and not cholesky and X.shape[0] <= solvers.MAX_DUAL_ROWS)
+    in_memory = None
     if cholesky and d * n_labels <= MAX_CROSS_ENTRIES:
         in_memory = _InMemoryNormal.from_data(X, Y, alpha=alpha, scale_alpha=scale_alpha, center=center,
                                               split_every=split_every)
+    elif dual:
+        in_memory = _InMemoryDual.from_data(X, Y, alpha=alpha, scale_alpha=scale_alpha, center=center,
+                                            split_every=split_every)
+    if in_memory is not None:
         state.update(passes=1, solver_passes=[1], alpha=in_memory.lam)
-        solve, apply = in_memory.solve, in_memory.apply
+        apply = in_memory.apply
+
+        def solve(Q):
+            res = in_memory.solve(Q)
+            state["passes"] += res.n_passes
+            return res
 
     # Algorithm 2 starts from the raw Gaussian matrix (line 4); with q = 0 that is compressed sensing.
     V, eigenvalues, start = randomized_eigh(apply, Y.shape[1], n_components, oversample=oversample, n_iter=n_iter,
@@ -229,11 +243,22 @@ class RembrandtMoments:
         f64 = np.float64
         self._normal = _InMemoryNormal(np.asarray(G, f64), np.asarray(C, f64), np.asarray(label_sums, f64), n_samples,
                                        alpha=alpha, scale_alpha=scale_alpha)
+        self._n_labels = self._normal.C.shape[1]
+
+    @classmethod
+    def from_rows_gram(cls, K, Y, n_features: int, *, alpha: float = 1e-3, scale_alpha: bool = True
+                       ) -> RembrandtMoments:
+        """The same from the rows' Gram matrix ``K = X X^T`` (n, n) and the labels ``Y`` (n, n_labels) in memory: the
+        embedding :func:`rembrandt` computes when its solve is in the dual (many features, few rows)."""
+        self = cls.__new__(cls)
+        self._normal = _InMemoryDual(K, Y, n_features, alpha=alpha, scale_alpha=scale_alpha, center=False)
+        self._n_labels = Y.shape[1]
+        return self
 
     def embedding(self, n_components: int, *, oversample: int = 20, n_iter: int = 1, random_state=None,
                   dtype=np.float32) -> np.ndarray:
         """``V`` (n_labels, n_components) as :func:`rembrandt` with these options computes it."""
-        V, _, _ = randomized_eigh(self._normal.apply, self._normal.C.shape[1], n_components, oversample=oversample,
+        V, _, _ = randomized_eigh(self._normal.apply, self._n_labels, n_components, oversample=oversample,
                                   n_iter=n_iter, random_state=check_random_state(random_state), dtype=dtype,
                                   orthonormalize_start=False)
         return V
@@ -285,6 +310,73 @@ class _InMemoryNormal:
         if self.mean is not None:
             Psi += np.outer(self.label_sums, self.label_means @ np.asarray(Q, dtype=np.float64))
         return Psi
+
+
+class _InMemoryDual:
+    """The rows' Gram matrix ``K = X X^T`` and ``Y`` from one pass; Rembrandt's products in memory (few rows).
+
+    ``apply(Q)`` returns ``Y^T (X Z + 1 intercept^T)`` for the ridge solution ``Z`` of ``Y Q`` on ``X``:
+    ``Y^T K_c (K_c + lam I)^{-1} Y_c Q`` (plus the label sums times the mean of ``Y Q`` when centred), with
+    ``K_c`` the centred rows' Gram matrix, without touching the data; ``solve(Q)`` maps the dual solution back
+    to ``Z = X_c^T A`` (one pass).
+    """
+
+    def __init__(self, K, Y, n_features: int, *, X=None, alpha: float, scale_alpha: bool, center: bool,
+                 split_every: int = 8):
+        K = np.array(K, dtype=np.float64)
+        self.X, self.Y, self.center, self.split_every = X, sp.csr_matrix(Y, dtype=np.float64), center, split_every
+        self.label_sums = np.asarray(self.Y.sum(axis=0), dtype=np.float64).ravel()
+        self.label_means = self.label_sums / K.shape[0]
+        if center:
+            m = K.mean(axis=1)
+            K -= m[:, None]
+            K -= m[None, :]
+            K += m.mean()
+        self.K = K
+        self.lam = float(alpha * np.trace(K) / n_features if scale_alpha else alpha)
+        A = K.copy()
+        A[np.diag_indices_from(A)] += self.lam
+        try:
+            self.factor = scipy.linalg.cho_factor(A, lower=True, overwrite_a=True)
+        except np.linalg.LinAlgError:
+            raise ValueError(f"X X^T + lam I ({K.shape[0]} x {K.shape[0]}, lam = {self.lam:.3g}) is not positive "
+                             f"definite: rows repeat or are empty; fix: pass alpha > 0 (e.g. alpha=1e-6)") from None
+
+    @classmethod
+    def from_data(cls, X, Y, *, alpha, scale_alpha, center, split_every) -> _InMemoryDual:
+        from ..linalg.solvers import gather_rows
+
+        K = row_gram(X, dtype=np.float64).compute()
+        return cls(K, gather_rows(Y, sparse=True), X.shape[1], X=X, alpha=alpha, scale_alpha=scale_alpha,
+                   center=center, split_every=split_every)
+
+    def _dual(self, Q):
+        Q = np.asarray(Q, dtype=np.float64)
+        YQ = np.asarray(self.Y @ Q)
+        if self.center:
+            YQ -= self.label_means @ Q
+        return Q, scipy.linalg.cho_solve(self.factor, YQ)
+
+    def apply(self, Q):
+        Q, A = self._dual(Q)
+        Psi = np.asarray(self.Y.T @ (self.K @ A))
+        if self.center:
+            Psi += np.outer(self.label_sums, self.label_means @ Q)
+        return Psi
+
+    def solve(self, Q):
+        from types import SimpleNamespace
+
+        Q, A = self._dual(Q)
+        if self.center:  # X_c^T A = X^T (A - 1 (1^T A) / n), and the mean row X^T 1 / n from the same pass
+            n = A.shape[0]
+            A = np.hstack([A - A.sum(axis=0) / n, np.full((n, 1), 1 / n)])
+        Z = np.asarray(xt_b(self.X, A, split_every=self.split_every).compute(), dtype=np.float64)
+        intercept = None
+        if self.center:
+            Z, mean = Z[:, :-1], Z[:, -1]
+            intercept = self.label_means @ Q - mean @ Z
+        return SimpleNamespace(coef=Z, intercept=intercept, n_passes=1, converged=True, alpha=self.lam)
 
 
 class Rembrandt(EmbeddingModel):

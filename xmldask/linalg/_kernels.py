@@ -31,6 +31,7 @@ __all__ = [
     "block_gram",
     "block_gram_apply",
     "block_matmul",
+    "block_row_gram",
     "block_tmatmul",
     "unpack_centered",
     "working_dtype",
@@ -282,6 +283,15 @@ def block_gram(Xb, *, weights=None, center=None, dtype=None) -> np.ndarray:
         total = dtype.type(Xb.shape[0]) if w is None else w.sum(dtype=dtype)
         G = G - np.outer(s, mu) - np.outer(mu, s) + total * np.outer(mu, mu)
     return G
+
+
+def block_row_gram(Xi, Xj, dtype=np.float64) -> np.ndarray:
+    """Dense ``Xi Xj^T`` of two row blocks (one block of the rows' Gram matrix ``X X^T``), in ``dtype``.
+
+    The operands are cast to ``dtype`` first, so float32 rows give float64 inner products when asked.
+    """
+    dtype = np.dtype(dtype)
+    return _dense(_operand(Xi, dtype) @ _operand(Xj, dtype).T).astype(dtype, copy=False)
 
 
 def block_colsum(Xb, weights=None) -> np.ndarray:

@@ -51,6 +51,7 @@ True
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import numbers
@@ -81,6 +82,7 @@ __all__ = [
     "gram",
     "per_block",
     "per_block_objects",
+    "row_gram",
     "tree_combine",
     "whole_operand",
     "x_q",
@@ -752,6 +754,31 @@ def gram(X, *, weights=None, center=False, dtype=None, split_every: int = 8) -> 
         )
     return _product_pass(mu, (K._augmented_gram, K.block_gram), [("Xb", X, ROWS), ("weights", w, ROWS)], (d, d),
                          acc, "gram-block", split_every, static={"dtype": acc}).astype(dtype)
+
+
+def row_gram(X, *, dtype=np.float64) -> da.Array:
+    """The rows' Gram matrix ``X X^T`` (dense, ``n_samples x n_samples``) for a small number of rows.
+
+    Block ``(i, j)`` is :func:`~xmldask.linalg._kernels.block_row_gram` of row blocks ``i`` and ``j``: one task
+    per pair of blocks, each reading two blocks. Meant for a few thousand rows of many features (the dual
+    form of least squares, :func:`xmldask.linalg.ridge_lstsq`'s ``"dual"`` solver), where ``X^T X`` is too large.
+
+    Parameters
+    ----------
+    X : dask.array.Array, shape (n_samples, n_features)
+        Row blocks, one column chunk, known chunk sizes.
+    dtype : numpy dtype, default float64
+        dtype of the products and of the result.
+
+    Returns
+    -------
+    dask.array.Array, shape (n_samples, n_samples)
+        Dense, chunked by ``X``'s row chunks along both axes.
+    """
+    X = check_x(X)
+    dtype = np.dtype(dtype)
+    return da.blockwise(functools.partial(K.block_row_gram, dtype=dtype), "ij", X, "ik", X, "jk", dtype=dtype,
+                        concatenate=True, meta=np.empty((0, 0), dtype), token="row-gram", align_arrays=False)
 
 
 def column_sums(X, *, weights=None, split_every: int = 8) -> da.Array:

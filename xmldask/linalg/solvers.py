@@ -1,7 +1,7 @@
 """Blocked regularised least squares with many right-hand sides: ``min_Z ||B - X Z||^2 + lam ||Z||^2``.
 
-Two paths, both built from the passes of :mod:`xmldask.linalg.passes` (so no task holds more than
-one row block of ``X`` and ``B``):
+Three paths, all built from the passes of :mod:`xmldask.linalg.passes` (so no task holds more than
+one or two row blocks of ``X`` and ``B``):
 
 - ``"cholesky"`` for a small number of features ``d``: one pass accumulates ``X^T W X`` (dense,
   ``d x d``, in float64) and ``X^T W B``; the ridge system is then solved by a Cholesky
@@ -12,6 +12,11 @@ one row block of ``X`` and ``B``):
   one fused pass ``X^T W (X P)`` over the columns not yet converged; the iterate with the
   smallest residual is kept for every column. The small vector algebra runs in float64, the passes
   in the data's dtype (a float64 operand doubles the time of a float32 pass).
+- ``"dual"`` for many features but few rows ``n``: one pass computes the rows' Gram matrix ``X X^T``
+  (``n x n``, float64) and gathers ``B``; the dual system ``(W^{1/2} X X^T W^{1/2} + lam I) A = W^{1/2} B``
+  (centred when asked) is solved by Cholesky in memory and a second pass maps it back, ``Z = X^T W^{1/2} A``.
+  Exact like ``"cholesky"``, in two passes where CG makes up to ``max_iter + 1`` (text data of a few
+  thousand rows and tens of thousands of features: CG's 30 passes stop short of ``tol``).
 
 As in the Rembrandt reference implementation, the ridge ``alpha`` is by default relative to the
 scale of the data: ``lam = alpha * trace(X^T W X) / d``, the average per-feature second moment
@@ -53,19 +58,23 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg
+import scipy.sparse as sp
 
 from ._kernels import working_dtype
-from .passes import check_rows_operand, check_x, column_moments, column_sums, gram, xt_b, xt_x_q
+from .passes import _as_weights, check_rows_operand, check_x, column_moments, column_sums, gram, row_gram, xt_b, xt_x_q
 
-__all__ = ["MAX_GRAM_FEATURES", "LstsqResult", "ridge_lstsq"]
+__all__ = ["MAX_DUAL_ROWS", "MAX_GRAM_FEATURES", "LstsqResult", "ridge_lstsq"]
 
 logger = logging.getLogger(__name__)
 
 #: ``solver="auto"`` uses Cholesky up to this many features (a dense ``d x d`` float64 Gram matrix
 #: per row block: 32 MiB at 2048), conjugate gradients beyond.
 MAX_GRAM_FEATURES = 2048
+#: ``solver="auto"`` solves in the dual beyond :data:`MAX_GRAM_FEATURES` features when there are at most this many
+#: rows (the rows' Gram matrix in float64: 512 MiB at 8192 rows, held where the solve runs)
+MAX_DUAL_ROWS = 8192
 
-_SOLVERS = ("auto", "cholesky", "cg")
+_SOLVERS = ("auto", "cholesky", "cg", "dual")
 
 
 @dataclass(frozen=True)
@@ -82,7 +91,7 @@ class LstsqResult:
     alpha : float
         The ridge ``lam`` actually used (after scaling).
     solver : str
-        ``"cholesky"`` or ``"cg"``.
+        ``"cholesky"``, ``"cg"`` or ``"dual"``.
     n_passes : int
         Passes made over the row blocks of ``X`` (and ``B``).
     n_iter : int
@@ -139,8 +148,9 @@ def ridge_lstsq(X, B, alpha: float = 1e-3, *, scale_alpha: bool = True, solver: 
         Use ``lam = alpha * trace(X^T W X) / n_features`` (the average per-feature second moment
         times the total weight; with ``center=True`` of the centred ``X``), as the Rembrandt
         reference implementation does. ``False``: ``lam = alpha``.
-    solver : {"auto", "cholesky", "cg"}, default "auto"
-        ``"auto"``: Cholesky up to :data:`MAX_GRAM_FEATURES` features, CG beyond.
+    solver : {"auto", "cholesky", "cg", "dual"}, default "auto"
+        ``"auto"``: Cholesky up to :data:`MAX_GRAM_FEATURES` features; beyond, the dual for at most
+        :data:`MAX_DUAL_ROWS` rows, CG for more.
     weights : array_like or dask.array.Array of shape (n_samples,), optional
         Non-negative sample weights.
     center : bool, default False
@@ -183,12 +193,12 @@ def ridge_lstsq(X, B, alpha: float = 1e-3, *, scale_alpha: bool = True, solver: 
     d = X.shape[1]
     dtype = working_dtype(X.dtype, B.dtype)
     if solver == "auto":
-        solver = "cholesky" if d <= MAX_GRAM_FEATURES else "cg"
-    if solver == "cholesky":
-        if x0 is not None:
-            raise ValueError("x0 is a CG warm start; solver='cholesky' does not use it (drop x0 or use solver='cg')")
+        solver = "cholesky" if d <= MAX_GRAM_FEATURES else "dual" if X.shape[0] <= MAX_DUAL_ROWS else "cg"
+    if solver != "cg" and x0 is not None:
+        raise ValueError(f"x0 is a CG warm start; solver={solver!r} does not use it (drop x0 or use solver='cg')")
     system = _System(X, B, alpha, scale_alpha, weights, bool(center), split_every)
-    result = _cholesky(system) if solver == "cholesky" else _cg(system, tol, max_iter, x0)
+    result = {"cholesky": _cholesky, "dual": _dual}[solver](system) if solver != "cg" else _cg(system, tol, max_iter,
+                                                                                                x0)
     coef = result.coef.astype(dtype, copy=False)
     intercept = None if result.intercept is None else result.intercept.astype(dtype, copy=False)
     if vector:
@@ -229,22 +239,83 @@ def _cholesky(system: _System) -> LstsqResult:
     G, R = computed[0], np.asarray(computed[1], dtype=f64)
     d = G.shape[0]
     lam = alpha * np.trace(G) / d if system.scale_alpha else alpha
-    A = G + lam * np.eye(d)
-    try:
-        factor = scipy.linalg.cho_factor(A, lower=True, check_finite=True)
-    except np.linalg.LinAlgError:
-        raise ValueError(
-            f"X^T W X + lam I ({d} x {d}, lam = {lam:.3g}) is not positive definite: the features are "
-            f"collinear or empty and the ridge is {'zero' if lam == 0 else 'too small'}; fix: pass alpha > 0 "
-            f"(e.g. alpha=1e-6)"
-        ) from None
-    Z = scipy.linalg.cho_solve(factor, R)
-    rel = _relative(R - A @ Z, R)
+    Z, rel = _ridge_solve(G, R, lam, "X^T W X", "the features are collinear or empty")
     intercept = None
     if center:
         mu, bsum, total = (np.asarray(a, dtype=f64) for a in computed[2:])
         intercept = bsum / total - mu @ Z
     return LstsqResult(Z, intercept, float(lam), "cholesky", n_passes=1, n_iter=0, converged=True,
+                       relative_residual=rel)
+
+
+def _ridge_solve(A: np.ndarray, rhs: np.ndarray, lam: float, name: str, cause: str) -> tuple[np.ndarray, np.ndarray]:
+    """``(A + lam I)^{-1} rhs`` by Cholesky (``A`` gets the ridge in place) and its relative residual; a system that
+    is not positive definite raises a ValueError naming it (``name``), the likely ``cause`` and the fix."""
+    A[np.diag_indices_from(A)] += lam
+    try:
+        factor = scipy.linalg.cho_factor(A, lower=True, check_finite=True)
+    except np.linalg.LinAlgError:
+        raise ValueError(
+            f"{name} + lam I ({A.shape[0]} x {A.shape[0]}, lam = {lam:.3g}) is not positive definite: {cause} and "
+            f"the ridge is {'zero' if lam == 0 else 'too small'}; fix: pass alpha > 0 (e.g. alpha=1e-6)"
+        ) from None
+    Z = scipy.linalg.cho_solve(factor, rhs)
+    return Z, _relative(rhs - A @ Z, rhs)
+
+
+def gather_rows(A, *, sparse: bool = False):
+    """A row-chunked Dask array (dense or sparse blocks) as one in-memory matrix: dense, or CSR with ``sparse``
+    (for few rows).
+
+    Its blocks are computed as Delayed objects, on their own: dask 2026.8's ``dask.compute(array, [delayed], array)``
+    hands back its results out of order (collections of one kind are grouped; computing delayed objects between
+    arrays gives the second array's result to the delayed slot).
+    """
+    blocks = dask.compute(*A.to_delayed().ravel()) if isinstance(A, da.Array) else [A]
+    if sparse:
+        return sp.vstack([sp.csr_matrix(b) for b in blocks], format="csr")
+    return np.concatenate([b.toarray() if sp.issparse(b) else np.asarray(b) for b in blocks], axis=0)
+
+
+def _dual(system: _System) -> LstsqResult:
+    """The exact solution through the rows' Gram matrix: ``Z = X_c^T W^{1/2} (W^{1/2} K_c W^{1/2} + lam I)^{-1}
+    W^{1/2} B_c`` on the rows of positive weight, ``K_c`` the Gram matrix of the (weighted-mean) centred rows."""
+    X, B, alpha, weights, center = system.X, system.B, system.alpha, system.weights, system.center
+    f64 = np.float64
+    n, d = X.shape
+    K, w = dask.compute(row_gram(X, dtype=f64), _as_weights(weights, X))
+    B = gather_rows(B).astype(f64, copy=False)
+    w = np.ones(n) if w is None else np.asarray(w, dtype=f64).ravel()
+    rows = np.flatnonzero(w > 0)
+    ws = w[rows]
+    total = ws.sum()
+    K = np.asarray(K, dtype=f64)[np.ix_(rows, rows)]
+    Bs = B[rows]
+    b_mean = ws @ Bs / total if center else None
+    if center:  # K_c = (I - 1 w^T / t) K (I - w 1^T / t) on these rows
+        m = K @ ws / total
+        K -= m[:, None]
+        K -= m[None, :]
+        K += ws @ m / total
+        Bs = Bs - b_mean
+    root = np.sqrt(ws)
+    M = K
+    M *= root[:, None]
+    M *= root[None, :]
+    rhs = root[:, None] * Bs
+    lam = alpha * np.trace(M) / d if system.scale_alpha else alpha
+    A, rel = _ridge_solve(M, rhs, lam, "W^(1/2) X X^T W^(1/2)", "rows repeat or are empty")
+    coeffs = np.zeros((n, A.shape[1]))
+    coeffs[rows] = root[:, None] * A
+    if center:  # X_c^T a = X^T (a - w (1^T a) / t); mu = X^T w / t from the same pass
+        coeffs -= np.outer(w, coeffs.sum(axis=0) / total)
+        coeffs = np.hstack([coeffs, w[:, None] / total])
+    Z = np.asarray(xt_b(X, coeffs, split_every=system.split_every).compute(), dtype=f64)
+    intercept = None
+    if center:
+        Z, mu = Z[:, :-1], Z[:, -1]
+        intercept = b_mean - mu @ Z
+    return LstsqResult(Z, intercept, float(lam), "dual", n_passes=2, n_iter=0, converged=True,
                        relative_residual=rel)
 
 

@@ -21,6 +21,17 @@ It applies when the fit would take Rembrandt's one-pass route (at most
 :data:`~xmldask.linalg.MAX_GRAM_FEATURES` features, ``X^T Y`` at most
 :data:`~xmldask.embedding.rembrandt.MAX_CROSS_ENTRIES` entries) and to the screened settings only
 (``embedding="rembrandt"``, ``kernel="none"``, ``max_epochs=0``); :meth:`Screener.applies` says.
+
+With more features and at most :data:`~xmldask.linalg.solvers.MAX_DUAL_ROWS` rows, where the fit solves its
+least squares in the dual, the screener does too: one pass per input normalisation computes the rows' Gram
+matrix ``K = X X^T`` and gathers ``Y``, and every candidate is solved from them in memory:
+
+- ``R``: :meth:`xmldask.embedding.RembrandtMoments.from_rows_gram` (Rembrandt's dual, all rows);
+- ``W``: the dual solution ``A = (K_c[T, T] + lam I)^{-1} (Y_T R - 1 ybar_T^T R)`` on the training rows ``T``,
+  ``K_c`` centred by the training rows' mean; a row's embedded prediction ``x W + c`` is then
+  ``k_c(x, T) A + ybar_T^T R``, for the training rows and the held-out rows alike (the held-out rows are
+  drawn from the split's seed, without a pass);
+- ``Q``: the fit's warm start on those predictions.
 """
 
 from __future__ import annotations
@@ -36,7 +47,17 @@ import scipy.sparse as sp
 from ..base import seed_of
 from ..embedding import Rembrandt, RembrandtMoments
 from ..embedding.rembrandt import MAX_CROSS_ENTRIES
-from ..linalg import MAX_GRAM_FEATURES, column_sums, gram, per_block_objects, working_dtype, x_q, xt_b
+from ..linalg import (
+    MAX_GRAM_FEATURES,
+    column_sums,
+    gram,
+    per_block_objects,
+    row_gram,
+    solvers,
+    working_dtype,
+    x_q,
+    xt_b,
+)
 from . import _kernels as K
 from ._graph import DecoderData
 
@@ -56,6 +77,19 @@ class _Moments:
     task: str
     held: dict  # split seed -> (X_h, Y_h)
     features: str
+    rembrandt: RembrandtMoments | None = None
+
+
+@dataclass
+class _RowsGram:
+    """One input normalisation's rows' Gram matrix ``K = X X^T`` (float64) and the labels, all rows in memory."""
+
+    K: np.ndarray
+    Y: sp.csr_matrix  # float64
+    idf: np.ndarray | None
+    task: str
+    features: str
+    n_features: int
     rembrandt: RembrandtMoments | None = None
 
 
@@ -98,13 +132,20 @@ class Screener:
     def _rembrandt() -> Rembrandt:
         return Rembrandt()  # the fit's: EmbeddingClassifier makes Rembrandt(n_components, random_state)
 
+    def _route(self) -> str | None:
+        """``"primal"`` where the fit's least squares take the one-pass Cholesky route, ``"dual"`` where they are
+        solved in the dual, ``None`` otherwise (conjugate gradients: no shared statistics)."""
+        d, n_labels = self.X.shape[1], self.Y.shape[1]
+        if d <= MAX_GRAM_FEATURES:
+            return "primal" if d * n_labels <= MAX_CROSS_ENTRIES else None
+        return "dual" if self.X.shape[0] <= solvers.MAX_DUAL_ROWS else None
+
     def applies(self, params: dict) -> bool:
         """Whether ``params`` is a screened setting this screener computes as the fit would."""
         emb = self._rembrandt()
-        d, n_labels = self.X.shape[1], self.Y.shape[1]
         return (isinstance(params.get("embedding"), str) and params["embedding"].lower() == "rembrandt"
                 and params.get("kernel") in ("none", "identity") and params.get("max_epochs") == 0
-                and d <= MAX_GRAM_FEATURES and d * n_labels <= MAX_CROSS_ENTRIES
+                and self._route() is not None
                 and not emb.center and emb.solver == "auto" and params.get("validation_fraction", 0) > 0)
 
     def score(self, params: dict) -> dict:
@@ -117,6 +158,30 @@ class Screener:
         seed = seed_of(params.get("random_state"))
         rng_split = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[0])
         split = est._held_out(self.X, p, rng_split)
+        if self._route() == "dual":
+            G, FtY, n_t, Fh, Yh, task = self._dual_decoder(est, p, split, seed)
+        else:
+            G, FtY, n_t, Fh, Yh, task = self._primal_decoder(est, p, split, seed)
+        task = task if est.task == "auto" else est.task
+        d = DecoderData(X=None, Y=None, split=split, state={}, G=G, FtY=FtY, n_train=int(round(n_t)), task=task,
+                         loss_fn=K.softmax_loss if task == "multiclass" else K.logistic_loss, Fh=Fh,
+                         Yh=Yh if Fh is not None else None, t_start=start)
+        est._warm_start(d, p)
+        return {**d.history[0], "seconds": time.perf_counter() - start}
+
+    @staticmethod
+    def _normal_equations(F: np.ndarray, Y) -> tuple[np.ndarray, np.ndarray]:
+        """``[F, 1]^T [F, 1]`` and ``[F, 1]^T Y`` (float64) of the training rows' embedded predictions ``F``."""
+        s = F.sum(axis=0)
+        G = np.empty((F.shape[1] + 1,) * 2)
+        G[:-1, :-1] = F.T @ F
+        G[:-1, -1] = G[-1, :-1] = s
+        G[-1, -1] = F.shape[0]
+        FtY = np.vstack([np.asarray(Y.T @ F).T, np.asarray(Y.sum(axis=0)).reshape(1, -1)])
+        return G, FtY
+
+    def _primal_decoder(self, est, p, split, seed):
+        """The decoder's normal equations, held-out features and task from ``X^T X``, ``X^T Y``, the held-out rows."""
         m = self._statistics(est, p, split)
         Xh, Yh = m.held[split.seed]
         R = self._embedding(m, p, seed)
@@ -129,13 +194,73 @@ class Screener:
         A[:-1, -1] = A[-1, :-1] = Ws + n_t * c64
         A[-1, -1] = n_t
         FtY = np.vstack([W64.T @ C_t + np.outer(c64, y_t), y_t[None, :]])
-        task = m.task if est.task == "auto" else est.task
         Fh = K.decoder_features(Xh, W, c) if Xh.shape[0] else None
-        d = DecoderData(X=None, Y=None, split=split, state={}, G=A, FtY=FtY, n_train=int(round(n_t)), task=task,
-                         loss_fn=K.softmax_loss if task == "multiclass" else K.logistic_loss, Fh=Fh,
-                         Yh=Yh if Fh is not None else None, t_start=start)
-        est._warm_start(d, p)
-        return {**d.history[0], "seconds": time.perf_counter() - start}
+        return A, FtY, n_t, Fh, Yh, m.task
+
+    def _dual_decoder(self, est, p, split, seed):
+        """The same from the rows' Gram matrix: every row's embedded prediction ``k_c(x, T) A + ybar_T^T R``."""
+        g = self._rows_gram(est, p)
+        held = np.concatenate([split.mask(b) for b in range(len(split.chunks))])
+        T, H = np.flatnonzero(~held), np.flatnonzero(held)
+        R = self._dual_embedding(g, p, seed).astype(np.float64)
+        K_TT = g.K[np.ix_(T, T)]
+        row_means = K_TT.mean(axis=1)
+        overall = row_means.mean()
+        K_TT -= row_means[:, None]
+        K_TT -= row_means[None, :]
+        K_TT += overall  # the training rows' Gram matrix, centred by their mean
+        Y_T = g.Y[T]
+        YR = np.asarray(Y_T @ R)
+        c = YR.mean(axis=0)
+        lam = p["alpha"] * np.trace(K_TT) / g.n_features
+        M = K_TT.copy()
+        M[np.diag_indices_from(M)] += lam
+        A = scipy.linalg.cho_solve(scipy.linalg.cho_factor(M, lower=True, overwrite_a=True), YR - c)
+        dtype = p["dtype"]
+        F_T = (K_TT @ A + c).astype(dtype).astype(np.float64)  # as the fit's float32 features round them
+        G, FtY = self._normal_equations(F_T, Y_T)
+        Fh = Yh = None
+        if H.size:
+            K_HT = g.K[np.ix_(H, T)]
+            K_HT -= K_HT.mean(axis=1)[:, None]
+            K_HT -= row_means[None, :] - overall
+            Fh = np.empty((H.size, A.shape[1] + 1), dtype=dtype)
+            Fh[:, :-1] = K_HT @ A + c
+            Fh[:, -1] = 1
+            Yh = sp.csr_matrix(g.Y[H], dtype=np.float32)
+        return G, FtY, T.size, Fh, Yh, g.task
+
+    def _rows_gram(self, est, p) -> _RowsGram:
+        """The rows' Gram matrix of ``est``'s input normalisation and the labels (a pass if new)."""
+        features = est.features
+        g = self._moments.get(("dual", features))
+        if g is None:
+            from ..linalg.solvers import gather_rows
+
+            est._fit_idf(self.X, p["dtype"])
+            self.n_passes += est.features == "tfidf"
+            X = est._input_features(self.X)
+            Kx = row_gram(X, dtype=np.float64).compute()
+            Y = gather_rows(self.Y, sparse=True).astype(np.float64)
+            counts = np.diff(Y.indptr)  # stored labels per row, as the fit's decoder pass counts them
+            task = "multiclass" if counts.size and counts.min() == counts.max() == 1 else "multilabel"
+            g = _RowsGram(K=Kx, Y=Y, idf=est.idf_, task=task, features=features, n_features=X.shape[1])
+            self._moments[("dual", features)] = g
+            self.n_passes += 1
+        return g
+
+    def _dual_embedding(self, g: _RowsGram, p: dict, seed: int) -> np.ndarray:
+        """Rembrandt's ``R`` as the fit makes it in the dual (all rows, the fit's seed), by ``(features, k, seed)``."""
+        key = ("dual", g.features, p["n_components"], seed)
+        if key not in self._embeddings:
+            emb = self._rembrandt()
+            if g.rembrandt is None:
+                g.rembrandt = RembrandtMoments.from_rows_gram(g.K, g.Y, g.n_features, alpha=emb.alpha,
+                                                              scale_alpha=emb.scale_alpha)
+            V = g.rembrandt.embedding(p["n_components"], oversample=emb.oversample, n_iter=emb.n_iter,
+                                      random_state=seed, dtype=working_dtype(self.X.dtype, self.Y.dtype))
+            self._embeddings[key] = V.astype(p["dtype"])
+        return self._embeddings[key]
 
     # -- the shared statistics ------------------------------------------------------------------
 
