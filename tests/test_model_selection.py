@@ -366,7 +366,7 @@ def test_screener_gives_the_figures_of_the_screened_fit(data, multiclass_data, f
     ds = open_dataset(data[1] if which == "multilabel" else multiclass_data)
     template = _template(features=features, dtype=dtype)
     screener = template.screener(ds.X, ds.Y)
-    for k, alpha, seed in [(8, 1e-3, 3), (5, 1.0, 3), (8, 1e-3, 11)]:
+    for k, alpha, seed in [(8, 1e-3, 3), (5, 1.0, 3), (8, 1e-3, 11), (ds.Y.shape[1], 0.1, 3)]:  # k = L: the identity
         params = {**template.get_params(deep=False), "max_epochs": 0, "n_components": k, "alpha": alpha,
                   "random_state": seed}
         assert screener.applies(params)

@@ -437,6 +437,27 @@ def test_rembrandt_k_beyond_the_features_adds_nothing():
     assert small.search_bounds(X, Y)["n_components"] == (1, d)
 
 
+@pytest.mark.parametrize("name", ["rembrandt", "cs", "plst"])
+def test_a_label_embedding_of_every_direction_is_the_identity(multilabel, name):
+    """k = n_labels: the identity, no decomposition; the predictions and held-out figures of the decomposition's
+    basis (Rembrandt fitted as an estimator), the ridge decoder's and SGD's, since both are the same in any basis."""
+    X, Y = multilabel
+    L = Y.shape[1]
+    kw = dict(kernel="none", max_epochs=2, alpha=1e-2, random_state=5)
+    named = EmbeddingClassifier(embedding=name, n_components=L, **kw).fit(X, Y)
+    np.testing.assert_array_equal(named.R_, np.eye(L, dtype=np.float32))
+    assert named.n_passes_ == 1 + 1 + 2  # the map (one pass), the decoder's normal equations, two epochs
+    from xmldask.embedding import Rembrandt
+
+    basis = EmbeddingClassifier(embedding=Rembrandt(n_components=L, random_state=5), n_components=L, **kw).fit(X, Y)
+    assert not np.allclose(np.abs(basis.R_), np.eye(L), atol=1e-3)  # another basis
+    for a, b in zip(named.history_, basis.history_):
+        assert a["val_p@1"] == pytest.approx(b["val_p@1"], abs=1e-3)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-3)
+    s_named, s_basis = dask.compute(named.decision_function(X[:500]), basis.decision_function(X[:500]))
+    np.testing.assert_allclose(s_named, s_basis, rtol=1e-3, atol=1e-3 * np.abs(s_basis).max())
+
+
 def test_an_error_in_a_decoder_step_leaves_no_producer_thread(multiclass, monkeypatch):
     """The minibatch producer stops when the SGD loop raises, instead of waiting forever on its full queue."""
     import threading

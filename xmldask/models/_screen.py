@@ -184,7 +184,8 @@ class Screener:
         """The decoder's normal equations, held-out features and task from ``X^T X``, ``X^T Y``, the held-out rows."""
         m = self._statistics(est, p, split)
         Xh, Yh = m.held[split.seed]
-        R = self._embedding(m, p, seed)
+        R = est._every_label(p, self.Y.shape[1])
+        R = self._embedding(m, p, seed) if R is None else R
         W, c, (G_t, s_t, C_t, y_t, n_t) = self._feature_map(m, Xh, Yh, R, p)
         # the decoder's normal equations of F = [X W + c, 1] over the training rows, from the statistics
         W64, c64 = W.astype(np.float64), c.astype(np.float64)
@@ -202,7 +203,8 @@ class Screener:
         g = self._rows_gram(est, p)
         held = np.concatenate([split.mask(b) for b in range(len(split.chunks))])
         T, H = np.flatnonzero(~held), np.flatnonzero(held)
-        R = self._dual_embedding(g, p, seed).astype(np.float64)
+        R = est._every_label(p, self.Y.shape[1])
+        R = (self._dual_embedding(g, p, seed) if R is None else R).astype(np.float64)
         K_TT = g.K[np.ix_(T, T)]
         row_means = K_TT.mean(axis=1)
         overall = row_means.mean()
