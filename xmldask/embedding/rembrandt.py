@@ -186,7 +186,7 @@ def rembrandt(X, Y, n_components: int, *, oversample: int = 20, n_iter: int = 1,
 
     d, n_labels = X.shape[1], Y.shape[1]
     cholesky = solver == "cholesky" or (solver == "auto" and d <= solvers.MAX_GRAM_FEATURES)
-    dual = solver == "dual" or (solver == "auto" and not cholesky and X.shape[0] <= solvers.MAX_DUAL_ROWS)
+    dual = solver == "dual" or (solver == "auto" and not cholesky and solvers.dual_applies(X.shape[0]))
     in_memory = None
     if cholesky and d * n_labels <= MAX_CROSS_ENTRIES:
         in_memory = _InMemoryNormal.from_data(X, Y, alpha=alpha, scale_alpha=scale_alpha, center=center,

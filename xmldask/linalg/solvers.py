@@ -60,10 +60,11 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
+from ..scheduling import worker_memory_limit
 from ._kernels import working_dtype
 from .passes import _as_weights, check_rows_operand, check_x, column_moments, column_sums, gram, row_gram, xt_b, xt_x_q
 
-__all__ = ["MAX_DUAL_ROWS", "MAX_GRAM_FEATURES", "LstsqResult", "ridge_lstsq"]
+__all__ = ["MAX_DUAL_ROWS", "MAX_GRAM_FEATURES", "LstsqResult", "dual_applies", "ridge_lstsq"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,7 +72,8 @@ logger = logging.getLogger(__name__)
 #: per row block: 32 MiB at 2048), conjugate gradients beyond.
 MAX_GRAM_FEATURES = 2048
 #: ``solver="auto"`` solves in the dual beyond :data:`MAX_GRAM_FEATURES` features when there are at most this many
-#: rows (the rows' Gram matrix in float64: 512 MiB at 8192 rows, held where the solve runs)
+#: rows (the rows' Gram matrix in float64: 512 MiB at 8192 rows, held where the solve runs) and the Gram matrix
+#: fits a quarter of the smallest worker's memory limit (:func:`dual_applies`)
 MAX_DUAL_ROWS = 8192
 
 _SOLVERS = ("auto", "cholesky", "cg", "dual")
@@ -193,7 +195,7 @@ def ridge_lstsq(X, B, alpha: float = 1e-3, *, scale_alpha: bool = True, solver: 
     d = X.shape[1]
     dtype = working_dtype(X.dtype, B.dtype)
     if solver == "auto":
-        solver = "cholesky" if d <= MAX_GRAM_FEATURES else "dual" if X.shape[0] <= MAX_DUAL_ROWS else "cg"
+        solver = "cholesky" if d <= MAX_GRAM_FEATURES else "dual" if dual_applies(X.shape[0]) else "cg"
     if solver != "cg" and x0 is not None:
         raise ValueError(f"x0 is a CG warm start; solver={solver!r} does not use it (drop x0 or use solver='cg')")
     system = _System(X, B, alpha, scale_alpha, weights, bool(center), split_every)
@@ -246,6 +248,14 @@ def _cholesky(system: _System) -> LstsqResult:
         intercept = bsum / total - mu @ Z
     return LstsqResult(Z, intercept, float(lam), "cholesky", n_passes=1, n_iter=0, converged=True,
                        relative_residual=rel)
+
+
+def dual_applies(n_rows: int) -> bool:
+    """Whether ``solver="auto"`` takes the dual for ``n_rows`` rows (beyond :data:`MAX_GRAM_FEATURES` features): at
+    most :data:`MAX_DUAL_ROWS` rows, and the rows' float64 Gram matrix, computed as one block by one task and
+    copied by the solve, at most a quarter of the smallest worker's memory limit (any size without a limit)."""
+    limit = worker_memory_limit()
+    return n_rows <= MAX_DUAL_ROWS and (limit is None or 4 * 8 * n_rows * n_rows <= limit)
 
 
 def _ridge_solve(A: np.ndarray, rhs: np.ndarray, lam: float, name: str, cause: str) -> tuple[np.ndarray, np.ndarray]:

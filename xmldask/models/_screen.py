@@ -138,7 +138,7 @@ class Screener:
         d, n_labels = self.X.shape[1], self.Y.shape[1]
         if d <= MAX_GRAM_FEATURES:
             return "primal" if d * n_labels <= MAX_CROSS_ENTRIES else None
-        return "dual" if self.X.shape[0] <= solvers.MAX_DUAL_ROWS else None
+        return "dual" if solvers.dual_applies(self.X.shape[0]) else None
 
     def applies(self, params: dict) -> bool:
         """Whether ``params`` is a screened setting this screener computes as the fit would."""
