@@ -266,6 +266,11 @@ def test_bad_parameters(kwargs, match):
         ridge_lstsq(_x(np.float64), B, **kwargs)
 
 
+def test_dual_refuses_rows_that_all_weigh_nothing():
+    with pytest.raises(ValueError, match="every one of the 1037 rows has weight 0"):
+        ridge_lstsq(_x(np.float64), B, ALPHA, solver="dual", weights=np.zeros(N), center=True)
+
+
 def test_misaligned_right_hand_side():
     with pytest.raises(ValueError, match="B has 10 rows but X has 1037"):
         ridge_lstsq(_x(np.float64), B[:10], ALPHA)

@@ -297,6 +297,8 @@ def _dual(system: _System) -> LstsqResult:
     B = gather_rows(B).astype(f64, copy=False)
     w = np.ones(n) if w is None else np.asarray(w, dtype=f64).ravel()
     rows = np.flatnonzero(w > 0)
+    if not rows.size:
+        raise ValueError(f"every one of the {n} rows has weight 0: there is nothing to fit")
     ws = w[rows]
     total = ws.sum()
     K = np.asarray(K, dtype=f64)[np.ix_(rows, rows)]
