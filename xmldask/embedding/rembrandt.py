@@ -12,7 +12,7 @@ with CG) plus one ``Y^T X Z`` pass; plus one solve for the feature-side map when
 solve is by Cholesky (few features) and ``X^T Y`` is small (at most :data:`MAX_CROSS_ENTRIES`
 entries), one pass accumulates ``X^T X``, ``X^T Y`` and the label sums instead, and every product
 ``M Q = (X^T Y)^T (X^T X + lam I)^{-1} (X^T Y) Q`` is then computed in memory: **one pass in all**.
-When the solve is in the dual (many features, at most :data:`~xmldask.linalg.solvers.MAX_DUAL_ROWS` rows),
+When the solve is in the dual (many features, few rows: :func:`~xmldask.linalg.solvers.dual_applies`),
 one pass computes the rows' Gram matrix ``K = X X^T`` and gathers ``Y``, and every product is
 ``M Q = Y^T K (K + lam I)^{-1} Y Q``, in memory: one pass too (two with the feature-side map).
 

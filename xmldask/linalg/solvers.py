@@ -151,8 +151,9 @@ def ridge_lstsq(X, B, alpha: float = 1e-3, *, scale_alpha: bool = True, solver: 
         times the total weight; with ``center=True`` of the centred ``X``), as the Rembrandt
         reference implementation does. ``False``: ``lam = alpha``.
     solver : {"auto", "cholesky", "cg", "dual"}, default "auto"
-        ``"auto"``: Cholesky up to :data:`MAX_GRAM_FEATURES` features; beyond, the dual for at most
-        :data:`MAX_DUAL_ROWS` rows, CG for more.
+        ``"auto"``: Cholesky up to :data:`MAX_GRAM_FEATURES` features; beyond, the dual for few rows (at
+        most :data:`MAX_DUAL_ROWS`, their Gram matrix within the workers' memory: :func:`dual_applies`), CG
+        for more.
     weights : array_like or dask.array.Array of shape (n_samples,), optional
         Non-negative sample weights.
     center : bool, default False
@@ -199,8 +200,10 @@ def ridge_lstsq(X, B, alpha: float = 1e-3, *, scale_alpha: bool = True, solver: 
     if solver != "cg" and x0 is not None:
         raise ValueError(f"x0 is a CG warm start; solver={solver!r} does not use it (drop x0 or use solver='cg')")
     system = _System(X, B, alpha, scale_alpha, weights, bool(center), split_every)
-    result = {"cholesky": _cholesky, "dual": _dual}[solver](system) if solver != "cg" else _cg(system, tol, max_iter,
-                                                                                                x0)
+    if solver == "cg":
+        result = _cg(system, tol, max_iter, x0)
+    else:
+        result = (_cholesky if solver == "cholesky" else _dual)(system)
     coef = result.coef.astype(dtype, copy=False)
     intercept = None if result.intercept is None else result.intercept.astype(dtype, copy=False)
     if vector:

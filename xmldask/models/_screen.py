@@ -22,7 +22,7 @@ It applies when the fit would take Rembrandt's one-pass route (at most
 :data:`~xmldask.embedding.rembrandt.MAX_CROSS_ENTRIES` entries) and to the screened settings only
 (``embedding="rembrandt"``, ``kernel="none"``, ``max_epochs=0``); :meth:`Screener.applies` says.
 
-With more features and at most :data:`~xmldask.linalg.solvers.MAX_DUAL_ROWS` rows, where the fit solves its
+With more features and few rows (:func:`~xmldask.linalg.solvers.dual_applies`), where the fit solves its
 least squares in the dual, the screener does too: one pass per input normalisation computes the rows' Gram
 matrix ``K = X X^T`` and gathers ``Y``, and every candidate is solved from them in memory:
 
