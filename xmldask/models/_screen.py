@@ -205,21 +205,21 @@ class Screener:
         T, H = np.flatnonzero(~held), np.flatnonzero(held)
         R = est._every_label(p, self.Y.shape[1])
         R = (self._dual_embedding(g, p, seed) if R is None else R).astype(np.float64)
-        K_TT = g.K[np.ix_(T, T)]
-        row_means = K_TT.mean(axis=1)
+        M = g.K[np.ix_(T, T)]
+        row_means = M.mean(axis=1)
         overall = row_means.mean()
-        K_TT -= row_means[:, None]
-        K_TT -= row_means[None, :]
-        K_TT += overall  # the training rows' Gram matrix, centred by their mean
+        M -= row_means[:, None]
+        M -= row_means[None, :]
+        M += overall  # the training rows' Gram matrix K_TT, centred by their mean
         Y_T = g.Y[T]
         YR = np.asarray(Y_T @ R)
         c = YR.mean(axis=0)
-        lam = p["alpha"] * np.trace(K_TT) / g.n_features
-        M = K_TT.copy()
+        lam = p["alpha"] * np.trace(M) / g.n_features
         M[np.diag_indices_from(M)] += lam
         A = scipy.linalg.cho_solve(scipy.linalg.cho_factor(M, lower=True, overwrite_a=True), YR - c)
         dtype = p["dtype"]
-        F_T = (K_TT @ A + c).astype(dtype).astype(np.float64)  # as the fit's float32 features round them
+        # the training rows' predictions K_TT A + c are YR - lam A, since (K_TT + lam I) A = YR - c: no product
+        F_T = (YR - lam * A).astype(dtype).astype(np.float64)  # as the fit's float32 features round them
         G, FtY = self._normal_equations(F_T, Y_T)
         Fh = Yh = None
         if H.size:
