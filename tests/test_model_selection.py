@@ -409,3 +409,49 @@ def test_search_chooses_the_same_with_and_without_the_screener(data, monkeypatch
     for a, b in zip(shared.results_, fitted.results_):
         assert a["val_p@1"] == b["val_p@1"] and a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-4)
     assert shared.best_params_ == fitted.best_params_
+
+
+def test_screened_finalist_is_kept_where_it_beats_the_full_fits(data):
+    """screen_finalist: the screen's best setting as screened (the ridge decoder alone on the linear map) is kept,
+    fitted once more, when it scores higher than the full fits on their held-out rows (its first split)."""
+    ds = open_dataset(data[1])
+    screen = {"max_epochs": 0, "kernel": "none"}
+    template = _template(n_random_features=2)  # full fits on 2 Laplacian random features: poor
+    grid = {"alpha": [1e-3, 1.0], "kernel": ["laplacian"]}
+    kw = dict(screen=screen, screen_repeats=2, max_extensions=0)
+    plain = HeldOutSearch(template, grid, **kw).fit(ds.X, ds.Y)
+    search = HeldOutSearch(template, grid, screen_finalist=True, **kw).fit(ds.X, ds.Y)
+    assert [r["params"] for r in search.results_] == [r["params"] for r in plain.results_]
+    assert plain.best_params_["kernel"] == "laplacian" and plain.best_estimator_.max_epochs == 2
+    screened = [r for r in plain.results_ if r["screened"]]
+    winner = max(screened, key=lambda r: r["score"])["params"]
+    assert search.best_params_ == winner == {"alpha": winner["alpha"], **screen}
+    model = search.best_estimator_
+    assert (model.max_epochs, model.kernel, model.alpha, model.random_state) == (0, "none", winner["alpha"], 3)
+    # its score is its own fit's, on the full fit's held-out rows, and beats the full fit there
+    assert search.best_score_ == held_out_score(model) > plain.best_score_
+    alone = EmbeddingClassifier(**{**template.get_params(deep=False), **winner}).fit(ds.X, ds.Y)
+    assert held_out_score(alone) == search.best_score_
+
+
+def test_train_job_lets_the_screened_decoder_win_at_the_default_epochs_with_the_linear_map(data, monkeypatch):
+    """The job offers the ridge decoder alone as a finalist unless the decoder's epochs or a nonlinear map are asked
+    for (nothing is fitted here: the search is stopped as it starts)."""
+    class Started(Exception):
+        pass
+
+    seen = []
+
+    def fit(self, X, Y):
+        seen.append(self.screen_finalist)
+        raise Started
+
+    monkeypatch.setattr(HeldOutSearch, "fit", fit)
+    root, train = data
+    for extra, expected in [({}, True), ({"max_epochs": 3}, False), ({"kernel": "gaussian"}, False),
+                            ({"search": {"alpha": [1e-3, 1.0]}, "kernel": "none"}, True),
+                            ({"search_screen": False}, False)]:
+        with pytest.raises(Started):
+            jobs.train(train, str(root / "never.zarr"), k=8, **extra)
+        assert seen[-1] is expected, extra
+    assert not (root / "never.zarr").exists()

@@ -104,6 +104,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         fitted = HeldOutSearch(model, grid, strategy=p.search_strategy, max_extensions=p.search_extensions,
                                screen={name: values[0] for name, values in screen.items()} if screen else None,
                                screen_repeats=_screen_repeats(p, model, data),
+                               screen_finalist=_screened_decoder_may_win(p, search),
                                n_jobs=concurrent_fits()).fit(data.X, data.Y)
         model = fitted.best_estimator_
         chosen = _public(fitted.best_params_)
@@ -164,6 +165,14 @@ def _estimator_only() -> list[str]:
 
     return [name for name in EmbeddingClassifier._get_param_names()
             if name not in TrainParams.model_fields and name not in _SET_BY_THE_JOB]
+
+
+def _screened_decoder_may_win(p: TrainParams, search: dict) -> bool:
+    """Whether the screen's best setting, the ridge decoder alone on the linear map (:data:`SCREEN`), may be the
+    model kept: when the decoder's epochs are at their default and the search may choose the linear map (the
+    least-squares scores are a decoder beside the logistic / softmax one)."""
+    return (p.search_screen and p.max_epochs == TrainParams.model_fields["max_epochs"].default
+            and SCREEN["kernel"] in [kernel_name(value) for value in search.get("kernel", [p.kernel])])
 
 
 def _screen_repeats(p: TrainParams, model, data) -> int:

@@ -103,7 +103,11 @@ class HeldOutSearch:
         best setting is fitted in full (the template's values of the overridden parameters), once per
         value of the grid's parameters that are keys of ``screen`` (e.g. each ``kernel``), and the
         best of these full fits is kept: the screened fits only rank the settings (the model kept is
-        always trained as asked, its decoder epochs included).
+        always trained as asked, its decoder epochs included, unless ``screen_finalist``).
+    screen_finalist : bool, default False
+        The best screened setting competes with the full fits as it was screened (with ``screen``'s
+        overrides: e.g. the ridge decoder alone). Compared on the full fits' own held-out rows (its first
+        split), it is kept when it beats them, and then fitted once more, in full.
     screen_repeats : int, default 1
         Fits of every screened setting, each holding out other random rows (seeds drawn from the
         template's ``random_state``); its score is their mean. A held-out slice of a few hundred rows
@@ -124,10 +128,10 @@ class HeldOutSearch:
 
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
                  max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1,
-                 n_jobs: int | None = None):
+                 screen_finalist: bool = False, n_jobs: int | None = None):
         self.estimator, self.param_grid, self.strategy, self.scoring = estimator, param_grid, strategy, scoring
         self.max_extensions, self.screen, self.screen_repeats = max_extensions, screen, screen_repeats
-        self.n_jobs = n_jobs
+        self.screen_finalist, self.n_jobs = screen_finalist, n_jobs
 
     def _validated(self) -> dict[str, list]:
         if self.strategy not in _STRATEGIES:
@@ -249,6 +253,9 @@ class HeldOutSearch:
                                                  self.n_jobs)))
         return [self._fit_one(setting, X, Y, overrides, fits)[0] for setting in settings]
 
+    def _score(self, figures: dict) -> float:
+        return float(figures["val_p@1"]) if self.scoring == "p@1" else -float(figures["val_loss"])
+
     def _fit_one(self, setting: dict, X, Y, overrides: dict | None = None,
                  fits: dict | None = None) -> tuple[float, object]:
         """Fit ``setting`` (with ``overrides`` on top, when screening), or take its fit from ``fits``; the held-out
@@ -263,7 +270,8 @@ class HeldOutSearch:
         else:
             model, kept, seconds = (fits or {}).get(key) or self._fits(repeats, X, Y)
         figures = {key: float(np.mean([k[key] for k in kept])) for key in ("val_p@1", "val_loss")}
-        score = figures["val_p@1"] if self.scoring == "p@1" else -figures["val_loss"]
+        score = self._score(figures)
+        self._first[key] = self._score(kept[0])  # on the rows a full fit holds out (the template's seed)
         self.results_.append({"params": dict(setting), "score": score, **figures,
                               "seconds": round(seconds, 3), "screened": bool(overrides)})
         logger.info("held-out search%s: %s -> %s %.4f (%.1f s)", " (screening)" if overrides else "", setting,
@@ -283,7 +291,7 @@ class HeldOutSearch:
             ``self``, with ``best_estimator_``, ``best_params_``, ``best_score_``, ``results_``.
         """
         grid = self._validated()
-        self.results_, self._done, self._best = [], {}, None
+        self.results_, self._done, self._first, self._best = [], {}, {}, None
         screen = dict(self.screen or {})
         # screened settings from statistics every candidate shares, where the estimator offers it
         self._screener = self.estimator.screener(X, Y) if screen and hasattr(self.estimator, "screener") else None
@@ -300,10 +308,25 @@ class HeldOutSearch:
             cheap = {name: values for name, values in cheap.items() if name not in full}
             best = self._search(cheap, X, Y, overrides=screen) if cheap else {}
             self._search(full or {}, X, Y, start=best)
+            if self.screen_finalist and cheap:
+                self._screened_finalist(best, screen, X, Y)
         score, model, setting = self._best
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
-        del self._done, self._best, self._screener
+        del self._done, self._first, self._best, self._screener
         return self
+
+    def _screened_finalist(self, setting: dict, overrides: dict, X, Y) -> None:
+        """Keep the best screened ``setting`` as screened (``overrides`` on top), fitted in full, if on the full
+        fits' held-out rows it scores higher than the best of them."""
+        setting, key, repeats, _ = self._prepare(setting, overrides)
+        score, full = self._first[key], self._best[0]
+        if score <= full:
+            return
+        start = time.perf_counter()
+        model = type(self.estimator)(**repeats[0]).fit(X, Y)
+        self._best = (held_out_score(model, self.scoring), model, dict(setting))
+        logger.info("held-out search: the screened %s beats the full fits (%s %.4f against %.4f; fitted in %.1f s)",
+                    setting, self.scoring, abs(score), abs(full), time.perf_counter() - start)
 
     def _search(self, grid: dict, X, Y, *, overrides: dict | None = None, start: dict | None = None) -> dict:
         """Search ``grid`` from the setting ``start`` (fitted with ``overrides``); the best setting found."""

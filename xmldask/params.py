@@ -57,7 +57,9 @@ def kernel_name(value) -> str:
 #: default (kernel only) 57.3, this search 64.0 (see the README)
 AUTO_SEARCH = {"features": ("raw", "tfidf"), "k": (50, 400), "alpha": (1e-3, 0.1, 3.0), "kernel": ("none", "gaussian")}
 #: how a search screens its candidates (``search_screen``): no decoder epochs (the ridge decoder alone)
-#: and the linear feature map; the searched kernels and the winner get full fits
+#: and the linear feature map; the searched kernels and the winner get full fits. The screen's winner is a
+#: model too: with ``max_epochs`` at its default and the linear map among the kernels searched, it is kept
+#: when it beats the full fits on their held-out rows (the least-squares scores as the decoder)
 SCREEN = {"max_epochs": 0, "kernel": "none"}
 #: ``search_repeats="auto"``: held-out rows a screening decision should rest on in all. The standard error
 #: of a held-out P@1 near 0.5 is sqrt(0.25 / rows): 4 points on 150 rows, 1.6 points on 1000 rows
