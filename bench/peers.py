@@ -12,6 +12,9 @@ Systems:
 
 - ``xmldask-default``: what a new user runs, ``xmldask train TRAIN --out MODEL`` with no option
   (``xmldask.jobs.train`` with no parameters: its own default held-out search, ``search="auto"``).
+- ``xmldask-chosen``: one fit of the setting ``xmldask-default`` chose in the same run (its ``params``), without the
+  search and the ensemble (``search=None, n_estimators=1``): what the model the defaults pick costs on its own,
+  to tell the search's share of the default's time from the model's. Needs ``xmldask-default`` before it.
 - ``xmldask``: the text files are ingested into stores once (``xmldask.io.ingest``, no row transform;
   reused from ``storage/bench/peers/DATASET``), then ``xmldask.jobs.train`` (Rembrandt embedding) on
   the default local cluster and ``xmldask.jobs.predict``. The parameters are chosen by
@@ -78,7 +81,8 @@ DATA = Path(os.environ.get("XMLDASK_SHARED_DATA", ROOT.parent / "shared" / "data
 DATASETS = ("yeast", "bibtex", "delicious", "lshtc1-dryrun-task2", "aloi")
 ALIASES = {"lshtc1": "lshtc1-dryrun-task2", "lshtc1-dryrun": "lshtc1-dryrun-task2"}
 QUICK = ("yeast", "bibtex")
-SYSTEMS = ("xmldask", "xmldask-default", "omikuji-parabel", "omikuji-bonsai", "napkinxc-plt", "pecos-xrlinear")
+SYSTEMS = ("xmldask", "xmldask-default", "xmldask-chosen", "omikuji-parabel", "omikuji-bonsai", "napkinxc-plt",
+           "pecos-xrlinear")
 #: xmldask's held-out search (coordinate-wise, in this order; the same for every dataset)
 SEARCH = ("features=raw,tfidf", "alpha=0.001,0.03,1", "k=50,150,400", "kernel=none,gaussian", "bandwidth_scale=1,4")
 #: members of xmldask's ensemble (EnsembleClassifier): Omikuji grows 3 trees by default
@@ -138,6 +142,8 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
 
     if spec["system"] == "xmldask-default":  # what `xmldask train TRAIN --out MODEL` does, no option given
         params = {}
+    elif spec["system"] == "xmldask-chosen":  # the default's chosen setting alone: no search, one model
+        params = {**spec["chosen"], "search": None, "n_estimators": 1}
     else:
         n_labels = open_dataset(spec["train_url"]).n_labels
         search = {name: sorted({min(v, n_labels) for v in values}) if name == "k" else values
@@ -169,7 +175,7 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
     return {"train_s": train_s, "predict_s": predict_s, "peak_rss_mb": sum(processes.values()),
             "model_bytes": _size_bytes(model_url), "n_test": int(labels.shape[0]),
             "settings": chosen + (f" (held-out P@1 on train, {len(info['search'])} fits: {tried})" if tried else ""),
-            "search": info.get("search")}
+            "search": info.get("search"), "params": info["params"]}
 
 
 def _short(params: dict) -> str:
@@ -231,7 +237,8 @@ def _child_napkinxc(spec: dict, out: Path) -> dict:
             "settings": "PLT defaults (hierarchical k-means arity 2, max_leaves 100, liblinear log loss)"}
 
 
-CHILDREN = {"xmldask": _child_xmldask, "xmldask-default": _child_xmldask, "omikuji-parabel": _child_omikuji,
+CHILDREN = {"xmldask": _child_xmldask, "xmldask-default": _child_xmldask, "xmldask-chosen": _child_xmldask,
+            "omikuji-parabel": _child_omikuji,
             "omikuji-bonsai": _child_omikuji, "napkinxc-plt": _child_napkinxc}
 
 
@@ -407,12 +414,16 @@ def run_dataset(name: str, args, work_root: Path, pecos: tuple[Path | None, str]
     meta = {"n_train": train.n_samples, "n_test": test.n_samples, "n_features": train.n_features,
             "n_labels": train.n_labels, "ingest_s": urls["ingest_s"],
             "task": "multiclass" if (counts == 1).all() else "multilabel"}
-    rows = []
+    rows, chosen = [], None
     for system in args.systems:
         out = work / system
         shutil.rmtree(out, ignore_errors=True)
         spec = {"system": system, "out": str(out), "top_k": args.top_k, "search": args.xmldask_search,
-                "n_estimators": args.xmldask_estimators, **urls}
+                "n_estimators": args.xmldask_estimators, "chosen": chosen, **urls}
+        if system == "xmldask-chosen" and chosen is None:
+            rows.append({"system": system, "error": "xmldask-default did not run before it"})
+            print(f"{name} {system}: skipped (xmldask-default did not run before it)", file=sys.stderr, flush=True)
+            continue
         if system == "pecos-xrlinear":
             if pecos[0] is None:
                 rows.append({"system": system, "error": f"PECOS skipped: {pecos[1]}"})
@@ -433,6 +444,8 @@ def run_dataset(name: str, args, work_root: Path, pecos: tuple[Path | None, str]
                     "peak RSS MB": round(fig["peak_rss_mb"], 1), "model MB": round(fig["model_bytes"] / 2**20, 2),
                     "settings": fig["settings"], "task": meta["task"]})
         rows.append(row)
+        if system == "xmldask-default":
+            chosen = fig["params"]
         print(f"{name} {system}: P@1 {row['P@1 %']} %, train {row['train s']} s", file=sys.stderr, flush=True)
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
@@ -523,6 +536,9 @@ def main(argv=None) -> None:
     unknown = [s for s in args.systems if s not in SYSTEMS]
     if unknown:
         parser.error(f"unknown systems {unknown}; choose from {', '.join(SYSTEMS)}")
+    systems = args.systems
+    if "xmldask-chosen" in systems and "xmldask-default" not in systems[:systems.index("xmldask-chosen")]:
+        parser.error("xmldask-chosen fits the setting xmldask-default chose: list xmldask-default before it")
     missing = [n for n in names if not (dataset_dir(n) / "train.txt.gz").exists()]
     if missing and not args.aloi_table:
         parser.error(f"no train.txt.gz for {missing} under {DATA} (set $XMLDASK_SHARED_DATA)")
