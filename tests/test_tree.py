@@ -490,6 +490,31 @@ def test_tree_classifier_on_sparse_rows_steps_only_the_leaf_features(monkeypatch
     assert lazy.history_[-1]["loss"] < lazy.history_[0]["loss"]
 
 
+def test_tree_classifier_joins_row_blocks_into_one_round_of_leaf_steps(monkeypatch):
+    """Rows made dense: the uneven row blocks are one round of leaf steps, a full-batch step per leaf and pass as
+    in the reference code, so the model is that of the same rows in one block; with a round of one block at most,
+    a step per leaf and block gives another model."""
+    from xmldask.models import tree_classifier as TC
+
+    Xd, Yd = _clustered(seed=4)
+    X, Y = _dask(Xd, Yd)
+    assert X.numblocks[0] > 2
+    assert TC._rounds(X.chunks[0], 16 * Xd.shape[1]) == [list(range(X.numblocks[0]))]
+    assert TC._rounds((1, 2, 1, 3), TC.STEP_BYTES // 3) == [[0, 1], [2], [3]]
+    one = tuple(da.from_array(sp.csr_matrix(a.astype(np.float32)), chunks=(len(Xd), -1), asarray=False)
+                for a in (Xd, Yd))
+    tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
+    kw = dict(n_components=6, n_epochs=3, random_state=0)
+    joined, single = TC.TreeClassifier(tree, **kw).fit(X, Y), TC.TreeClassifier(tree, **kw).fit(*one)
+    for name in ("U_", "V_", "b_"):
+        np.testing.assert_allclose(getattr(joined, name), getattr(single, name), rtol=1e-5, atol=1e-6)
+    monkeypatch.setattr(TC, "STEP_BYTES", 16 * Xd.shape[1] * max(X.chunks[0]))
+    per_block = TC.TreeClassifier(tree, **kw).fit(X, Y)
+    assert not np.allclose(per_block.V_, joined.V_, rtol=1e-3, atol=1e-4)
+    assert TC._rounds(X.chunks[0], 16 * Xd.shape[1]) == [[i] for i in range(X.numblocks[0])]
+    assert TC._rounds((5, 3, 4, 2), 0) == [[0], [1], [2], [3]]  # sparse rows: a round a block
+
+
 @pytest.mark.parametrize("options", [{}, {"per_leaf": False}, {"routing": "deterministic"}])
 def test_tree_classifier_fits_predicts_within_candidates_and_round_trips(tmp_path, options):
     from xmldask.models import load_model
