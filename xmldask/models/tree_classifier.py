@@ -151,22 +151,22 @@ class TreeClassifier(SavedModel, ParamsMixin):
         n_slots = len(self.cand_indices_) if self.per_leaf else tree.n_labels_
         V, b = np.zeros((r, n_slots)), np.zeros(n_slots)
         self.history_ = []
-        blocks = [([X.blocks[i] for i in group], [Y.blocks[i] for i in group])
+        rounds = [([X.blocks[i] for i in group], [Y.blocks[i] for i in group])
                   for group in _rounds(X.chunks[0], 0 if _precond_is_diagonal(precond) else 16 * d)]
         # the steps multiply small matrices: one BLAS thread (a pool of spinning threads was measured
         # 50x slower for a 128 x 128 by 128 x 50 product on a busy 2-core machine)
         with threadpool_limits(limits=1):
-            U, V, b = self._epochs(blocks, tree, U, V, b, precond, rng, start)
+            U, V, b = self._epochs(rounds, tree, U, V, b, precond, rng, start)
         self.U_, self.V_, self.b_ = U.astype(np.float32), V.astype(np.float32), b.astype(np.float32)
         self.n_features_in_, self.n_labels_ = d, tree.n_labels_
         self.fit_seconds_ = time.perf_counter() - start
         return self
 
-    def _epochs(self, blocks, tree, U, V, b, precond, rng, start):
-        """The passes of :meth:`fit` (the heavy-ball steps, leaf by leaf, block by block).
+    def _epochs(self, rounds, tree, U, V, b, precond, rng, start):
+        """The passes of :meth:`fit` (the heavy-ball steps, leaf by leaf, round by round).
 
         A leaf holds a few rows (ALOI: about 6), so a step is a handful of small dense products: the
-        block's rows are made dense when narrow and preconditioned once per block (``X M^-1``, so that
+        round's rows are made dense when narrow and preconditioned once per round (``X M^-1``, so that
         a leaf's preconditioned ``U`` gradient is ``(X M^-1)_l^T delta V_l^T``), its labels looked up
         per leaf without sparse indexing. With many features (sparse rows, a diagonal preconditioner) a
         step reads and moves only the rows of ``U`` at the leaf's features (:class:`_RowHeavyBall`): the
@@ -179,7 +179,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
         W = routing_routers(self.W_)
         for epoch in range(int(self.n_epochs)):
             loss_sum = rows_used = rows_seen = 0
-            for Xd, Yd in blocks:
+            for Xd, Yd in rounds:  # each a list of row blocks
                 parts = dask.compute(*Xd, *Yd)
                 Xb, Yb = (sp.vstack([sp.csr_matrix(p) for p in half]).tocsr()
                           for half in (parts[:len(Xd)], parts[len(Xd):]))
