@@ -515,7 +515,71 @@ def test_tree_classifier_joins_row_blocks_into_one_round_of_leaf_steps(monkeypat
     assert TC._rounds((5, 3, 4, 2), 0) == [[0], [1], [2], [3]]  # sparse rows: a round a block
 
 
-@pytest.mark.parametrize("options", [{}, {"per_leaf": False}, {"routing": "deterministic"}])
+def _per_label_reference(Xd, Yd, chunks, leaf, tree, *, epochs, eta, momentum, decay, multilabel):
+    """The text form's passes in plain NumPy: rounds of one row block (rows stay sparse), the leaves in the order
+    of the classifier's generator, one full-batch step per leaf on the weights of its rows' features and its
+    candidates (lazy momentum) and on its biases."""
+    squares = (Xd.astype(np.float64) ** 2).sum(axis=0)
+    C = np.maximum(1.0, squares)
+    scale = 1.0 / (C + 1e-3 * C.mean())
+    ip, ix = tree.cand_indptr_, tree.cand_indices_
+    V, b = np.zeros((Xd.shape[1], Yd.shape[1])), np.zeros(len(ix))
+    mV, mb = np.zeros_like(V), np.zeros_like(b)
+    rng = np.random.default_rng(0)
+    for _ in range(epochs):
+        for rows in np.split(np.arange(len(Xd)), np.cumsum(chunks)[:-1]):
+            nodes = np.unique(leaf[rows])
+            for i in rng.permutation(len(nodes)):
+                idx = rows[leaf[rows] == nodes[i]]
+                slots = np.arange(ip[nodes[i]], ip[nodes[i] + 1])
+                cands = ix[slots]
+                T = Yd[np.ix_(idx, cands)]
+                keep = T.any(axis=1)
+                if not len(cands) or not keep.any():
+                    continue
+                idx, T = idx[keep], T[keep]
+                S = Xd[idx].astype(np.float64) @ V[:, cands] + b[slots]
+                if multilabel:
+                    delta = 1.0 / (1.0 + np.exp(-S)) - T
+                else:
+                    E = np.exp(S - S.max(axis=1, keepdims=True))
+                    delta = E / E.sum(axis=1, keepdims=True) - T / T.sum(axis=1, keepdims=True)
+                feats = np.flatnonzero((Xd[idx] != 0).any(axis=0))
+                block = np.ix_(feats, cands)
+                mV[block] = momentum * mV[block] - eta * scale[feats][:, None] * (Xd[idx][:, feats].T @ delta)
+                V[block] += mV[block]
+                mb[slots] = momentum * mb[slots] - eta * delta.mean(axis=0)
+                b[slots] += mb[slots]
+        eta *= decay
+    return V, b
+
+
+@pytest.mark.parametrize("multilabel", [False, True])
+def test_tree_classifier_per_label_form_matches_a_numpy_reference(multilabel):
+    """The text form (weights per label shared by the leaves, a bias per leaf and candidate, the reference code's
+    per-feature step scale and lazy momentum) against plain NumPy: sparse float32 rows in uneven blocks."""
+    from xmldask.models.tree_classifier import TreeClassifier
+
+    Xd, Yd = _clustered(seed=7, multilabel=multilabel)
+    Xd[np.abs(Xd) < 0.8] = 0
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=3, leaf_labels=5, random_state=0).fit(X, Y)
+    kw = dict(epochs=3, eta=0.5, momentum=0.9, decay=0.95, multilabel=multilabel)
+    model = TreeClassifier(tree, form="per_label", routing="deterministic", n_epochs=kw["epochs"],
+                           learning_rate=kw["eta"], momentum=kw["momentum"], decay=kw["decay"],
+                           random_state=0).fit(X, Y)
+    assert model.U_ is None and model.V_.shape == (Xd.shape[1], Yd.shape[1])
+    assert model.preconditioner_ == "feature_scale"
+    V, b = _per_label_reference(Xd, Yd, X.chunks[0], tree.route(X).compute(), tree, **kw)
+    np.testing.assert_allclose(model.V_, V, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(model.b_, b, rtol=1e-4, atol=1e-6)
+    assert model.history_[-1]["loss"] < model.history_[0]["loss"]
+    with pytest.raises(ValueError, match="form must be one of 'low_rank', 'per_label'"):
+        TreeClassifier(tree, form="text").fit(X, Y)
+
+
+@pytest.mark.parametrize("options", [{}, {"per_leaf": False}, {"routing": "deterministic"},
+                                     {"form": "per_label"}])
 def test_tree_classifier_fits_predicts_within_candidates_and_round_trips(tmp_path, options):
     from xmldask.models import load_model
     from xmldask.models.tree_classifier import TreeClassifier
@@ -614,6 +678,18 @@ def test_cli_tree_tree_info_train_predict_evaluate(tmp_path, capsys, scheduler):
     capsys.readouterr()
     assert main(["evaluate", pred, test, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["P@1"] > 1 / 30
+    # the text form: weights per label shared by the leaves, a bias per leaf and candidate
+    per_label, pred2 = str(tmp_path / "per-label.zarr"), str(tmp_path / "pred2.zarr")
+    assert main(["train", train, "--out", per_label, "--tree", tree, "--tree-form", "per_label", "--max-epochs", "5",
+                 "--scheduler", scheduler, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["params"]["tree_form"] == "per_label"
+    assert main(["predict", per_label, test, "--out", pred2, "--top-k", "3", "--no-progress",
+                 "--scheduler", scheduler]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", pred2, test, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["P@1"] > 1 / 30
+    assert main(["train", train, "--out", str(tmp_path / "m3.zarr"), "--tree-form", "per_label"]) == 2
+    assert "tree_form applies only with tree=" in capsys.readouterr().err
     # refusals before any pass: an existing store, a bad depth, data of another feature count
     assert main(["tree", train, "--out", tree]) == 2
     assert "already exists" in capsys.readouterr().err

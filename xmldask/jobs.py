@@ -429,15 +429,16 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
     from .models.tree_classifier import TreeClassifier
 
     unknown = sorted(set(extra) - set(TreeClassifier._get_param_names())
-                     | set(extra) & {"tree", "n_components", "n_epochs"})
+                     | set(extra) & {"tree", "n_components", "form", "n_epochs"})
     if unknown:
         raise ValueError(f"{', '.join(unknown)} do not apply to the tree classifier (tree=); its options are "
-                         f"k (n_components), max_epochs (passes), seed and "
+                         f"k (n_components), tree_form (form), max_epochs (passes), seed and "
                          f"{', '.join(TreeClassifier._get_param_names())}")
     check_target(out, kind="model", overwrite=overwrite, inputs=[train_url, p.tree])
     data = open_dataset(train_url)
     check_fully_observed(data, "the tree classifier")
-    model = TreeClassifier(p.tree, n_components=p.k, n_epochs=p.max_epochs, random_state=p.seed, **extra)
+    model = TreeClassifier(p.tree, n_components=p.k, form=p.tree_form, n_epochs=p.max_epochs, random_state=p.seed,
+                           **extra)
     start = time.perf_counter()
     rows = _held_in_memory(data)  # a pass per epoch
     model.fit(rows.X, rows.Y)
@@ -445,5 +446,5 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
     model.save(out, overwrite=overwrite, meta={"train_url": train_url, "tree_url": p.tree})
     return {"model": out, "train": train_url, "tree": p.tree, "seconds": round(seconds, 3),
             "n_passes": int(model.n_passes_), "task": model.task_,
-            "params": {"k": p.k, "max_epochs": p.max_epochs, "seed": p.seed, **extra},
+            "params": {"k": p.k, "tree_form": p.tree_form, "max_epochs": p.max_epochs, "seed": p.seed, **extra},
             "held_out": {key: value for key, value in model.history_[-1].items()}}

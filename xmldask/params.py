@@ -76,7 +76,7 @@ AUTO_ESTIMATORS = 3
 TREE_PASSES = 200
 #: the parameters that apply with ``tree=`` and with ``model="leml"|"br"``
 _SEARCH_PARAMS = {"search", "search_strategy", "search_extensions", "search_screen", "search_repeats"}
-_TREE_PARAMS = {"tree", "k", "max_epochs", "seed", *_SEARCH_PARAMS}
+_TREE_PARAMS = {"tree", "tree_form", "k", "max_epochs", "seed", *_SEARCH_PARAMS}
 _LOW_RANK_PARAMS = {"model", "k", "loss", "lam", "n_iter", "seed", *_SEARCH_PARAMS}
 #: the model families of multiclass boosting, and the parameters that apply to them
 BOOSTING_MODELS = ("gradfac", "gfen", "mll", "ovr")
@@ -152,6 +152,10 @@ class TrainParams(BaseModel):
     tree: str | None = Field(
         None, description="a spectral label tree store (xmldask tree): train its candidate-restricted classifier "
                           f"instead (rank k, max_epochs passes, default {TREE_PASSES}; seed)")
+    tree_form: Literal["low_rank", "per_label"] = Field(
+        "low_rank", description="with tree: the classifier's form, low_rank (rank-k U shared by the leaves, V and b "
+                                "per leaf: the paper's ALOI form) or per_label (a weight vector per label shared by "
+                                "the leaves, a bias per leaf and candidate: its text form)")
 
     @model_validator(mode="before")
     @classmethod
@@ -174,6 +178,8 @@ class TrainParams(BaseModel):
             return _resolve_for(cls, data, f"model={model}", _LOW_RANK_PARAMS)
         if data.get("tree"):
             return _resolve_for(cls, {"max_epochs": TREE_PASSES, **data}, "tree=", _TREE_PARAMS)
+        if data.get("tree_form", "low_rank") != "low_rank":
+            raise ValueError("tree_form applies only with tree=")
         only_low_rank = sorted(name for name in ("loss", "lam", "n_iter")
                                if name in data and data[name] != cls.model_fields[name].default)
         if only_low_rank:

@@ -1,21 +1,23 @@
 """The candidate-restricted classifier of the spectral label tree (Algorithm 1's ``H``).
 
 :class:`TreeClassifier` scores only the candidates of a row's leaf: ``(U^T x)^T V_l + b_l`` with a
-shared low-rank ``U`` (``n_features x k``) and a per-leaf ``V_l`` (``k x |C_l|``) and ``b_l``
-(the paper's ALOI form), a softmax over the candidates (multiclass) or an independent logistic
-per candidate (multilabel). Training streams rounds of rows one after the other, carrying the model:
-every pass samples each row's leaf afresh by randomized routing (each internal node draws left with
-its routing probability), skips rows whose labels miss the sampled leaf, and takes one full-batch
-heavy-ball step per leaf present in the round, leaves in random order. A round is as many consecutive
-row blocks as :data:`STEP_BYTES` holds (rows made dense), a row block where the rows stay sparse; with
-every row in one round this is the reference code's loop. Inference routes deterministically and ranks
-the leaf's candidates.
+shared low-rank ``U`` (``n_features x k``) and a per-leaf ``V_l`` (``k x |C_l|``) and ``b_l`` (the
+paper's ALOI form), or ``w_c^T x + b_{l,c}`` with weights per label shared by every leaf and a bias per
+leaf and candidate (its text form, ODP and LSHTC); a softmax over the candidates (multiclass) or an
+independent logistic per candidate (multilabel). Training streams rounds of rows one after the other,
+carrying the model: every pass samples each row's leaf afresh by randomized routing (each internal node
+draws left with its routing probability), skips rows whose labels miss the sampled leaf, and takes one
+full-batch heavy-ball step per leaf present in the round, leaves in random order. A round is as many
+consecutive row blocks as :data:`STEP_BYTES` holds (rows made dense), a row block where the rows stay
+sparse; with every row in one round this is the reference code's loop. Inference routes
+deterministically and ranks the leaf's candidates.
 
 References
 ----------
 Mineiro and Karampatziakis, "A Hierarchical Spectral Method for Extreme Classification" (2015),
 Algorithm 1, section 3.5, section 5.2 (ALOI: rank-50 LR, shared U, per-leaf V and b); the authors'
-code pmineiro/xlst ``aloi/runaloi.m`` (preconditioner, momentum, step schedule).
+code pmineiro/xlst ``aloi/runaloi.m`` (preconditioner, momentum, step schedule) and its ``treeupdate`` mex
+(the text form: per-feature step scale, lazy momentum).
 """
 
 from __future__ import annotations
@@ -57,6 +59,13 @@ DENSE_PRECONDITIONER_MAX_FEATURES = 4096
 #: rank 50, 250 passes, seed 0: test accuracy 90.92 % in one round a pass against 90.31 % in two (a step per
 #: leaf and block: twice the steps of the mean V and b gradients under the same momentum); seed 1: 90.53 %
 STEP_BYTES = 512 * 2**20
+#: the text form's per-feature step scale ``1 / C_f``, ``C_f = max(1, sum_i x_if^2) + FEATURE_SCALE_RIDGE
+#: mean_f C_f`` (the reference code's ``treeupdate``: lambda = 1e-3)
+FEATURE_SCALE_RIDGE = 1e-3
+FORMS = ("low_rank", "per_label")
+#: the reference code's step size, momentum and decay per pass for each form (``learning_rate="auto"`` ...)
+SCHEDULES = {"low_rank": {"learning_rate": 0.25, "momentum": 0.8, "decay": 0.999},
+             "per_label": {"learning_rate": 1.0, "momentum": 0.95, "decay": 0.99}}
 
 
 
@@ -68,18 +77,26 @@ class TreeClassifier(SavedModel, ParamsMixin):
     tree : SpectralLabelTree or str
         A fitted tree or the URL of a saved one (its candidates and routers are copied into the model).
     n_components : int, default 50
-        Width of the shared ``U`` (the rank of the classifier).
+        Width of the shared ``U`` (the rank of the classifier; ``form="low_rank"`` only).
+    form : {"low_rank", "per_label"}, default "low_rank"
+        ``low_rank``: ``(U^T x)^T V_l + b_l`` (the paper's ALOI form; ``U``'s step preconditioned by
+        ``(0.5 X^T X + ridge)^-1``). ``per_label``: ``w_c^T x + b_{l,c}``, one weight vector per label
+        (the columns of ``V``, ``n_features x n_labels``) shared by every leaf and a bias per leaf and
+        candidate (the paper's text form); a step on feature ``f`` is scaled by ``1 / C_f``, ``C_f =
+        max(1, sum_i x_if^2) + 1e-3 mean(C)``, and moves only the weights of the leaf's rows' features and
+        candidates (momentum too: the reference code's lazy momentum).
     per_leaf : bool, default True
-        Per-leaf ``V_l, b_l``; ``False``: one ``V, b`` over all labels shared by every leaf, still
-        scored over the leaf's candidates only (the paper's "same classifier at every leaf" ablation).
+        Per-leaf ``V_l, b_l`` (``per_label``: per-leaf biases); ``False``: one ``V, b`` over all labels
+        shared by every leaf, still scored over the leaf's candidates only (the paper's "same classifier at
+        every leaf" ablation).
     routing : {"randomized", "deterministic"}, default "randomized"
         Leaf of a training row: re-sampled every pass, or the deterministic one (ablation).
     n_epochs : int, default 200
         Passes over the training rows (the reference code: 200 to 250).
-    learning_rate : float, default 0.25
-    decay : float, default 0.999
-        Learning rate multiplier per pass.
-    momentum : float, default 0.8
+    learning_rate, momentum, decay : float or "auto", default "auto"
+        The heavy-ball steps: step size, momentum and the step size's multiplier per pass; ``auto`` takes the
+        reference code's for the form (:data:`SCHEDULES`: ``low_rank`` 0.25, 0.8, 0.999 from ``runaloi.m``;
+        ``per_label`` 1, 0.95, 0.99 from its LSHTC and ODP scripts).
     ridge : float, default 1e-2
         ``lambda`` of the preconditioner ``(0.5 X^T X + lambda tr(X^T X)/d I)^-1``.
     task : {"auto", "multiclass", "multilabel"}, default "auto"
@@ -88,17 +105,18 @@ class TreeClassifier(SavedModel, ParamsMixin):
 
     Attributes
     ----------
-    U_ : ndarray, shape (n_features, n_components)
-    V_ : ndarray, shape (n_components, n_slots)
+    U_ : ndarray, shape (n_features, n_components), or None (``per_label``)
+    V_ : ndarray, shape (n_components, n_slots), or (n_features, n_labels) (``per_label``)
         Per leaf: column ``s`` scores candidate ``cand_indices_[s]`` (slots of leaf ``l``:
-        ``cand_indptr_[l]:cand_indptr_[l+1]``); shared: ``n_slots = n_labels``, column = label.
+        ``cand_indptr_[l]:cand_indptr_[l+1]``); shared: ``n_slots = n_labels``, column = label;
+        ``per_label``: column = label.
     b_ : ndarray, shape (n_slots,)
     history_ : list of dict
         Per pass: ``epoch``, ``loss`` (mean over the trained rows), ``skipped`` (fraction of rows whose
         labels missed their sampled leaf), ``seconds``.
-    preconditioner_ : {"full", "diagonal"}
+    preconditioner_ : {"full", "diagonal", "feature_scale"}
         Of ``U``'s gradient: the full one up to :data:`DENSE_PRECONDITIONER_MAX_FEATURES` features, else the
-        diagonal (sparse rows).
+        diagonal (sparse rows); ``per_label``: the per-feature step scale.
     """
 
     _MODEL_VERSION = TREE_CLASSIFIER_VERSION
@@ -108,10 +126,11 @@ class TreeClassifier(SavedModel, ParamsMixin):
     _SCALARS = ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history",
                 "preconditioner")
 
-    def __init__(self, tree=None, *, n_components: int = 50, per_leaf: bool = True, routing: str = "randomized",
-                 n_epochs: int = 200, learning_rate: float = 0.25, decay: float = 0.999, momentum: float = 0.8,
-                 ridge: float = 1e-2, task: str = "auto", random_state=0):
-        self.tree, self.n_components, self.per_leaf, self.routing = tree, n_components, per_leaf, routing
+    def __init__(self, tree=None, *, n_components: int = 50, form: str = "low_rank", per_leaf: bool = True,
+                 routing: str = "randomized", n_epochs: int = 200, learning_rate="auto", decay="auto",
+                 momentum="auto", ridge: float = 1e-2, task: str = "auto", random_state=0):
+        self.tree, self.n_components, self.form = tree, n_components, form
+        self.per_leaf, self.routing = per_leaf, routing
         self.n_epochs, self.learning_rate, self.decay, self.momentum = n_epochs, learning_rate, decay, momentum
         self.ridge, self.task, self.random_state = ridge, task, random_state
 
@@ -128,7 +147,18 @@ class TreeClassifier(SavedModel, ParamsMixin):
                 raise ValueError(f"{name} must be a positive integer, but is {value!r}")
         if self.routing not in ("randomized", "deterministic"):
             raise ValueError(f"routing must be 'randomized' or 'deterministic', but is {self.routing!r}")
+        if self.form not in FORMS:
+            raise ValueError(f"form must be one of {', '.join(map(repr, FORMS))}, but is {self.form!r}")
+        for name in SCHEDULES[self.form]:
+            value = getattr(self, name)
+            if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+                raise ValueError(f"{name} must be 'auto' or a non-negative number, but is {value!r}")
         return tree
+
+    def _schedule(self) -> tuple[float, float, float]:
+        """Step size, momentum and decay per pass, ``auto`` resolved by the form."""
+        return tuple(float(SCHEDULES[self.form][name] if getattr(self, name) == "auto" else getattr(self, name))
+                     for name in ("learning_rate", "momentum", "decay"))
 
     def fit(self, X, Y) -> TreeClassifier:
         """Train on row blocks ``X`` (n_samples, n_features) and labels ``Y`` (n_samples, n_labels)."""
@@ -147,9 +177,12 @@ class TreeClassifier(SavedModel, ParamsMixin):
         self.sigma_form_ = tree.sigma
         precond = self._preconditioner(X)
         self.n_passes_ = 1
-        U = rng.standard_normal((d, r)) / np.sqrt(d)
         n_slots = len(self.cand_indices_) if self.per_leaf else tree.n_labels_
-        V, b = np.zeros((r, n_slots)), np.zeros(n_slots)
+        if self.form == "per_label":  # single precision, as the reference code's memory-mapped weights
+            U, V = None, np.zeros((d, tree.n_labels_), dtype=np.float32)
+        else:
+            U, V = rng.standard_normal((d, r)) / np.sqrt(d), np.zeros((r, n_slots))
+        b = np.zeros(n_slots)
         self.history_ = []
         rounds = [([X.blocks[i] for i in group], [Y.blocks[i] for i in group])
                   for group in _rounds(X.chunks[0], 0 if _precond_is_diagonal(precond) else 16 * d)]
@@ -157,7 +190,8 @@ class TreeClassifier(SavedModel, ParamsMixin):
         # 50x slower for a 128 x 128 by 128 x 50 product on a busy 2-core machine)
         with threadpool_limits(limits=1):
             U, V, b = self._epochs(rounds, tree, U, V, b, precond, rng, start)
-        self.U_, self.V_, self.b_ = U.astype(np.float32), V.astype(np.float32), b.astype(np.float32)
+        self.U_ = None if U is None else U.astype(np.float32)
+        self.V_, self.b_ = V.astype(np.float32), b.astype(np.float32)
         self.n_features_in_, self.n_labels_ = d, tree.n_labels_
         self.fit_seconds_ = time.perf_counter() - start
         return self
@@ -173,9 +207,10 @@ class TreeClassifier(SavedModel, ParamsMixin):
         same iterates, in time proportional to the leaf's nonzeros instead of ``n_features x n_components``.
         """
         sparse_rows = _precond_is_diagonal(precond)
-        steps = _RowHeavyBall(U, self.momentum) if sparse_rows else _DenseHeavyBall(U, self.momentum)
+        per_label = U is None
+        eta, mu, decay = self._schedule()
+        steps = None if per_label else _RowHeavyBall(U, mu) if sparse_rows else _DenseHeavyBall(U, mu)
         mV, mb = np.zeros_like(V), np.zeros_like(b)
-        eta = float(self.learning_rate)
         W = routing_routers(self.W_)
         for epoch in range(int(self.n_epochs)):
             loss_sum = rows_used = rows_seen = 0
@@ -200,7 +235,13 @@ class TreeClassifier(SavedModel, ParamsMixin):
                     if not keep.any():
                         continue
                     idx, Yl = idx[keep], Yl[keep]
-                    if sparse_rows:  # the leaf's rows on their own features
+                    if per_label:  # the weights of the leaf's features and candidates, lazy momentum
+                        feats, Xl = _compressed_rows(Xs[idx])
+                        block = np.ix_(feats, cands)
+                        loss, gV, gb = _per_label_gradients(Xl, Yl, V[block], b[cols], self.task_)
+                        mV[block] = mu * mV[block] - (eta * precond[feats])[:, None] * gV
+                        V[block] += mV[block]
+                    elif sparse_rows:  # the leaf's rows on their own features
                         feats, Xl = _compressed_rows(Xs[idx])
                         loss, gU, gV, gb = _leaf_gradients(Xl, Yl, steps.rows(feats), V[:, cols], b[cols], self.task_)
                         gU *= precond[feats][:, None]
@@ -208,14 +249,15 @@ class TreeClassifier(SavedModel, ParamsMixin):
                         feats = None
                         loss, gU, gV, gb = _leaf_gradients(Xs[idx], Yl, steps.U, V[:, cols], b[cols], self.task_,
                                                            XP[idx])
+                    if not per_label:
+                        mV[:, cols] = mu * mV[:, cols] - eta * gV
+                        V[:, cols] += mV[:, cols]
+                        steps.step(feats, eta * gU)
                     loss_sum += loss * len(Yl)
                     rows_used += len(Yl)
-                    mV[:, cols] = self.momentum * mV[:, cols] - eta * gV
-                    mb[cols] = self.momentum * mb[cols] - eta * gb
-                    V[:, cols] += mV[:, cols]
+                    mb[cols] = mu * mb[cols] - eta * gb
                     b[cols] += mb[cols]
-                    steps.step(feats, eta * gU)
-            eta *= self.decay
+            eta *= decay
             self.n_passes_ += 1
             self.history_.append({"epoch": epoch + 1, "loss": loss_sum / max(rows_used, 1),
                                   "skipped": 1 - rows_used / max(rows_seen, 1),
@@ -223,7 +265,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
             logger.info("tree classifier pass %d of %d: loss %.4f, %.1f%% of the rows skipped (%.1f s)", epoch + 1,
                         self.n_epochs, self.history_[-1]["loss"], 100 * self.history_[-1]["skipped"],
                         self.history_[-1]["seconds"])
-        return steps.result(), V, b
+        return (None if per_label else steps.result()), V, b
 
     def _slots(self, node) -> tuple[np.ndarray, np.ndarray]:
         """The leaf's candidate labels and their columns of ``V`` / entries of ``b``."""
@@ -235,7 +277,8 @@ class TreeClassifier(SavedModel, ParamsMixin):
         ``(X M^-1)_l^T delta V_l^T``; beyond, the inverse of ``M``'s diagonal (a vector). Sets
         ``preconditioner_`` ("full" or "diagonal")."""
         d = X.shape[1]
-        self.preconditioner_ = "full" if d <= DENSE_PRECONDITIONER_MAX_FEATURES else "diagonal"
+        self.preconditioner_ = ("feature_scale" if self.form == "per_label" else
+                                "full" if d <= DENSE_PRECONDITIONER_MAX_FEATURES else "diagonal")
         if self.preconditioner_ == "full":
             G = gram(X, dtype=np.float64).compute()
             M = 0.5 * G + self.ridge * np.trace(G) / d * np.eye(d)
@@ -244,11 +287,15 @@ class TreeClassifier(SavedModel, ParamsMixin):
         from ..linalg.passes import column_moments
 
         _, second = column_moments(X)
-        diag = 0.5 * second.compute() * X.shape[0]
+        squares = second.compute() * X.shape[0]  # sum_i x_if^2
+        if self.preconditioner_ == "feature_scale":
+            C = np.maximum(1.0, squares)
+            return 1.0 / (C + FEATURE_SCALE_RIDGE * C.mean())
+        diag = 0.5 * squares
         return 1.0 / (diag + self.ridge * diag.sum() / d)
 
     def _check_fitted(self) -> None:
-        if getattr(self, "U_", None) is None:
+        if getattr(self, "V_", None) is None:
 
             raise NotFittedError("this TreeClassifier is not fitted yet; call fit(X, Y) first")
 
@@ -268,7 +315,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
         k = self._checked_k(k)
         whole = {name: getattr(self, name + "_") for name in self._ARRAYS}
         operands = [("Xb", X, ROWS)] + [(n, router_operand(v) if n == "W" else whole_operand(v, name=n), WHOLE)
-                                        for n, v in whole.items()]
+                                        for n, v in whole.items() if v is not None]
         packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="tree-classifier-topk",
                             stack=False, static={"k": k, "form": self.sigma_form_, "task": self.task_,
                                                  "per_leaf": bool(self.per_leaf)})
@@ -383,6 +430,15 @@ def _leaf_gradients(Xl, Yl, U, V, b, task, XPl=None):
     return loss / m, np.asarray(rows.T @ (delta @ V.T)), H.T @ delta / m, delta.mean(axis=0)
 
 
+def _per_label_gradients(Xl, Yl, Vl, bl, task):
+    """Mean loss and gradients of one leaf's rows in the text form (scores ``Xl Vl + bl``, ``Vl`` the
+    weights of the rows' features and the leaf's candidates): ``dV`` a sum (the reference code's
+    per-example steps over a pass), ``db`` a mean (its ``eta / N_l``)."""
+    S = np.asarray(Xl @ Vl, dtype=np.float64) + bl
+    loss, delta = _dense_softmax_loss(S, Yl) if task == "multiclass" else MK.logistic_loss(S, Yl)
+    return loss / len(Yl), np.asarray(Xl.T @ delta), delta.mean(axis=0)
+
+
 def _dense_softmax_loss(S: np.ndarray, Y: np.ndarray) -> tuple[float, np.ndarray]:
     """:func:`xmldask.models._kernels.softmax_loss` for a few dense rows, every one with a label: the summed
     ``logsumexp(s_i) - mean_{j in y_i} s_ij`` and its gradient ``softmax(s_i) - y_i / |y_i|``."""
@@ -416,18 +472,19 @@ def _leaf_slots(cand_indptr, cand_indices, node, per_leaf: bool) -> tuple[np.nda
     return cands, (np.arange(lo, hi) if per_leaf else cands)
 
 
-def _topk_block(Xb, U, V, b, cand_indptr, cand_indices, table, W, *, k, form, task, per_leaf):
-    """Packed ``[labels (k), scores (k)]`` of a row block (see :meth:`TreeClassifier.predict_topk`)."""
+def _topk_block(Xb, V, b, cand_indptr, cand_indices, table, W, U=None, *, k, form, task, per_leaf):
+    """Packed ``[labels (k), scores (k)]`` of a row block (see :meth:`TreeClassifier.predict_topk`; ``U``
+    ``None``: the per-label form)."""
     X = sp.csr_matrix(Xb)
     leaf = leaf_of(X, table, W, form=form)
     out = np.empty((X.shape[0], 2 * k))
     out[:, :k], out[:, k:] = -1, -np.inf
-    H = np.asarray(X @ U, dtype=np.float64)
+    H = X if U is None else np.asarray(X @ U, dtype=np.float64)  # per_label: the features themselves
     for node, rows in rows_by_node(leaf):
         cands, cols = _leaf_slots(cand_indptr, cand_indices, node, per_leaf)
         if not len(cands):
             continue
-        S = H[rows] @ V[:, cols] + b[cols]
+        S = np.asarray(H[rows] @ V[:, cands if U is None else cols], dtype=np.float64) + b[cols]
         P = MK.probabilities(S, task)
         m = min(k, len(cands))
         top = np.argsort(-P, axis=1, kind="stable")[:, :m]
