@@ -208,16 +208,22 @@ def run(args, rows: _Rows) -> None:
         if args.flat and seed == 0:
             _scorer_rows(args, rows, train, test, work, frac, frac_depth, budgets, paper)
         # the candidate-restricted classifier and its ablations
-        variants = [("per-leaf V, b; randomized routing", {}, ("accuracy_train", "accuracy_test"))]
+        forms = args.forms.split(",")
+        variants = [(f"rank-{args.rank} LR, per-leaf V, b; randomized routing", {}, ("accuracy_train", "accuracy_test"))
+                    ] if "low_rank" in forms else []
+        if "per_label" in forms:
+            variants.append(("per-label weights, per-(leaf, candidate) bias (text form); randomized routing",
+                             {"form": "per_label"}, (None, None)))
         if args.ablations:
-            variants += [("shared V, b (ablation)", {"per_leaf": False}, (None, "shared_accuracy_test")),
-                         ("deterministic routing (ablation)", {"routing": "deterministic"},
+            variants += [(f"rank-{args.rank} LR, shared V, b (ablation)", {"per_leaf": False},
+                          (None, "shared_accuracy_test")),
+                         (f"rank-{args.rank} LR, deterministic routing (ablation)", {"routing": "deterministic"},
                           (None, "det_routing_accuracy_test"))]
         for name, options, (key_tr, key_te) in variants if args.epochs else []:
             start = time.perf_counter()
             model = TreeClassifier(frac, n_components=args.rank, n_epochs=args.epochs, random_state=seed,
                                    **options).fit(train.X, train.Y)
-            rows.add(*_classifier_rows(model, train, test, f"fractional tree + rank-{args.rank} LR, {name}, "
+            rows.add(*_classifier_rows(model, train, test, f"fractional tree + {name}, "
                                        f"{args.epochs} passes, seed {seed}", time.perf_counter() - start,
                                        paper.get(key_tr), paper.get(key_te)))
 
@@ -257,6 +263,9 @@ def main(argv=None) -> None:
     ap.add_argument("--speed-repeats", type=int, default=3,
                     help="the flat and scorer rows' prediction rows/s: the best of this many runs")
     ap.add_argument("--ablations", action="store_true", help="also the classifier ablations")
+    ap.add_argument("--forms", default="low_rank",
+                    help="the tree classifier's forms to train, comma-separated: low_rank (the paper's ALOI form), "
+                    "per_label (its text form)")
     ap.add_argument("--block-rows", type=int, default=65536)
     ap.add_argument("--normalize", default="none", choices=["none", "l2", "sqrt"],
                     help="row transform at ingest (sqrt: the paper's Hellinger map for text)")
