@@ -274,8 +274,8 @@ class TreeClassifier(SavedModel, ParamsMixin):
     def _preconditioner(self, X: da.Array):
         """``M = 0.5 X^T X + ridge tr(X^T X)/d I``: up to :data:`DENSE_PRECONDITIONER_MAX_FEATURES` features
         ``rows -> rows M^-1`` (Cholesky, once), so that a leaf's preconditioned ``U`` gradient is
-        ``(X M^-1)_l^T delta V_l^T``; beyond, the inverse of ``M``'s diagonal (a vector). Sets
-        ``preconditioner_`` ("full" or "diagonal")."""
+        ``(X M^-1)_l^T delta V_l^T``; beyond, the inverse of ``M``'s diagonal (a vector); the per-label form's
+        step scale ``1 / C_f`` (a vector). Sets ``preconditioner_`` ("full", "diagonal" or "feature_scale")."""
         d = X.shape[1]
         self.preconditioner_ = ("feature_scale" if self.form == "per_label" else
                                 "full" if d <= DENSE_PRECONDITIONER_MAX_FEATURES else "diagonal")
