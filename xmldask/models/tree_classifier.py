@@ -479,12 +479,16 @@ def _topk_block(Xb, V, b, cand_indptr, cand_indices, table, W, U=None, *, k, for
     leaf = leaf_of(X, table, W, form=form)
     out = np.empty((X.shape[0], 2 * k))
     out[:, :k], out[:, k:] = -1, -np.inf
-    H = X if U is None else np.asarray(X @ U, dtype=np.float64)  # per_label: the features themselves
+    H = None if U is None else np.asarray(X @ U, dtype=np.float64)
     for node, rows in rows_by_node(leaf):
         cands, cols = _leaf_slots(cand_indptr, cand_indices, node, per_leaf)
         if not len(cands):
             continue
-        S = np.asarray(H[rows] @ V[:, cands if U is None else cols], dtype=np.float64) + b[cols]
+        if U is None:  # the weights of the rows' features only (a leaf's columns of V span every feature)
+            feats, Xl = _compressed_rows(X[rows])
+            S = np.asarray(Xl @ V[np.ix_(feats, cands)], dtype=np.float64) + b[cols]
+        else:
+            S = H[rows] @ V[:, cols] + b[cols]
         P = MK.probabilities(S, task)
         m = min(k, len(cands))
         top = np.argsort(-P, axis=1, kind="stable")[:, :m]
