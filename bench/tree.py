@@ -12,7 +12,8 @@ classifiers, prediction rows/s.
 Fractional routing with the reference code's width makes every training row reach hundreds of
 nodes at depth 14 on ALOI (path probability over 1e-4); the tree keeps each block's pairs with the
 frontier between passes, so the depth-14 tree takes about 6 minutes (130 passes) on 2 cores.
-The classifier variants train on the fractional tree (the paper's Table 4); ``--epochs 0`` skips them.
+The classifier variants train on the fractional tree (the paper's Table 4; ``--classifier-tree deterministic``:
+the deterministic one, and no fractional tree is grown); ``--epochs 0`` skips them.
 
 Usage::
 
@@ -157,13 +158,14 @@ def _scorer_rows(args, rows, train, test, work, frac, depth, budgets, paper) -> 
                                paper.get("flat_accuracy_test"), repeats=args.speed_repeats))
     for budget in budgets:
         start = time.perf_counter()
+        routing = args.classifier_tree
         tree = frac if budget == args.leaf_labels else SpectralLabelTree(
-            max_depth=depth, leaf_labels=budget, random_state=0).fit(train.X, train.Y)
+            max_depth=depth, leaf_labels=budget, routing=routing, random_state=0).fit(train.X, train.Y)
         if budget != args.leaf_labels:
-            rows.add(*_tree_rows(f"fractional depth {depth}, s={budget}, seed 0", tree, train, test,
+            rows.add(*_tree_rows(f"{routing} depth {depth}, s={budget}, seed 0", tree, train, test,
                                  time.perf_counter() - start, {})[:2])
         rows.add(*_classifier_rows(CandidateScorer(tree, flat), train, test,
-                                   f"fractional tree s={budget} + {scorer} as scorer", 0.0, None,
+                                   f"{routing} tree s={budget} + {scorer} as scorer", 0.0, None,
                                    None, repeats=args.speed_repeats))
 
 
@@ -182,14 +184,16 @@ def run(args, rows: _Rows) -> None:
                    if aloi else {})
         rows.add(*_tree_rows(f"deterministic depth {args.depth}, s={args.leaf_labels}, seed {seed}", det, train,
                              test, time.perf_counter() - start, figures))
-        # the fractional tree (the paper's), as deep as --fractional-depth; its root gives Table 3
+        # the fractional tree (the paper's), as deep as --fractional-depth; its root gives Table 3. With
+        # --classifier-tree deterministic the deterministic tree (the same root) stands in for it
         start = time.perf_counter()
-        frac_depth = args.fractional_depth or args.depth
+        fractional = args.classifier_tree == "fractional"
+        frac_depth = (args.fractional_depth or args.depth) if fractional else args.depth
         frac = SpectralLabelTree(max_depth=frac_depth, leaf_labels=args.leaf_labels,
-                                 random_state=seed).fit(train.X, train.Y)
+                                 random_state=seed).fit(train.X, train.Y) if fractional else det
         frac_s = time.perf_counter() - start
         ftr, fte = frac.figures(train.X, train.Y), frac.figures(test.X, test.Y)
-        common = {"tree": f"root of the fractional tree (seed {seed})", "seconds": None, "passes": None,
+        common = {"tree": f"root of the {args.classifier_tree} tree (seed {seed})", "seconds": None, "passes": None,
                   "peak_rss_mb": None}
         rows.add({"figure": "root purity train %", "ours": 100 * ftr["root_purity"],
                   "paper": paper.get("root_purity_train"), **common},
@@ -203,8 +207,9 @@ def run(args, rows: _Rows) -> None:
                         "paper": paper.get(key), **common} for key, value in rnd.items()])
         figures = ({"recall_train": paper["tree_recall_train"], "recall_test": paper["tree_recall_test"],
                     "mean_depth": paper["mean_depth"], "mean_candidates": paper["mean_candidates"]} if aloi else {})
-        rows.add(*_tree_rows(f"fractional depth {frac_depth}, s={args.leaf_labels}, seed {seed}", frac,
-                             train, test, frac_s, figures))
+        if fractional:
+            rows.add(*_tree_rows(f"fractional depth {frac_depth}, s={args.leaf_labels}, seed {seed}", frac,
+                                 train, test, frac_s, figures))
         if args.flat and seed == 0:
             _scorer_rows(args, rows, train, test, work, frac, frac_depth, budgets, paper)
         # the candidate-restricted classifier and its ablations
@@ -223,7 +228,7 @@ def run(args, rows: _Rows) -> None:
             start = time.perf_counter()
             model = TreeClassifier(frac, n_components=args.rank, n_epochs=args.epochs, random_state=seed,
                                    **options).fit(train.X, train.Y)
-            rows.add(*_classifier_rows(model, train, test, f"fractional tree + {name}, "
+            rows.add(*_classifier_rows(model, train, test, f"{args.classifier_tree} tree + {name}, "
                                        f"{args.epochs} passes, seed {seed}", time.perf_counter() - start,
                                        paper.get(key_tr), paper.get(key_te)))
 
@@ -263,6 +268,8 @@ def main(argv=None) -> None:
     ap.add_argument("--speed-repeats", type=int, default=3,
                     help="the flat and scorer rows' prediction rows/s: the best of this many runs")
     ap.add_argument("--ablations", action="store_true", help="also the classifier ablations")
+    ap.add_argument("--classifier-tree", choices=["fractional", "deterministic"], default="fractional",
+                    help="the tree the classifiers and scorers take (deterministic: no fractional tree is grown)")
     ap.add_argument("--forms", default="low_rank",
                     help="the tree classifier's forms to train, comma-separated: low_rank (the paper's ALOI form), "
                     "per_label (its text form)")
