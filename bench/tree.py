@@ -135,8 +135,8 @@ def _classifier_rows(model, train, test, tag, seconds, paper_train, paper_test, 
 
 
 def _scorer_rows(args, rows, train, test, work, frac, depth, budgets, paper) -> None:
-    """Our flat model, then one of its members as the scorer of the candidates of fractional trees at each leaf
-    budget (tree recall, accuracy and prediction rows/s against the budget)."""
+    """Our flat model, then one of its members as the scorer of the candidates of trees (``--classifier-tree``) at
+    each leaf budget (tree recall, accuracy and prediction rows/s against the budget)."""
     from xmldask.jobs import train as train_job
     from xmldask.models import load_model
 
@@ -261,8 +261,8 @@ def main(argv=None) -> None:
     ap.add_argument("--random-directions", type=int, default=1000, help="Table 3 baseline (the paper: 10,000)")
     ap.add_argument("--flat", choices=["default", "rank"], default=None,
                     help="also fit our flat model (default: xmldask train with no options, and its first member "
-                    "alone; rank: Rembrandt k = --rank, linear) and use it (the member) as the scorer of fractional "
-                    "trees' candidates")
+                    "alone; rank: Rembrandt k = --rank, linear) and use it (the member) as the scorer of the trees' "
+                    "candidates at each --scorer-budgets")
     ap.add_argument("--scorer-budgets", default="25,50,100",
                     help="leaf budgets of the fractional trees scored by the flat model")
     ap.add_argument("--speed-repeats", type=int, default=3,
