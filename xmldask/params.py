@@ -286,7 +286,7 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel] = Trai
         elif words:  # a number or one of some words (e.g. auto)
             kwargs.update(type=_number_or(annotation, words), metavar="N|" + "|".join(words))
         else:
-            kwargs.update(type=annotation, metavar="X" if annotation is float else "N")
+            kwargs.update(type=annotation, metavar={float: "X", str: "URL"}.get(annotation, "N"))
         group.add_argument(_option(prefix + name), dest=_dest(prefix, name), **kwargs)
 
 
