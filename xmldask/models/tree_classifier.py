@@ -205,6 +205,8 @@ class TreeClassifier(SavedModel, ParamsMixin):
         per leaf without sparse indexing. With many features (sparse rows, a diagonal preconditioner) a
         step reads and moves only the rows of ``U`` at the leaf's features (:class:`_RowHeavyBall`): the
         same iterates, in time proportional to the leaf's nonzeros instead of ``n_features x n_components``.
+        The per-label form (``U`` is ``None``; rows sparse) steps the block of ``V`` at the leaf's features and
+        candidates, its momentum only there (the reference code's lazy momentum: not the dense iterates).
         """
         sparse_rows = _precond_is_diagonal(precond)
         per_label = U is None
