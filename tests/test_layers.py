@@ -18,7 +18,7 @@ LAYERS = [
     {"xmldask.scheduling", "xmldask.params", "xmldask.cluster", "xmldask.base"},
     {"xmldask", "xmldask.store"},
     {"xmldask.io", "xmldask.linalg"},
-    {"xmldask.datasets", "xmldask.metrics", "xmldask.embedding", "xmldask.tree"},
+    {"xmldask.datasets", "xmldask.xmc", "xmldask.metrics", "xmldask.embedding", "xmldask.tree"},
     {"xmldask.models"},
     {"xmldask.model_selection"},
     {"xmldask.jobs", "xmldask.demo"},

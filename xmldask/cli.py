@@ -112,22 +112,33 @@ def _cmd_ingest(args) -> int:
 
 def _add_synth(p) -> None:
     from .store.layout import BLOCK_ROWS
+    from .xmc import PRESETS
 
     _add_out(p, "dataset store", progress=True)
-    p.add_argument("--n-samples", type=_positive, required=True, metavar="N")
-    p.add_argument("--n-features", type=_positive, required=True, metavar="D")
-    p.add_argument("--n-labels", type=_positive, required=True, metavar="L")
+    p.add_argument("--preset", choices=list(PRESETS), default=None,
+                   help="the label-first XMC generator (xmldask.xmc) with the published sizes of a repository dataset "
+                        "(eurlex-4k, ..., amazon-670k) or a 10K / 100K / 1M-label text-like set; --split train or "
+                        "test picks its row count; --n-samples, --n-features, --n-labels, --avg-features and "
+                        "--avg-labels override it")
+    p.add_argument("--n-samples", type=_positive, default=None, metavar="N", help="rows (required without --preset)")
+    p.add_argument("--n-features", type=_positive, default=None, metavar="D",
+                   help="feature columns (required without --preset)")
+    p.add_argument("--n-labels", type=_positive, default=None, metavar="L",
+                   help="label columns (required without --preset)")
     p.add_argument("--multiclass", action="store_true", help="exactly one label per row")
     _add_seed(p)
     p.add_argument("--split", default="train", help="rows to draw from the model: train (default), test, ...")
     p.add_argument("--rank", type=_positive, default=None,
                    help="number of planted topics (default: 32, or fewer with fewer labels or features)")
-    p.add_argument("--avg-features", type=float, default=20.0,
-                   help="mean feature draws per row; repeats add up, so nonzeros are a little fewer (default 20)")
-    p.add_argument("--avg-labels", type=float, default=3.0,
-                   help="mean label draws per row, multilabel; repeats merge (default 3)")
-    p.add_argument("--block-rows", type=_positive, default=BLOCK_ROWS, metavar="N")
-    p.add_argument("--normalize", default="none", choices=["none", "l2", "l1", "sqrt"])
+    p.add_argument("--avg-features", type=float, default=None,
+                   help="mean feature draws per row; repeats add up, so nonzeros are a little fewer (default 20; "
+                        "with --preset the preset's features a row)")
+    p.add_argument("--avg-labels", type=float, default=None,
+                   help="mean label draws per row, multilabel; repeats merge (default 3; with --preset the preset's)")
+    p.add_argument("--block-rows", type=_positive, default=BLOCK_ROWS, metavar="N", help="rows of a store block")
+    p.add_argument("--normalize", default="none", choices=["none", "l2", "l1", "sqrt"],
+                   help="row normalisation of the features (without --preset; a preset's rows are unit L2 "
+                        "log-counts)")
 
 
 def _cmd_synth(args) -> int:
@@ -140,9 +151,23 @@ def _cmd_synth(args) -> int:
     from .datasets import make_synthetic
 
     start = time.perf_counter()
-    ds = make_synthetic(args.out, n_samples=args.n_samples, n_features=args.n_features, n_labels=args.n_labels,
-                        multiclass=args.multiclass, seed=args.seed, split=args.split, rank=args.rank,
-                        avg_features=args.avg_features, avg_labels=args.avg_labels, block_rows=args.block_rows,
+    sizes = {name: getattr(args, name) for name in ("n_samples", "n_features", "n_labels", "avg_features",
+                                                    "avg_labels") if getattr(args, name) is not None}
+    if args.preset:
+        from .xmc import make_xmc, preset
+
+        for name, given in (("--multiclass", args.multiclass), ("--rank", args.rank is not None),
+                            ("--normalize", args.normalize != "none")):
+            if given:
+                raise ValueError(f"{name} does not apply with --preset (the label-first generator)")
+        ds = make_xmc(args.out, **preset(args.preset, args.split, **sizes), seed=args.seed,
+                      block_rows=args.block_rows, overwrite=args.overwrite, progress=not args.no_progress)
+        return _print_dataset(ds, start)
+    missing = [f"--{name.replace('_', '-')}" for name in ("n_samples", "n_features", "n_labels") if name not in sizes]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} required (or --preset NAME)")
+    ds = make_synthetic(args.out, multiclass=args.multiclass, seed=args.seed, split=args.split, rank=args.rank,
+                        **{"avg_features": 20.0, "avg_labels": 3.0, **sizes}, block_rows=args.block_rows,
                         normalize=args.normalize, overwrite=args.overwrite, progress=not args.no_progress)
     return _print_dataset(ds, start)
 
@@ -250,10 +275,12 @@ def _cmd_train(args) -> int:
 
 def _train_text(info: dict) -> str:
     """The summary of a trained model (the search's candidates were shown as they finished)."""
-    held = ", ".join(f"{key} {value:.4g}" for key, value in info["held_out"].items() if isinstance(value, float))
+    held = ", ".join(f"{key} {value:.4g}" for key, value in info.get("held_out", {}).items()
+                     if isinstance(value, float))
     chosen = f"chose {info['params']}; " if "search" in info else ""
-    return (f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, {info['n_passes']} passes; "
-            f"held out: {held})")
+    clusters = f", {info['n_clusters']:,} label clusters" if "n_clusters" in info else ""
+    return (f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, {info['n_passes']} passes"
+            f"{clusters}{'; held out: ' + held if held else ''})")
 
 
 def _add_mask(p) -> None:
@@ -438,7 +465,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         with progress:
             return _COMMANDS[args.command][1](args)
-    except (ParseError, StoreError, FileExistsError, FileNotFoundError, ValueError, ConnectionError) as exc:
+    except (ParseError, StoreError, FileExistsError, FileNotFoundError, ValueError, ConnectionError,
+            MemoryError) as exc:
         print(f"xmldask {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -129,12 +129,12 @@ def _check_params(*, n_samples, n_features, n_labels, multiclass, rank, avg_feat
 # the model: Zipf tables and permutations, a function of the seed and the sizes only
 
 
-def _zipf_cdf(n: int, exponent: float) -> np.ndarray:
+def zipf_cdf(n: int, exponent: float) -> np.ndarray:
     """Unnormalised cumulative Zipf weights ``cumsum((k + 1) ** -exponent)``, shape (n,)."""
     return np.cumsum(np.arange(1, n + 1, dtype=np.float64) ** -exponent)
 
 
-def _affine(rng: np.random.Generator, size: int) -> tuple[int, int]:
+def affine_permutation(rng: np.random.Generator, size: int) -> tuple[int, int]:
     """Random ``(A, B)`` with ``gcd(A, size) = 1``: ``(A * r + B) mod size`` permutes ``range(size)``."""
     if size <= 2:
         return 1, int(rng.integers(size))
@@ -158,10 +158,10 @@ class _Vocabulary:
 
     @classmethod
     def build(cls, rng, *, size: int, rank: int, exponent: float, background: bool) -> _Vocabulary:
-        a, b = _affine(rng, size)
+        a, b = affine_permutation(rng, size)
         topic_len = (size - np.arange(rank) + rank - 1) // rank
-        return cls(size=size, rank=rank, topic_cdf=_zipf_cdf(int(topic_len[0]), exponent), topic_len=topic_len,
-                   background_cdf=_zipf_cdf(size, exponent) if background else None, a=a, b=b)
+        return cls(size=size, rank=rank, topic_cdf=zipf_cdf(int(topic_len[0]), exponent), topic_len=topic_len,
+                   background_cdf=zipf_cdf(size, exponent) if background else None, a=a, b=b)
 
     def topic_ranks(self, topics: np.ndarray, u: np.ndarray) -> np.ndarray:
         """Ranks of tokens of the given topics, from uniforms ``u`` (truncated Zipf per topic)."""
@@ -189,7 +189,7 @@ class _Model:
 
 def _build_model(p: dict) -> _Model:
     rng = np.random.default_rng(np.random.SeedSequence(p["seed"], spawn_key=(0,)))
-    cdf = _zipf_cdf(p["rank"], p["topic_exponent"])
+    cdf = zipf_cdf(p["rank"], p["topic_exponent"])
     features = _Vocabulary.build(rng, size=p["n_features"], rank=p["rank"], exponent=p["feature_exponent"],
                                  background=p["background"] > 0)
     labels = _Vocabulary.build(rng, size=p["n_labels"], rank=p["rank"], exponent=p["label_exponent"],
@@ -197,7 +197,7 @@ def _build_model(p: dict) -> _Model:
     return _Model(rank=p["rank"], topic_cdf=cdf / cdf[-1], features=features, labels=labels)
 
 
-def _split_key(split: str) -> int:
+def split_key(split: str) -> int:
     return int.from_bytes(hashlib.sha256(split.encode("utf-8")).digest()[:8], "little")
 
 
@@ -205,7 +205,7 @@ def _split_key(split: str) -> int:
 # one chunk of rows (pure NumPy)
 
 
-def _counts_to_csr(rows: np.ndarray, cols: np.ndarray, n_rows: int, n_cols: int, *,
+def counts_to_csr(rows: np.ndarray, cols: np.ndarray, n_rows: int, n_cols: int, *,
                    binary: bool) -> sp.csr_matrix:
     """CSR with sorted indices from token coordinates; repeated tokens add up (or give 1 if binary)."""
     keys, counts = np.unique(rows * np.int64(n_cols) + cols, return_counts=True)
@@ -247,7 +247,7 @@ def _chunk(model: _Model, p: dict, rng: np.random.Generator, n: int) -> tuple[sp
     topical = ~is_bg
     ranks[topical] = model.features.topic_ranks(token_topics(row_of[topical]),
                                                 rng.random(len(row_of) - n_bg))
-    X = _counts_to_csr(row_of, model.features.ids(ranks), n, p["n_features"], binary=False)
+    X = counts_to_csr(row_of, model.features.ids(ranks), n, p["n_features"], binary=False)
 
     # labels: from the row's topics, de-duplicated; multiclass: one label of the first topic
     if p["multiclass"]:
@@ -256,7 +256,7 @@ def _chunk(model: _Model, p: dict, rng: np.random.Generator, n: int) -> tuple[sp
         label_rows = np.repeat(rows, 1 + rng.poisson(p["avg_labels"] - 1.0, n))
         label_topics = token_topics(label_rows)
     label_ranks = model.labels.topic_ranks(label_topics, rng.random(len(label_rows)))
-    Y = _counts_to_csr(label_rows, model.labels.ids(label_ranks), n, p["n_labels"], binary=True)
+    Y = counts_to_csr(label_rows, model.labels.ids(label_ranks), n, p["n_labels"], binary=True)
     return X, Y
 
 
@@ -345,9 +345,9 @@ def iter_synthetic(*, n_samples: int, n_features: int, n_labels: int, multiclass
 
 def _iter_chunks(p: dict) -> Iterator[tuple[sp.csr_matrix, sp.csr_matrix]]:
     model = _build_model(p)
-    split_key = _split_key(p["split"])
+    key = split_key(p["split"])
     for index, start in enumerate(range(0, p["n_samples"], CHUNK_ROWS)):
-        rng = np.random.default_rng(np.random.SeedSequence(p["seed"], spawn_key=(1, split_key, index)))
+        rng = np.random.default_rng(np.random.SeedSequence(p["seed"], spawn_key=(1, key, index)))
         yield _chunk(model, p, rng, min(CHUNK_ROWS, p["n_samples"] - start))
 
 

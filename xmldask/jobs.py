@@ -77,6 +77,8 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
 
     extra = {name: params.pop(name) for name in list(params) if name not in TrainParams.model_fields}
     p = validated(TrainParams, params)
+    if p.model == "auto":
+        p = validated(TrainParams, {**params, "model": choose_model(train_url, params, extra)})
     if p.tree is not None:
         return _train_tree_classifier(train_url, out, p, overwrite=overwrite, **extra)
     if p.model != "embedding":
@@ -224,11 +226,72 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
     check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
     data = open_dataset(train_url)
     start = time.perf_counter()
+    if hasattr(est, "memory_needed"):
+        _check_memory(est, data)
     est.fit_dataset(data)
     seconds = time.perf_counter() - start
     est.save(out, overwrite=overwrite, meta={"train_url": train_url})
     return {"model": out, "train": train_url, "seconds": round(seconds, 3),
             "params": {"model": p.model, "seed": p.seed, **_public(est.get_params(deep=False))}, **est.train_summary()}
+
+
+#: the parameters of ``model="auto"`` that only the embedding classifier takes: one of them given keeps it
+_EMBEDDING_ONLY = ("embedding", "k", "kernel", "alpha", "n_random_features", "max_epochs", "n_estimators", "tree",
+                   "tree_form", "search_strategy", "search_screen", "search_repeats", "search_extensions")
+
+
+def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:
+    """The family of ``model="auto"`` (the default) for a dataset store: ``"centroid"`` when it scores fewer labels
+    a row than a flat model, which scores all of them (:func:`~xmldask.models.centroid.labels_scored_per_row`:
+    more than about 2,000 labels with its defaults), else ``"embedding"``.
+
+    The embedding classifier is kept whenever an option that only it takes is given (``k``, ``kernel``, a
+    search grid, ``tree``, ...), so that such a command means what it says. The choice is logged.
+    """
+    from .models.centroid import labels_scored_per_row
+    from .models.centroid import logger as progress
+
+    search = given.get("search", "auto")
+    named = [name for name in _EMBEDDING_ONLY if given.get(name) is not None] + \
+        (["search"] if isinstance(search, dict) and search else []) + sorted(extra or {})
+    if named:
+        return "embedding"
+    n_labels = open_dataset(train_url).n_labels
+    scored = labels_scored_per_row(n_labels)
+    if scored < n_labels:
+        progress.info(f"model auto: {n_labels:,} labels, so the label-centroid tree (it scores {scored:,} labels "
+                      f"a row, a flat model all {n_labels:,}; --model embedding for the flat one)")
+        return "centroid"
+    return "embedding"
+
+
+#: share of the memory limits that a fit's estimated peak may take: the rest is for Dask, the Python heap and
+#: what the estimate leaves out
+MEMORY_SHARE = 0.6
+
+
+def _check_memory(est, data) -> None:
+    """Refuse, before any pass, a fit whose estimated peak (``est.memory_needed(data)``: bytes of the fitting
+    process and of one worker) exceeds :data:`MEMORY_SHARE` of this machine's available memory or of the
+    smallest worker's limit, with the numbers and what to change."""
+    import psutil
+
+    from .scheduling import worker_memory_limit
+
+    need = est.memory_needed(data)
+    limits = {"fit_process": psutil.virtual_memory().available, "worker": worker_memory_limit()}
+    over = [(what, need[what], limit) for what, limit in limits.items()
+            if limit and need.get(what, 0) > MEMORY_SHARE * limit]
+    if over:
+        said = "; ".join(f"the {what.replace('_', ' ')} needs about {n / 2**30:.1f} GiB of its {lim / 2**30:.1f} GiB"
+                         for what, n, lim in over)
+        raise MemoryError(f"{type(est).__name__} on {data.url} ({data.n_samples} rows, {data.n_features} features, "
+                          f"{data.n_labels} labels) would not fit: {said} (at most {MEMORY_SHARE:.0%} is used). Fix: "
+                          "give the workers more memory (--memory-limit, or a cluster with larger workers), train on "
+                          "fewer features (a smaller vocabulary), or on a sample of the rows")
+    logger.info("estimated peak memory: %s", ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in need.items()
+                                                      if k != "entries"))
+    return need
 
 
 def _public(params: dict) -> dict:

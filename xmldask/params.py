@@ -81,6 +81,8 @@ _LOW_RANK_PARAMS = {"model", "k", "loss", "lam", "n_iter", "seed", *_SEARCH_PARA
 #: the model families of multiclass boosting, and the parameters that apply to them
 BOOSTING_MODELS = ("gradfac", "gfen", "mll", "ovr")
 _BOOSTING_PARAMS = {"model", "rounds", "learning_rate", "depth", "seed", *_SEARCH_PARAMS}
+#: the parameters that apply with ``model="centroid"`` (the label-centroid classifier of large label spaces)
+_CENTROID_PARAMS = {"model", "features", "seed", *_SEARCH_PARAMS}
 
 
 def _resolve_for(cls, data: dict, what: str, applicable: set) -> dict:
@@ -136,8 +138,12 @@ class TrainParams(BaseModel):
     search_extensions: Annotated[int, Field(ge=0)] = Field(
         2, description="coordinate search: at most N geometric steps past a numeric grid's winning end (0: the "
                        "listed values only)")
-    model: Literal["embedding", "leml", "br", "gradfac", "gfen", "mll", "ovr"] = Field(
-        "embedding", description="embedding: the label-embedding classifier; leml: low-rank Z = W H^T of rank k "
+    model: Literal["auto", "embedding", "centroid", "leml", "br", "gradfac", "gfen", "mll", "ovr"] = Field(
+        "auto", description="auto: centroid when it scores fewer labels a row than a flat model (more than about "
+                            "2,000 labels: xmldask.jobs.choose_model), else embedding, unless an option of one of "
+                            "them is given; embedding: the label-embedding classifier, which scores every label; "
+                            "centroid: label centroids in a balanced label tree, scoring the labels of a row's best "
+                            "clusters only (large label spaces); leml: low-rank Z = W H^T of rank k "
                                  "(Yu et al. 2014) on the observed label entries (missing labels); br: binary "
                                  "relevance on them (LEML's baseline); multiclass boosting of oblivious trees: "
                                  "gradfac (one tree a round, the factorised gradient), gfen (its Elastic-Net "
@@ -167,14 +173,16 @@ class TrainParams(BaseModel):
             return data
         if isinstance(data.get("kernel"), str):
             data = {**data, "kernel": KERNEL_ALIASES.get(data["kernel"], data["kernel"])}
-        model = data.get("model", "embedding")
+        model = data.get("model", "auto")
+        if model == "centroid":
+            return _resolve_for(cls, data, "model=centroid", _CENTROID_PARAMS)
         if model in BOOSTING_MODELS:
             return _resolve_for(cls, data, f"model={model}", _BOOSTING_PARAMS)
         only_boosting = sorted(name for name in ("rounds", "learning_rate", "depth")
                                if name in data and data[name] != cls.model_fields[name].default)
         if only_boosting:
             raise ValueError(f"{', '.join(only_boosting)} apply only with model={'|'.join(BOOSTING_MODELS)}")
-        if model != "embedding":
+        if model not in ("embedding", "auto"):
             return _resolve_for(cls, data, f"model={model}", _LOW_RANK_PARAMS)
         if data.get("tree"):
             return _resolve_for(cls, {"max_epochs": TREE_PASSES, **data}, "tree=", _TREE_PARAMS)

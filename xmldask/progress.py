@@ -18,8 +18,9 @@ from collections.abc import Callable, Iterator
 __all__ = ["PROGRESS_LOGGERS", "progress_to"]
 
 #: the loggers whose INFO lines are a long job's progress: one line per candidate of a held-out search, per
-#: level of a growing tree, per pass of the tree classifier
-PROGRESS_LOGGERS = ("xmldask.model_selection", "xmldask.tree.growth", "xmldask.models.tree_classifier")
+#: level of a growing tree, per pass of the tree classifier, per step of the label-centroid model (and its choice)
+PROGRESS_LOGGERS = ("xmldask.model_selection", "xmldask.tree.growth", "xmldask.models.tree_classifier",
+                    "xmldask.models.centroid")
 
 
 class _Emit(logging.Handler):

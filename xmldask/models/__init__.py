@@ -6,20 +6,23 @@ Fourier feature map, and fit a softmax / independent logistic decoder over row b
 held-out training rows. :class:`EnsembleClassifier` averages the probabilities of several of them fitted
 with different seeds (each on its own random 90% of the rows). :class:`LEML` is low-rank empirical risk
 minimisation with missing labels (Yu et al. 2014), :class:`BinaryRelevance` its per-label baseline.
+:class:`LabelCentroidClassifier` scores only the labels of a row's best label clusters (large label spaces).
 :class:`GradFac`, :class:`GradFacEN`, :class:`MultinomialBoosting` and :class:`OneVsRestBoosting` are
 multiclass gradient boosting of oblivious trees (GradFac: one tree a round for any number of classes).
 :func:`load_model` reads any of them.
 """
 
 from ..base import MODEL_CLASSES, NotFittedError, kept_epoch
+from .centroid import CENTROID_VERSION, LabelCentroidClassifier
 from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier
 from .ensemble import ENSEMBLE_VERSION, EnsembleClassifier
 from .gradfac import BOOSTING_VERSION, GradFac, GradFacEN, MultinomialBoosting, OneVsRestBoosting
 from .leml import LEML, LEML_VERSION, BinaryRelevance
 
-__all__ = ["BOOSTING_VERSION", "ENSEMBLE_VERSION", "LEML", "LEML_VERSION", "MODEL_VERSION", "BinaryRelevance",
-           "EmbeddingClassifier", "EnsembleClassifier", "GradFac", "GradFacEN", "MultinomialBoosting", "NotFittedError",
-           "OneVsRestBoosting", "kept_epoch", "load_model"]
+__all__ = ["BOOSTING_VERSION", "CENTROID_VERSION", "ENSEMBLE_VERSION", "LEML", "LEML_VERSION", "MODEL_VERSION",
+           "BinaryRelevance", "EmbeddingClassifier", "EnsembleClassifier", "GradFac", "GradFacEN",
+           "LabelCentroidClassifier", "MultinomialBoosting", "NotFittedError", "OneVsRestBoosting", "kept_epoch",
+           "load_model"]
 
 
 

@@ -1,0 +1,385 @@
+"""Label centroids in a balanced label tree: the model of large label spaces, whose cost per row grows with a
+candidate set, not with the number of labels.
+
+Each label ``l`` is represented by the centroid of its training rows, ``w_l = normalize(sum_{i: y_il = 1}
+x_i)``, the rows tf-idf weighted and scaled to unit L2 norm (Rocchio's classifier; the label representation
+that Parabel, Bonsai and Omikuji cluster to build their trees, Prabhu et al. 2018). Labels are grouped by
+recursive balanced spherical 2-means on their centroids into clusters of at most ``leaf_labels`` labels (the
+partition of Parabel's tree), each summarised by the normalised sum of its labels' centroids. A row is scored
+against every cluster summary, and against the labels of its ``beam`` best clusters only: ``cos(x, w_l)``.
+
+Training is two passes over the row blocks (document frequencies, then ``Y^T X``, summed as a tree of sparse
+partial sums) and the clustering of the label centroids in memory; prediction reads each row block once. The
+label-sized objects are sparse (``nnz(W) <= sum_i nnz(x_i) |y_i|``) and checked against the memory available
+before the first pass (:func:`centroid_memory`).
+
+Labels without a training row have no centroid: they are in no cluster and never predicted
+(``n_unseen_labels_`` counts them; ``xmldask train`` reports the count).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+
+import dask
+import dask.array as da
+import numpy as np
+import scipy.sparse as sp
+
+from ..base import ParamsMixin, as_rows, check_int, seed_of
+from ..linalg.passes import ROWS, WHOLE, per_block, per_block_objects, tree_combine, whole_operand
+from ..store.models import SavedModel
+from . import _graph
+from . import _kernels as K
+
+__all__ = ["CENTROID_VERSION", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory", "entry_bound",
+           "labels_scored_per_row"]
+
+logger = logging.getLogger(__name__)
+
+CENTROID_VERSION = 1
+#: Lloyd iterations of each balanced 2-means split (the split's assignment changes little after a few)
+SPLIT_ITERATIONS = 8
+#: bytes of one stored sparse entry (float32 value, int32 column id) and of an entry of the partial sums, which
+#: are summed in float64 with int64 ids by SciPy
+_ENTRY_BYTES, _SUM_ENTRY_BYTES = 8, 16
+
+
+# --------------------------------------------------------------------------------------------------
+# block kernels (NumPy / SciPy, no Dask)
+
+
+def _unit_rows(A: sp.csr_matrix) -> sp.csr_matrix:
+    """``A`` with every non-zero row scaled to unit L2 norm (float32, a copy)."""
+    A = sp.csr_matrix(A, dtype=np.float32, copy=True)
+    norms = np.sqrt(np.asarray(A.multiply(A).sum(axis=1), dtype=np.float64).ravel())
+    norms[norms == 0] = 1.0
+    A.data /= np.repeat(norms, np.diff(A.indptr)).astype(np.float32)
+    return A
+
+
+def _rows_block(Xb, idf):
+    """A row block as the model sees it: tf-idf weighted (``idf`` None: as is), unit L2 rows, CSR float32."""
+    Xb = sp.csr_matrix(Xb, dtype=np.float32)
+    return _unit_rows(K.transform_rows(Xb, idf, normalize=False) if idf is not None else Xb)
+
+
+def _label_sums_block(Xb, Yb, idf=None, block=None):
+    """``(Y_b^T X_b, column counts of Y_b)`` of one row block (float64 sums)."""
+    Xb = _rows_block(Xb, idf)
+    Yb = sp.csr_matrix(Yb, dtype=np.float64)
+    return (Yb.T @ Xb.astype(np.float64)).tocsr(), np.asarray(Yb.sum(axis=0)).ravel()
+
+
+def _add_sums(a, b):
+    return a[0] + b[0], a[1] + b[1]
+
+
+def _split(W: sp.csr_matrix, rng: np.random.Generator) -> np.ndarray:
+    """Balanced spherical 2-means of the rows of ``W`` (unit rows): a boolean mask of the first half.
+
+    Two random rows start the two means; each iteration ranks the rows by the difference of their cosines to
+    the means and gives the better half of the ranking to each (the balanced assignment of Parabel's
+    clustering), then recomputes the means.
+    """
+    n = W.shape[0]
+    first, second = rng.choice(n, 2, replace=False)
+    means = np.vstack([W[first].toarray(), W[second].toarray()]).T  # (d, 2)
+    left = np.zeros(n, bool)
+    for _ in range(SPLIT_ITERATIONS):
+        cos = W @ means
+        order = np.argsort(cos[:, 1] - cos[:, 0], kind="stable")
+        new = np.zeros(n, bool)
+        new[order[:n // 2]] = True
+        if (new == left).all():
+            break
+        left = new
+        means = np.vstack([np.asarray(W[left].sum(axis=0)), np.asarray(W[~left].sum(axis=0))]).T
+        means /= np.maximum(np.linalg.norm(means, axis=0, keepdims=True), 1e-30)
+    return left
+
+
+def balanced_clusters(W: sp.csr_matrix, labels: np.ndarray, leaf_labels: int, rng: np.random.Generator):
+    """Recursive balanced 2-means of the rows ``labels`` of ``W`` into clusters of at most ``leaf_labels``.
+
+    Returns
+    -------
+    order : ndarray of int64
+        ``labels`` in cluster order.
+    offsets : ndarray of int64, shape (n_clusters + 1,)
+        Cluster ``c`` is ``order[offsets[c]:offsets[c + 1]]``.
+    """
+    stack, done = [np.asarray(labels, np.int64)], []
+    while stack:
+        members = stack.pop()
+        if len(members) <= leaf_labels:
+            done.append(members)
+            continue
+        left = _split(W[members], rng)
+        stack += [members[~left], members[left]]
+    order = np.concatenate(done) if done else np.zeros(0, np.int64)
+    offsets = np.concatenate([[0], np.cumsum([len(c) for c in done])]).astype(np.int64)
+    return order, offsets
+
+
+def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, *, beam: int, k: int):
+    """Top-``k`` labels and cosines of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
+
+    ``MT``: the cluster summaries transposed (``d x n_clusters``); ``W``: the label centroids in cluster order.
+    A row scores the labels of its ``beam`` best clusters; slots left over (fewer candidates than ``k``) get the
+    ``fallback`` labels (the most frequent) with score -1, below every cosine.
+    """
+    MT, W = _unwrap(MT), _unwrap(W)
+    Xb = _rows_block(Xb, idf)
+    n = Xb.shape[0]
+    n_clusters = len(offsets) - 1
+    labels = np.full((n, k), -1, np.int64)
+    scores = np.full((n, k), -np.inf)
+    if n and n_clusters:
+        S = (Xb @ MT).toarray() if sp.issparse(MT) else np.asarray(Xb @ MT)
+        b = min(beam, n_clusters)
+        best = np.argpartition(-S, b - 1, axis=1)[:, :b] if b < n_clusters else \
+            np.broadcast_to(np.arange(n_clusters), (n, n_clusters))
+        rows = np.repeat(np.arange(n), b)
+        clusters = best.ravel()
+        by_cluster = np.argsort(clusters, kind="stable")
+        rows, clusters = rows[by_cluster], clusters[by_cluster]
+        bounds = np.searchsorted(clusters, np.arange(n_clusters + 1))
+        cand_rows, cand_labels, cand_scores = [], [], []
+        for c in np.flatnonzero(np.diff(bounds)):
+            r = rows[bounds[c]:bounds[c + 1]]
+            start, stop = offsets[c], offsets[c + 1]
+            Sc = (Xb[r] @ W[start:stop].T).toarray()
+            kk = min(k, stop - start)
+            top = np.argpartition(-Sc, kk - 1, axis=1)[:, :kk] if kk < Sc.shape[1] else \
+                np.broadcast_to(np.arange(kk), (len(r), kk))
+            cand_rows.append(np.repeat(r, kk))
+            cand_labels.append(order[start + top].ravel())
+            cand_scores.append(np.take_along_axis(Sc, top, axis=1).ravel())
+        r, lab, s = (np.concatenate(a) for a in (cand_rows, cand_labels, cand_scores))
+        by_row = np.lexsort((lab, -s, r))  # row, then score descending, then the smaller label id
+        r, lab, s = r[by_row], lab[by_row], s[by_row]
+        slot = np.arange(len(r)) - np.searchsorted(r, r)
+        keep = slot < k
+        labels[r[keep], slot[keep]] = lab[keep]
+        scores[r[keep], slot[keep]] = s[keep]
+    missing = labels < 0
+    if missing.any():  # fewer candidates than k: the most frequent labels not already there, score -1
+        for i in np.flatnonzero(missing.any(axis=1)):
+            have = set(labels[i][labels[i] >= 0].tolist())
+            extra = [lab for lab in fallback if lab not in have][:int(missing[i].sum())]
+            labels[i, k - len(extra):] = extra
+            scores[i, k - len(extra):] = -1.0
+    return np.hstack([labels.astype(np.float64), scores])
+
+
+def _unwrap(A):
+    """A sparse operand as :func:`xmldask.linalg.passes.whole_operand` ships it (a 0-d object array)."""
+    return A.item() if isinstance(A, np.ndarray) and A.dtype == object else A
+
+
+# --------------------------------------------------------------------------------------------------
+# memory
+
+
+def entry_bound(row_nnz_x: np.ndarray, row_nnz_y: np.ndarray) -> float:
+    """``sum_i nnz(x_i) |y_i|``: a bound on the entries of ``Y^T X`` (each row adds at most that many), from the
+    rows' non-zero counts alone (a store's row pointers: no pass over the values)."""
+    return float(np.dot(np.asarray(row_nnz_x, np.float64), np.asarray(row_nnz_y, np.float64)))
+
+
+def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks: int = 1) -> dict:
+    """Peak bytes of fitting :class:`LabelCentroidClassifier` from the bound ``entries`` on ``nnz(Y^T X)``
+    (:func:`entry_bound`).
+
+    ``fit_process``: the fitting process holds the summed ``Y^T X`` (float64 sums), its float32 copy and the
+    clustering's copies of one subtree; ``worker``: a combine task holds two partial sums and their sum.
+    """
+    stored = entries * _ENTRY_BYTES + 8 * (n_labels + 1)
+    summed = min(entries, float(n_labels) * n_features) * _SUM_ENTRY_BYTES + 8 * (n_labels + 1)
+    return {"entries": float(entries), "model_bytes": stored, "fit_process": summed + 3 * stored,
+            "worker": 3 * summed if n_blocks > 1 else summed}
+
+
+def labels_scored_per_row(n_labels: int, *, beam: int = 20, leaf_labels: int = 100) -> int:
+    """Cluster summaries and candidate labels a row scores: ``ceil(L / leaf_labels) + beam * leaf_labels``, at
+    most ``L`` (a flat model scores all ``L``)."""
+    return int(min(n_labels, math.ceil(n_labels / leaf_labels) + beam * leaf_labels))
+
+
+# --------------------------------------------------------------------------------------------------
+# the estimator
+
+
+class LabelCentroidClassifier(ParamsMixin, SavedModel):
+    """Label centroids in a balanced label tree: candidates from the ``beam`` best label clusters of a row.
+
+    Parameters
+    ----------
+    features : {"tfidf", "l2"}, default "tfidf"
+        Rows tf-idf weighted (idf of the training rows, kept in the model) then scaled to unit L2 norm, or
+        only scaled.
+    leaf_labels : int, default 100
+        Labels of a cluster at most (Parabel's and Omikuji's leaf size).
+    beam : int, default 20
+        Clusters whose labels a row scores at prediction: a row scores ``n_clusters`` summaries and at most
+        ``beam * leaf_labels`` labels, whatever the number of labels.
+    random_state : int, optional
+        Seed of the clustering.
+
+    Attributes
+    ----------
+    W_ : scipy.sparse.csr_matrix, shape (n_seen_labels, n_features)
+        The unit centroids of the labels with a training row, in cluster order (``order_``).
+    M_ : scipy.sparse.csr_matrix, shape (n_clusters, n_features)
+        The unit cluster summaries.
+    order_, offsets_ : ndarray of int64
+        Cluster ``c``'s labels are ``order_[offsets_[c]:offsets_[c + 1]]``.
+    idf_ : ndarray of shape (n_features,) or None
+    label_counts_ : ndarray of shape (n_labels,)
+        Training rows of each label.
+    n_unseen_labels_ : int
+        Labels without a training row (never predicted).
+
+    Examples
+    --------
+    >>> from xmldask.xmc import iter_xmc
+    >>> X, Y = next(iter_xmc(n_samples=2000, n_features=3000, n_labels=500, seed=0))
+    >>> model = LabelCentroidClassifier(leaf_labels=20, random_state=0).fit(X, Y)
+    >>> labels, scores = model.predict_topk(X[:5], k=3)
+    >>> labels.compute().shape, model.n_clusters_ > 1
+    ((5, 3), True)
+    """
+
+    family = "centroid"
+    _MODEL_VERSION = CENTROID_VERSION
+    _ARRAYS = ("W", "M", "order", "offsets", "idf", "label_counts")
+    _SCALARS = ("n_features_in", "n_labels", "n_samples_seen", "n_unseen_labels", "n_passes", "task")
+
+    @classmethod
+    def from_params(cls, params, **extra) -> LabelCentroidClassifier:
+        """``xmldask train --model centroid``: ``features`` (tf-idf unless given) and ``seed``."""
+        features = params.features if "features" in params.model_fields_set else "tfidf"
+        if features == "raw":
+            features = "l2"  # the centroids are cosines: rows are always scaled
+        return cls(features=features, random_state=params.seed, **extra)
+
+    def __init__(self, *, features: str = "tfidf", leaf_labels: int = 100, beam: int = 20, random_state=0):
+        self.features, self.leaf_labels, self.beam, self.random_state = features, leaf_labels, beam, random_state
+
+    def __repr__(self) -> str:
+        return f"LabelCentroidClassifier(features={self.features!r}, leaf_labels={self.leaf_labels!r}, " \
+               f"beam={self.beam!r})"
+
+    def _check_params(self) -> None:
+        if self.features not in ("tfidf", "l2"):
+            raise ValueError(f"features must be 'tfidf' or 'l2', but is {self.features!r}")
+        check_int(self.leaf_labels, "leaf_labels", 2)
+        check_int(self.beam, "beam", 1)
+
+    @property
+    def n_clusters_(self) -> int:
+        self._check_fitted()
+        return len(self.offsets_) - 1
+
+    def _check_fitted(self) -> None:
+        from ..base import NotFittedError
+
+        if getattr(self, "W_", None) is None:
+            raise NotFittedError("this LabelCentroidClassifier is not fitted yet; call fit(X, Y) first")
+
+    def memory_needed(self, data) -> dict:
+        """:func:`centroid_memory` of fitting on a dataset store, from its row pointers (no pass over values)."""
+        import zarr
+
+        from ..store import zarr_store
+
+        group = zarr.open_group(zarr_store(data.url, read_only=True), mode="r")
+        rows = {name: np.diff(np.asarray(group[name]["indptr"][:], np.int64)) for name in ("X", "Y")}
+        return centroid_memory(entry_bound(rows["X"], rows["Y"]), data.n_labels, data.n_features,
+                               n_blocks=len(data.X.chunks[0]))
+
+    def fit(self, X, Y) -> LabelCentroidClassifier:
+        """Fit the label centroids (two passes over the row blocks) and cluster them (in memory).
+
+        Parameters
+        ----------
+        X : dask.array.Array or matrix, shape (n_samples, n_features)
+            Row blocks of features (a store's ``X``), or an in-memory matrix.
+        Y : dask.array.Array or matrix, shape (n_samples, n_labels)
+            Binary labels, in the same row blocks.
+        """
+        self._check_params()
+        X = as_rows(X, "X")
+        Y = as_rows(Y, "Y", block_rows=X.chunks[0][0] if not isinstance(Y, da.Array) else None)
+        if Y.shape[0] != X.shape[0] or tuple(Y.chunks[0]) != tuple(X.chunks[0]):
+            raise ValueError(f"Y ({Y.shape[0]} rows) must have X's rows ({X.shape[0]}) in the same row blocks")
+        passes = 0
+        self.idf_ = None
+        if self.features == "tfidf":
+            df = dask.compute(_graph.document_counts(X))[0]
+            self.idf_ = K.idf_weights(df, X.shape[0], np.float32)
+            passes += 1
+        idf = None if self.idf_ is None else whole_operand(self.idf_, name="idf")
+        parts = per_block_objects(_label_sums_block, X, Y, idf=idf)
+        P, counts = dask.compute(tree_combine(parts, _add_sums))[0]
+        passes += 1
+        logger.info(f"label centroids: {P.nnz:,} entries from {X.shape[0]:,} rows ({passes} passes)")
+        seen = np.flatnonzero(counts > 0)
+        W = _unit_rows(P)
+        del P
+        rng = np.random.default_rng(seed_of(self.random_state))
+        order, offsets = balanced_clusters(W, seen, check_int(self.leaf_labels, "leaf_labels", 2), rng)
+        self.W_ = sp.csr_matrix(W[order])
+        del W
+        assign = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+        A = sp.csr_matrix((np.ones(len(order), np.float32), (assign, np.arange(len(order)))),
+                          shape=(len(offsets) - 1, len(order)))
+        self.M_ = _unit_rows(A @ self.W_)
+        logger.info(f"label clusters: {len(offsets) - 1:,} of at most {self.leaf_labels} labels")
+        self.order_, self.offsets_ = order.astype(np.int64), offsets
+        self.label_counts_ = counts.astype(np.int64)
+        self.n_features_in_, self.n_labels_ = int(X.shape[1]), int(Y.shape[1])
+        self.n_samples_seen_ = int(X.shape[0])
+        self.n_unseen_labels_ = int(self.n_labels_ - len(seen))
+        self.n_passes_, self.task_ = passes, "multilabel"
+        if self.n_unseen_labels_:
+            logger.info(f"{self.n_unseen_labels_:,} of {self.n_labels_:,} labels have no training row: no centroid, "
+                        "never predicted")
+        return self
+
+    def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:
+        """Top-``k`` labels (int32) and cosines (float32) of every row, best first (ties: smaller id), lazily.
+
+        A row scores the summaries of all clusters and the labels of its ``beam`` best clusters; with fewer
+        candidates than ``k``, the most frequent training labels fill the remaining slots with score -1.
+        """
+        X = self._rows(X)
+        k = self._checked_k(k)
+        fallback = np.argsort(-self.label_counts_, kind="stable")[:k]
+        whole = {"MT": sp.csr_matrix(self.M_.T), "W": self.W_, "order": self.order_, "offsets": self.offsets_,
+                 "fallback": fallback, "idf": self.idf_}
+        operands = [("Xb", X, ROWS)] + [(name, whole_operand(value, name=f"centroid-{name}"), WHOLE)
+                                        for name, value in whole.items() if value is not None]
+        packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="centroid-topk",
+                           stack=False, static={"beam": int(self.beam), "k": k})
+        return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
+    def train_summary(self) -> dict:
+        return {"n_passes": int(self.n_passes_), "task": "multilabel", "held_out": {}, "n_clusters": self.n_clusters_,
+                "n_unseen_labels": int(self.n_unseen_labels_), "model_entries": int(self.W_.nnz + self.M_.nnz)}
+
+    def _parts(self):
+        params, fitted, arrays = super()._parts()
+        for name in ("W", "M"):
+            if not np.isfinite(arrays[name].data).all():
+                raise ValueError(f"the fitted {name}_ holds non-finite values; nothing was saved")
+        return params, fitted, arrays
+
+    @classmethod
+    def _from_parts(cls, params, fitted, arrays):
+        model = super()._from_parts(params, fitted, arrays)
+        model.idf_ = None if model.idf_ is None else np.asarray(model.idf_, np.float32)
+        return model
+
