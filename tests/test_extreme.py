@@ -1,0 +1,248 @@
+"""Large label spaces: the label-first XMC generator, the label-centroid tree against a plain SciPy reference, the
+rule of ``model="auto"`` and the memory check before any pass."""
+
+from __future__ import annotations
+
+import dask.array as da
+import numpy as np
+import pytest
+import scipy.sparse as sp
+
+from xmldask import jobs
+from xmldask.cli import main
+from xmldask.models import LabelCentroidClassifier, load_model
+from xmldask.models.centroid import balanced_clusters, labels_scored_per_row
+from xmldask.store import exists, open_dataset, open_predictions
+from xmldask.xmc import PRESETS, iter_xmc, make_xmc, preset, write_xmc_text
+
+SMALL = dict(n_features=4000, n_labels=600, avg_labels=3.0, avg_features=40.0)
+
+
+def _all(pieces):
+    X, Y = zip(*pieces)
+    return sp.vstack(X).tocsr(), sp.vstack(Y).tocsr()
+
+
+# ------------------------------------------------------------------------------------------ the generator
+
+
+def test_generator_is_seeded_split_and_block_free():
+    X1, Y1 = _all(iter_xmc(n_samples=9000, seed=4, **SMALL))  # two generation chunks
+    X2, Y2 = _all(iter_xmc(n_samples=9000, seed=4, **SMALL))
+    assert (X1 != X2).nnz == 0 and (Y1 != Y2).nnz == 0
+    Xt, _ = _all(iter_xmc(n_samples=9000, seed=4, split="test", **SMALL))
+    X5, _ = _all(iter_xmc(n_samples=9000, seed=5, **SMALL))
+    assert (X1 != Xt).nnz > 0 and (X1 != X5).nnz > 0
+    assert X1.dtype == np.float32 and Y1.dtype == np.float32
+    assert np.diff(X1.indptr).min() >= 1 and np.diff(Y1.indptr).min() >= 1  # every row has features and labels
+    np.testing.assert_allclose(np.sqrt(X1.multiply(X1).sum(axis=1)).A1, 1.0, rtol=1e-5)  # unit L2 rows
+    assert set(np.unique(Y1.data)) == {1.0}
+
+
+def test_generator_reaches_the_wanted_means_and_a_long_tail():
+    X, Y = _all(iter_xmc(n_samples=20000, seed=0, **{**SMALL, "n_labels": 5000}))
+    assert abs(Y.nnz / Y.shape[0] - 3.0) < 0.45
+    assert abs(X.nnz / X.shape[0] - 40.0) < 6.0
+    counts = np.asarray(Y.sum(axis=0)).ravel()
+    seen = counts[counts > 0]
+    assert np.mean(seen <= 5) > 0.5 and counts.max() > 50 * np.median(seen)  # a Zipf head and a long tail
+
+
+def test_generator_features_carry_the_labels():
+    """Rows of a label share its words: the nearest tf-idf label centroid of a test row is one of its labels far
+    more often than the most frequent label is (measured: 0.69 against 0.35)."""
+    X, Y = _all(iter_xmc(n_samples=8000, seed=1, **SMALL))
+    Xt, Yt = _all(iter_xmc(n_samples=1000, seed=1, split="test", **SMALL))
+    top = LabelCentroidClassifier(beam=100).fit(X, Y).predict_topk(Xt, k=1)[0].compute()[:, 0]
+    p1 = np.mean(np.asarray(Yt[np.arange(Yt.shape[0]), top]).ravel())
+    frequent = np.asarray(Y.sum(axis=0)).ravel().argmax()
+    assert p1 > 1.6 * np.mean(Yt[:, frequent].toarray())
+
+
+def test_generator_refuses_bad_arguments():
+    with pytest.raises(ValueError, match="background"):
+        iter_xmc(n_samples=10, background=1.5, **SMALL)
+    with pytest.raises(TypeError, match="unknown argument.*colour"):
+        iter_xmc(n_samples=10, colour=1, **SMALL)
+    with pytest.raises(ValueError, match="values must be"):
+        iter_xmc(n_samples=10, values="tfidf", **SMALL)
+    with pytest.raises(ValueError, match="unknown preset 'amazon'"):
+        preset("amazon")
+
+
+def test_presets_hold_the_published_sizes():
+    assert preset("amazon-670k")["n_labels"] == 670_091 and preset("amazon-670k", "test")["n_samples"] == 153_025
+    assert preset("xmc-1m", n_samples=10)["n_samples"] == 10
+    assert all(p["n_labels"] >= 3_993 for p in PRESETS.values())
+
+
+def test_text_and_store_hold_the_same_rows(tmp_path):
+    from xmldask.io import ingest
+    from xmldask.store.csr import to_scipy
+
+    args = dict(n_samples=900, seed=2, **SMALL)
+    ds = make_xmc(str(tmp_path / "direct.zarr"), block_rows=400, **args)
+    write_xmc_text(str(tmp_path / "rows.txt.gz"), **args)
+    read = ingest(str(tmp_path / "rows.txt.gz"), str(tmp_path / "read.zarr"), n_features=4000, n_labels=600)
+    assert ds.meta["synthetic"]["generator"] == "xmc"
+    Xa, Xb = (to_scipy(open_dataset(d.url).X) for d in (ds, read))
+    np.testing.assert_allclose(Xa.toarray(), Xb.toarray(), rtol=1e-5, atol=1e-6)
+    assert (to_scipy(open_dataset(ds.url).Y) != to_scipy(open_dataset(read.url).Y)).nnz == 0
+
+
+def test_synth_preset_on_the_command_line(tmp_path, capsys):
+    out = str(tmp_path / "p.zarr")
+    assert main(["synth", "--preset", "eurlex-4k", "--n-samples", "300", "--out", out, "--no-progress"]) == 0
+    ds = open_dataset(out)
+    assert (ds.n_samples, ds.n_features, ds.n_labels) == (300, 5000, 3993)
+    assert main(["synth", "--preset", "eurlex-4k", "--rank", "3", "--out", str(tmp_path / "q.zarr")]) == 2
+    assert "--rank does not apply with --preset" in capsys.readouterr().err
+    assert main(["synth", "--out", str(tmp_path / "r.zarr")]) == 2
+    assert "--n-samples, --n-features, --n-labels required (or --preset NAME)" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ the label-centroid tree
+
+
+def _reference_centroids(X, Y, features):
+    """Unit ``Y^T X`` of unit (tf-idf) rows, plain SciPy."""
+    X = sp.csr_matrix(X, dtype=np.float64)
+    if features == "tfidf":
+        df = np.asarray((X != 0).sum(axis=0)).ravel()
+        X = X @ sp.diags(np.log((1 + X.shape[0]) / (1 + df)) + 1)
+    norms = np.sqrt(np.asarray(X.multiply(X).sum(axis=1)).ravel())
+    X = sp.diags(1 / np.where(norms > 0, norms, 1)) @ X
+    C = (sp.csr_matrix(Y, dtype=np.float64).T @ X).toarray()
+    norms = np.linalg.norm(C, axis=1)
+    return C / np.where(norms > 0, norms, 1)[:, None], X
+
+
+@pytest.fixture(scope="module")
+def small():
+    X, Y = _all(iter_xmc(n_samples=3000, seed=7, **{**SMALL, "n_labels": 800}))
+    Xt, Yt = _all(iter_xmc(n_samples=500, seed=7, split="test", **{**SMALL, "n_labels": 800}))
+    return X, Y, Xt, Yt
+
+
+@pytest.mark.parametrize("features", ["tfidf", "l2"])
+def test_centroids_and_exact_scores_match_a_scipy_reference(small, features):
+    """Uneven row blocks, float32 input: the centroids equal the reference; with a beam over every cluster the top
+    labels are the reference's cosine ranking over all seen labels."""
+    X, Y, Xt, _ = small
+    Xd = da.from_array(X, chunks=((700, 1100, 1200), (X.shape[1],)), asarray=False, fancy=False)
+    Yd = da.from_array(Y, chunks=((700, 1100, 1200), (Y.shape[1],)), asarray=False, fancy=False)
+    model = LabelCentroidClassifier(features=features, leaf_labels=50, beam=1000, random_state=0).fit(Xd, Yd)
+    C, _ = _reference_centroids(X, Y, features)
+    seen = np.flatnonzero(np.asarray(Y.sum(axis=0)).ravel() > 0)
+    assert sorted(model.order_) == list(seen) and model.n_unseen_labels_ == 800 - len(seen)
+    np.testing.assert_allclose(model.W_.toarray(), C[model.order_], atol=2e-6)
+    # scores: cosine of the transformed test rows (idf of the training rows) with every seen centroid
+    Xt64 = sp.csr_matrix(Xt, dtype=np.float64)
+    if features == "tfidf":
+        Xt64 = Xt64 @ sp.diags(model.idf_.astype(np.float64))
+    norms = np.sqrt(np.asarray(Xt64.multiply(Xt64).sum(axis=1)).ravel())
+    S = (sp.diags(1 / norms) @ Xt64 @ C.T)
+    S[:, np.setdiff1d(np.arange(800), seen)] = -np.inf
+    labels, scores = (a.compute() for a in model.predict_topk(Xt, k=5))
+    np.testing.assert_allclose(scores, -np.sort(-S, axis=1)[:, :5], atol=2e-5)
+    assert np.mean(labels[:, 0] == S.argmax(axis=1)) > 0.99  # up to float32 ties
+
+
+def test_beam_restricts_candidates_to_the_best_clusters(small):
+    X, Y, Xt, Yt = small
+    model = LabelCentroidClassifier(leaf_labels=40, beam=2, random_state=1).fit(X, Y)
+    labels, scores = (a.compute() for a in model.predict_topk(Xt, k=5))
+    assert labels.dtype == np.int32 and scores.dtype == np.float32
+    assert (np.diff(scores, axis=1) <= 0).all()  # best first
+    cluster_of = np.empty(800, np.int64)
+    cluster_of[model.order_] = np.repeat(np.arange(model.n_clusters_), np.diff(model.offsets_))
+    used = cluster_of[labels]
+    assert (np.array([len(set(row)) for row in used]) <= 2).all()
+    p1 = np.mean(np.asarray(Yt[np.arange(Yt.shape[0]), labels[:, 0]]).ravel())
+    assert p1 > 0.3
+
+
+def test_balanced_clusters_partition_the_labels():
+    rng = np.random.default_rng(0)
+    W = sp.random(1000, 300, density=0.05, format="csr", random_state=0, dtype=np.float32)
+    W = sp.diags(1 / np.maximum(np.sqrt(W.multiply(W).sum(axis=1)).A1, 1e-9)) @ W
+    labels = np.arange(0, 1000, 2)
+    order, offsets = balanced_clusters(sp.csr_matrix(W), labels, 32, rng)
+    sizes = np.diff(offsets)
+    assert sorted(order) == list(labels) and sizes.max() <= 32 and sizes.min() >= 16  # halves of 500 -> 15.6..31.25
+
+
+def test_fewer_candidates_than_k_are_filled_by_frequent_labels():
+    X = sp.csr_matrix(np.eye(6, 10, dtype=np.float32) + 0.1)
+    Y = sp.csr_matrix(np.array([[1, 0, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0], [0, 1, 0, 0], [1, 0, 0, 0], [0, 1, 0, 0]],
+                               np.float32))
+    model = LabelCentroidClassifier(leaf_labels=2, beam=1).fit(X, Y)
+    assert model.n_unseen_labels_ == 2
+    labels, scores = (a.compute() for a in model.predict_topk(X, k=3))
+    assert set(labels[:, :2].ravel()) <= {0, 1} and (scores[:, 2] == -1).all()
+    assert (labels[:, 2] >= 2).all() and (labels[:, 2] <= 3).all()  # unseen labels fill the last slot, score -1
+
+
+def test_save_load_and_bad_parameters(small, tmp_path):
+    X, Y, Xt, _ = small
+    model = LabelCentroidClassifier(leaf_labels=60, random_state=3).fit(X, Y)
+    model.save(str(tmp_path / "m.zarr"))
+    again = load_model(str(tmp_path / "m.zarr"))
+    assert isinstance(again, LabelCentroidClassifier) and again.get_params() == model.get_params()
+    for a, b in zip(model.predict_topk(Xt, k=4), again.predict_topk(Xt, k=4)):
+        np.testing.assert_array_equal(a.compute(), b.compute())
+    with pytest.raises(ValueError, match="features must be 'tfidf' or 'l2'"):
+        LabelCentroidClassifier(features="raw").fit(X, Y)
+    with pytest.raises(ValueError, match="beam must be an integer of at least 1"):
+        LabelCentroidClassifier(beam=0).fit(X, Y)
+    clone = type(model)(**model.get_params())
+    assert clone.fit(X, Y).n_clusters_ == model.n_clusters_  # refits from its parameters alone
+
+
+# ----------------------------------------------------------------------------- model auto and memory
+
+
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory):
+    root = tmp_path_factory.mktemp("extreme")
+    many = dict(n_features=3000, n_labels=3000, avg_labels=3.0, avg_features=30.0)
+    train = make_xmc(str(root / "train.zarr"), n_samples=3000, seed=0, block_rows=1000, **many).url
+    test = make_xmc(str(root / "test.zarr"), n_samples=400, seed=0, split="test", **many).url
+    return root, train, test
+
+
+def test_model_auto_takes_the_centroid_tree_past_a_flat_models_cost(stores, capsys):
+    root, train, test = stores
+    assert labels_scored_per_row(3000) == 2030 < 3000 and labels_scored_per_row(1000) == 1000
+    assert jobs.choose_model(train, {}) == "centroid"
+    assert jobs.choose_model(train, {"k": 20}) == "embedding"  # an option of the flat model keeps it
+    assert jobs.choose_model(train, {"search": None, "seed": 3}) == "centroid"
+    model, pred = str(root / "auto.zarr"), str(root / "auto-pred.zarr")
+    assert main(["train", train, "--out", model]) == 0
+    err = capsys.readouterr().err
+    assert "model auto: 3,000 labels, so the label-centroid tree" in err and "Traceback" not in err
+    assert isinstance(load_model(model), LabelCentroidClassifier)
+    assert main(["predict", model, test, "--out", pred, "--top-k", "5"]) == 0
+    assert open_predictions(pred).labels.shape == (400, 5)
+    results = jobs.evaluate(pred, test)
+    assert results["P@1"] > 1.5 * results["baseline"]["P@1"]  # measured 0.51 against 0.28
+
+
+def test_a_fit_that_cannot_fit_is_refused_before_any_pass(stores, monkeypatch, capsys):
+    root, train, _ = stores
+    monkeypatch.setattr(jobs, "MEMORY_SHARE", 1e-6)
+    out = str(root / "refused.zarr")
+    with pytest.raises(MemoryError, match=r"LabelCentroidClassifier on .* \(3000 rows, 3000 features, 3000 labels\) "
+                                          r"would not fit: the fit process needs about"):
+        jobs.train(train, out, model="centroid")
+    assert not exists(out)
+    assert main(["train", train, "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "would not fit" in err and "Fix: give the workers more memory" in err and "Traceback" not in err
+    assert not exists(out)
+
+
+def test_centroid_refuses_the_flat_models_options(stores):
+    _, train, _ = stores
+    with pytest.raises(ValueError, match="kernel do.es. not apply with model=centroid"):
+        jobs.train(train, "never.zarr", model="centroid", kernel="none")
