@@ -46,12 +46,18 @@ def _figure(path: Path, title: str, n_axes: int = 1, figsize: tuple[float, float
         plt.close(fig)
 
 
+#: points of a per-label curve at most
+MAX_POINTS = 2000
+
+
 def plot_label_frequency(label_counts, path: Path, *, title: str = "Label frequency") -> Path:
-    """Rows per label against the label's frequency rank, log-log (the long tail of XMC data)."""
+    """Rows per label against the label's frequency rank, log-log (the long tail of XMC data); at most
+    :data:`MAX_POINTS` ranks, spaced evenly on the log axis, so that a million labels stay one readable curve."""
     counts = np.sort(np.asarray(label_counts))[::-1]
     counts = counts[counts > 0]
+    ranks = np.unique(np.geomspace(1, max(len(counts), 1), num=min(len(counts), MAX_POINTS)).astype(np.int64))
     with _figure(path, title) as ax:
-        ax.loglog(np.arange(1, len(counts) + 1), counts, marker=".", linestyle="none", markersize=2)
+        ax.loglog(ranks, counts[ranks - 1], marker=".", linestyle="none", markersize=2)
         ax.set_xlabel("label rank")
         ax.set_ylabel("rows with the label")
     return path

@@ -162,6 +162,27 @@ def test_beam_restricts_candidates_to_the_best_clusters(small):
     assert p1 > 0.3
 
 
+def test_beam_auto_is_chosen_on_held_out_rows(small, tmp_path):
+    """``beam="auto"``: each of AUTO_BEAMS (at most the clusters) scored on held-out training rows left out of the
+    centroids; the best kept (ties: the smaller), recorded, saved and used."""
+    from xmldask.models.centroid import AUTO_BEAMS, HELD_OUT_ROWS
+
+    X, Y, Xt, _ = small
+    model = LabelCentroidClassifier(leaf_labels=40, random_state=2).fit(X, Y)
+    scores = model.held_out_["p@1 by beam"]
+    assert sorted(scores) == sorted({min(b, model.n_clusters_) for b in AUTO_BEAMS})
+    assert model.beam_ == max(scores, key=lambda b: (scores[b], -b))
+    assert 0 < model.held_out_["rows"] <= 1.2 * min(HELD_OUT_ROWS, X.shape[0]) and model.held_out_["p@1"] > 0.2
+    # the held-out rows were left out: a row's own label centroid would otherwise make P@1 near 1
+    inside = LabelCentroidClassifier(leaf_labels=40, beam=model.beam_, random_state=2).fit(X, Y)
+    top = inside.predict_topk(X[:500], k=1)[0].compute()[:, 0]
+    assert np.mean(np.asarray(Y[np.arange(500), top]).ravel()) > model.held_out_["p@1"] + 0.05
+    model.save(str(tmp_path / "auto.zarr"))
+    again = load_model(str(tmp_path / "auto.zarr"))
+    assert again.beam_ == model.beam_ and again.beam == "auto"
+    np.testing.assert_array_equal(again.predict_topk(Xt, k=3)[0].compute(), model.predict_topk(Xt, k=3)[0].compute())
+
+
 def test_balanced_clusters_partition_the_labels():
     rng = np.random.default_rng(0)
     W = sp.random(1000, 300, density=0.05, format="csr", random_state=0, dtype=np.float32)

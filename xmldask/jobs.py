@@ -77,11 +77,11 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
 
     extra = {name: params.pop(name) for name in list(params) if name not in TrainParams.model_fields}
     p = validated(TrainParams, params)
-    if p.model == "auto":
-        p = validated(TrainParams, {**params, "model": choose_model(train_url, params, extra)})
+    if p.model == "auto" and choose_model(train_url, params, extra) == "centroid":
+        p = validated(TrainParams, {**params, "model": "centroid"})
     if p.tree is not None:
         return _train_tree_classifier(train_url, out, p, overwrite=overwrite, **extra)
-    if p.model != "embedding":
+    if p.model not in ("embedding", "auto"):
         return _train_family(train_url, out, p, overwrite=overwrite, **extra)
     unknown = sorted(set(extra) - set(EmbeddingClassifier._get_param_names()) | set(extra) & _SET_BY_THE_JOB)
     if unknown:

@@ -76,7 +76,7 @@ AUTO_ESTIMATORS = 3
 TREE_PASSES = 200
 #: the parameters that apply with ``tree=`` and with ``model="leml"|"br"``
 _SEARCH_PARAMS = {"search", "search_strategy", "search_extensions", "search_screen", "search_repeats"}
-_TREE_PARAMS = {"tree", "tree_form", "k", "max_epochs", "seed", *_SEARCH_PARAMS}
+_TREE_PARAMS = {"model", "tree", "tree_form", "k", "max_epochs", "seed", *_SEARCH_PARAMS}
 _LOW_RANK_PARAMS = {"model", "k", "loss", "lam", "n_iter", "seed", *_SEARCH_PARAMS}
 #: the model families of multiclass boosting, and the parameters that apply to them
 BOOSTING_MODELS = ("gradfac", "gfen", "mll", "ovr")
