@@ -138,29 +138,21 @@ def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, *, beam: int, k: 
     """Top-``k`` labels and cosines of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
 
     ``MT``: the cluster summaries transposed (``d x n_clusters``); ``W``: the label centroids in cluster order.
-    A row scores the labels of its ``beam`` best clusters; slots left over (fewer candidates than ``k``) get the
-    ``fallback`` labels (the most frequent) with score -1, below every cosine. Rows are scored in batches whose
-    dense ``rows x n_clusters`` scores hold at most :data:`SUMMARY_BUDGET` entries.
+    A row scores the summaries (in batches whose dense ``rows x n_clusters`` scores hold at most
+    :data:`SUMMARY_BUDGET` entries), then the labels of its ``beam`` best clusters, one product per cluster for
+    all the block's rows that chose it; slots left over (fewer candidates than ``k``) get the ``fallback`` labels
+    (the most frequent) with score -1, below every cosine.
     """
     MT, W = _unwrap(MT), _unwrap(W)
     Xb = _rows_block(Xb, idf)
-    step = max(1, SUMMARY_BUDGET // max(len(offsets) - 1, 1))
-    parts = [_topk_rows(Xb[i:i + step], MT, W, order, offsets, fallback, beam=beam, k=k)
-             for i in range(0, Xb.shape[0], step)]
-    return np.vstack(parts) if parts else np.zeros((0, 2 * k))
-
-
-def _topk_rows(Xb, MT, W, order, offsets, fallback, *, beam: int, k: int):
-    """:func:`_topk_block` of rows already transformed."""
     n = Xb.shape[0]
     n_clusters = len(offsets) - 1
     labels = np.full((n, k), -1, np.int64)
     scores = np.full((n, k), -np.inf)
     if n and n_clusters:
-        S = (Xb @ MT).toarray() if sp.issparse(MT) else np.asarray(Xb @ MT)
         b = min(beam, n_clusters)
-        best = np.argpartition(-S, b - 1, axis=1)[:, :b] if b < n_clusters else \
-            np.broadcast_to(np.arange(n_clusters), (n, n_clusters))
+        step = max(1, SUMMARY_BUDGET // n_clusters)
+        best = np.vstack([_best_clusters(Xb[i:i + step], MT, b) for i in range(0, n, step)])
         rows = np.repeat(np.arange(n), b)
         clusters = best.ravel()
         by_cluster = np.argsort(clusters, kind="stable")
@@ -192,6 +184,15 @@ def _topk_rows(Xb, MT, W, order, offsets, fallback, *, beam: int, k: int):
             labels[i, k - len(extra):] = extra
             scores[i, k - len(extra):] = -1.0
     return np.hstack([labels.astype(np.float64), scores])
+
+
+def _best_clusters(Xb, MT, b: int) -> np.ndarray:
+    """The ``b`` clusters of highest summary cosine of each row (unordered), shape ``(n_rows, b)``."""
+    S = (Xb @ MT).toarray() if sp.issparse(MT) else np.asarray(Xb @ MT)
+    n_clusters = S.shape[1]
+    if b < n_clusters:
+        return np.argpartition(-S, b - 1, axis=1)[:, :b]
+    return np.broadcast_to(np.arange(n_clusters), (S.shape[0], n_clusters))
 
 
 def _unwrap(A):
