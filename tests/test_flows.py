@@ -395,3 +395,21 @@ def test_ingest_flow_with_missing_labels(data, storage, tmp_path):
     obs.write_text("".join(",".join(map(str, sorted(set(Y[i].indices.tolist())))) + "\n" for i in range(Y.shape[0])))
     again = ingest_flow([data["test"]], split="observed", observed=[str(obs)], storage=storage)
     assert again["state"] == "Completed" and to_scipy(open_dataset(again["outputs"]["data"]).observed).nnz == Y.nnz
+
+
+def test_pipeline_defaults_take_the_centroid_tree_on_many_labels(tmp_path, scheduler):
+    """The pipeline with no model option on a 3,000-label dataset trains what `xmldask train` would (model auto:
+    the label-centroid tree), and its report is written."""
+    from xmldask.models import LabelCentroidClassifier
+    from xmldask.xmc import make_xmc
+
+    many = dict(n_features=3000, n_labels=3000, avg_labels=3.0, avg_features=30.0, seed=0)
+    train = make_xmc(str(tmp_path / "train.zarr"), n_samples=3000, **many).url
+    test = make_xmc(str(tmp_path / "test.zarr"), n_samples=400, split="test", **many).url
+    result = pipeline([train], [test], storage=str(tmp_path / "storage"), scheduler=scheduler)
+    run = Path(result["run_dir"])
+    assert isinstance(load_model(str(run / "train" / "model.zarr")), LabelCentroidClassifier)
+    record = json.loads((run / "train" / "stage.json").read_text())
+    assert record["result"]["params"]["model"] == "centroid" and record["result"]["n_clusters"] > 1
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["P@1"] > 0.2 and (run / "report.md").is_file()

@@ -256,13 +256,16 @@ def _add_train(p) -> None:
 
 
 def _cmd_train(args) -> int:
-    """Fit a classifier on a dataset store and save it (by default the label-embedding classifier, its
-    parameters chosen on held-out training rows).
+    """Fit a classifier on a dataset store and save it (by default chosen by the number of labels, its parameters
+    chosen on held-out training rows).
 
-    Fit a model on a dataset store and write a model store. The default model embeds the labels (rembrandt, cs,
-    plst) or the features (pca), regresses onto the embedding, optionally maps through random Fourier features, and
-    fits a softmax/logistic decoder early-stopped on a held-out slice of the training rows; --model chooses LEML,
-    binary relevance or multiclass boosting, --tree a spectral label tree's candidate-restricted classifier.
+    Fit a model on a dataset store and write a model store. By default (--model auto) a dataset of more than about
+    2,000 labels gets the label-centroid tree, which scores only the labels of a row's best label clusters (the beam
+    chosen on held-out training rows); a smaller one the label-embedding classifier, which embeds the labels
+    (rembrandt, cs, plst) or the features (pca), regresses onto the embedding, optionally maps through random Fourier
+    features, and fits a softmax/logistic decoder early-stopped on a held-out slice of the training rows. --model
+    chooses either, LEML, binary relevance or multiclass boosting; --tree a spectral label tree's
+    candidate-restricted classifier.
     """
     from . import jobs
     from .params import from_args

@@ -78,7 +78,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     extra = {name: params.pop(name) for name in list(params) if name not in TrainParams.model_fields}
     p = validated(TrainParams, params)
     if p.model == "auto" and choose_model(train_url, params, extra) == "centroid":
-        p = validated(TrainParams, {**params, "model": "centroid"})
+        p = validated(TrainParams, {**_given(params), "model": "centroid"})
     if p.tree is not None:
         return _train_tree_classifier(train_url, out, p, overwrite=overwrite, **extra)
     if p.model not in ("embedding", "auto"):
@@ -251,6 +251,7 @@ def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:
     from .models.centroid import labels_scored_per_row
     from .models.centroid import logger as progress
 
+    given = _given(given)
     search = given.get("search", "auto")
     named = [name for name in _EMBEDDING_ONLY if given.get(name) is not None] + \
         (["search"] if isinstance(search, dict) and search else []) + sorted(extra or {})
@@ -263,6 +264,19 @@ def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:
                       f"a row, a flat model all {n_labels:,}; --model embedding for the flat one)")
         return "centroid"
     return "embedding"
+
+
+def _given(params: dict) -> dict:
+    """The training parameters that differ from their defaults: the flows pass every field (the defaults dumped),
+    the command line only those given."""
+    defaults = TrainParams().model_dump()
+
+    def value_of(value):
+        if isinstance(value, dict):
+            return {key: list(v) if isinstance(v, (list, tuple)) else [v] for key, v in value.items()}
+        return value
+
+    return {name: value for name, value in params.items() if value_of(value) != defaults.get(name, object())}
 
 
 #: share of the memory limits that a fit's estimated peak may take: the rest is for Dask, the Python heap and
