@@ -138,3 +138,17 @@ def test_train_predict_evaluate(tmp_path, capsys, scheduler):
     assert "top_k must be between 1 and the model's 40 labels" in capsys.readouterr().err
     assert main(["evaluate", pred, test, "--ks", "1,x"]) == 2
     assert "--ks must be comma-separated integers" in capsys.readouterr().err
+
+
+def test_train_summary_names_training_figures_as_training():
+    """The tree classifier has no held-out rows: its last pass's loss is a training figure, and step-size backoffs
+    are counted; the embedding classifier's held-out figures keep their name."""
+    from xmldask.cli import _train_text
+
+    tree = {"model": "m.zarr", "seconds": 3.0, "task": "multilabel", "n_passes": 36,
+            "training": {"loss": 5.9997, "skipped": 0.2143}, "backoffs": 1}
+    text = _train_text(tree)
+    assert text.endswith("36 passes, 1 step-size backoffs; last pass: training loss 6, skipped 0.2143)")
+    assert "held out" not in text
+    flat = {"model": "m.zarr", "seconds": 3.0, "task": "multilabel", "n_passes": 4, "held_out": {"val_p@1": 0.61}}
+    assert _train_text(flat).endswith("4 passes; held out: val_p@1 0.61)")

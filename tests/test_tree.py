@@ -796,3 +796,40 @@ def test_tree_classifier_logs_a_line_a_pass(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "xmldask.models.tree_classifier"]
     assert [line.split(":")[0] for line in lines] == [f"tree classifier pass {i} of 3" for i in (1, 2, 3)]
     assert f"loss {model.history_[-1]['loss']:.4f}" in lines[-1]
+
+
+def test_tree_classifier_backs_off_a_diverging_step_and_converges(caplog):
+    """A step size far too large (the text data's failure: the loss grew by orders of magnitude, saved with exit
+    0): a pass whose loss exceeds DIVERGENCE_FACTOR times the best goes back to the weights the best pass started
+    from, with half the step, logged, until the passes converge; the fitted loss is finite and below the first
+    pass's."""
+    from xmldask.models import tree_classifier as TC
+
+    Xd, Yd = _clustered(seed=4)
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
+    with caplog.at_level("WARNING", logger="xmldask.models.tree_classifier"):
+        model = TC.TreeClassifier(tree, n_components=6, n_epochs=25, learning_rate=40.0, momentum=0.9,
+                                  random_state=0).fit(X, Y)
+    losses = [h["loss"] for h in model.history_]
+    backoffs = [h["epoch"] for h in model.history_ if h.get("backoff")]
+    assert backoffs, losses  # the step diverged at first ...
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [f"tree classifier pass {e} diverged"
+                                                                       for e in backoffs]
+    rates = [h["learning_rate"] for h in model.history_]
+    assert rates[-1] < 40.0 / 2 ** len(backoffs) * 1.0001
+    assert np.isfinite(model.V_).all() and np.isfinite(model.U_).all()
+    assert losses[-1] is not None and losses[-1] < losses[0]  # ... and converged
+    best_before = min(x for x in losses[:backoffs[-1] - 1] if x is not None)
+    assert losses[-1] <= TC.DIVERGENCE_FACTOR * best_before
+
+
+def test_tree_classifier_that_diverges_at_every_step_size_stops_with_the_numbers(monkeypatch):
+    from xmldask.models import tree_classifier as TC
+
+    Xd, Yd = _clustered(seed=4)
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
+    monkeypatch.setattr(TC, "DIVERGENCE_FACTOR", 0.0)  # every pass "diverges"
+    with pytest.raises(FloatingPointError, match=r"diverged: pass 11's training loss .* after 10 halvings"):
+        TC.TreeClassifier(tree, n_components=6, n_epochs=30, random_state=0).fit(X, Y)

@@ -278,12 +278,16 @@ def _cmd_train(args) -> int:
 
 def _train_text(info: dict) -> str:
     """The summary of a trained model (the search's candidates were shown as they finished)."""
-    held = ", ".join(f"{key} {value:.4g}" for key, value in info.get("held_out", {}).items()
-                     if isinstance(value, float))
+    def figures(name):
+        return ", ".join(f"{key} {value:.4g}" for key, value in info.get(name, {}).items() if isinstance(value, float))
+
+    held, training = figures("held_out"), figures("training")
     chosen = f"chose {info['params']}; " if "search" in info else ""
     clusters = f", {info['n_clusters']:,} label clusters" if "n_clusters" in info else ""
+    backoffs = f", {info['backoffs']} step-size backoffs" if info.get("backoffs") else ""
     return (f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, {info['n_passes']} passes"
-            f"{clusters}{'; held out: ' + held if held else ''})")
+            f"{clusters}{backoffs}{'; held out: ' + held if held else ''}"
+            f"{'; last pass: training ' + training if training else ''})")
 
 
 def _add_mask(p) -> None:
@@ -469,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
         with progress:
             return _COMMANDS[args.command][1](args)
     except (ParseError, StoreError, FileExistsError, FileNotFoundError, ValueError, ConnectionError,
-            MemoryError) as exc:
+            MemoryError, FloatingPointError) as exc:
         print(f"xmldask {args.command}: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -524,4 +524,5 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
     return {"model": out, "train": train_url, "tree": p.tree, "seconds": round(seconds, 3),
             "n_passes": int(model.n_passes_), "task": model.task_,
             "params": {"k": p.k, "tree_form": p.tree_form, "max_epochs": p.max_epochs, "seed": p.seed, **extra},
-            "held_out": {key: value for key, value in model.history_[-1].items()}}
+            "training": {key: model.history_[-1][key] for key in ("loss", "skipped")},
+            "backoffs": sum(bool(h.get("backoff")) for h in model.history_)}

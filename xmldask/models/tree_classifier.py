@@ -66,6 +66,13 @@ FORMS = ("low_rank", "per_label")
 #: the reference code's step size, momentum and decay per pass for each form (``learning_rate="auto"`` ...)
 SCHEDULES = {"low_rank": {"learning_rate": 0.25, "momentum": 0.8, "decay": 0.999},
              "per_label": {"learning_rate": 1.0, "momentum": 0.95, "decay": 0.99}}
+#: a pass whose mean training loss is not finite or exceeds this multiple of the best pass's has diverged: the
+#: weights go back to those the best pass started from, the momenta to zero, and the step size is halved (the
+#: embedding classifier's rule). A pass's loss is a mean over the same rows each pass, so a rise by this much is
+#: not noise.
+DIVERGENCE_FACTOR = 2.0
+#: halvings of the step size before training stops with an error (the step is then 1/1024 of the first)
+MAX_BACKOFFS = 10
 
 
 
@@ -112,8 +119,10 @@ class TreeClassifier(SavedModel, ParamsMixin):
         ``per_label``: column = label.
     b_ : ndarray, shape (n_slots,)
     history_ : list of dict
-        Per pass: ``epoch``, ``loss`` (mean over the trained rows), ``skipped`` (fraction of rows whose
-        labels missed their sampled leaf), ``seconds``.
+        Per pass: ``epoch``, ``loss`` (mean over the trained rows; None if not finite), ``learning_rate``,
+        ``skipped`` (fraction of rows whose labels missed their sampled leaf), ``seconds``; ``backoff`` True
+        where the pass diverged and training went back to the weights the best pass started from, with half the
+        step size (:data:`DIVERGENCE_FACTOR`).
     preconditioner_ : {"full", "diagonal", "feature_scale"}
         Of ``U``'s gradient: the full one up to :data:`DENSE_PRECONDITIONER_MAX_FEATURES` features, else the
         diagonal (sparse rows); ``per_label``: the per-feature step scale.
@@ -211,10 +220,15 @@ class TreeClassifier(SavedModel, ParamsMixin):
         sparse_rows = _precond_is_diagonal(precond)
         per_label = U is None
         eta, mu, decay = self._schedule()
-        steps = None if per_label else _RowHeavyBall(U, mu) if sparse_rows else _DenseHeavyBall(U, mu)
+        heavy_ball = None if per_label else _RowHeavyBall if sparse_rows else _DenseHeavyBall
+        steps = None if per_label else heavy_ball(U, mu)
         mV, mb = np.zeros_like(V), np.zeros_like(b)
         W = routing_routers(self.W_)
+        best = {"loss": np.inf, "epoch": 1, "weights": None}
+        backoffs = 0
         for epoch in range(int(self.n_epochs)):
+            # a pass's loss is that of the weights it starts from, moved by the steps before each leaf's
+            weights = _copies(None if per_label else steps.result(), V, b)
             loss_sum = rows_used = rows_seen = 0
             for Xd, Yd in rounds:  # each a list of row blocks
                 parts = dask.compute(*Xd, *Yd)
@@ -259,14 +273,31 @@ class TreeClassifier(SavedModel, ParamsMixin):
                     rows_used += len(Yl)
                     mb[cols] = mu * mb[cols] - eta * gb
                     b[cols] += mb[cols]
-            eta *= decay
             self.n_passes_ += 1
-            self.history_.append({"epoch": epoch + 1, "loss": loss_sum / max(rows_used, 1),
+            loss = loss_sum / max(rows_used, 1)
+            self.history_.append({"epoch": epoch + 1, "loss": loss if np.isfinite(loss) else None, "learning_rate": eta,
                                   "skipped": 1 - rows_used / max(rows_seen, 1),
                                   "seconds": round(time.perf_counter() - start, 3)})
             logger.info("tree classifier pass %d of %d: loss %.4f, %.1f%% of the rows skipped (%.1f s)", epoch + 1,
-                        self.n_epochs, self.history_[-1]["loss"], 100 * self.history_[-1]["skipped"],
-                        self.history_[-1]["seconds"])
+                        self.n_epochs, loss, 100 * self.history_[-1]["skipped"], self.history_[-1]["seconds"])
+            if rows_used and not loss <= DIVERGENCE_FACTOR * best["loss"]:  # also NaN
+                backoffs += 1
+                if backoffs > MAX_BACKOFFS:
+                    raise FloatingPointError(
+                        f"the tree classifier diverged: pass {epoch + 1}'s training loss {loss:.4g} against "
+                        f"{best['loss']:.4g} at pass {best['epoch']}, after {MAX_BACKOFFS} halvings of the step "
+                        f"size (now {eta:.3g}); give a smaller learning_rate (--learning-rate) or another form")
+                U, V, b = _copies(*(best["weights"] or weights))
+                steps = None if per_label else heavy_ball(U, mu)
+                mV, mb = np.zeros_like(V), np.zeros_like(b)
+                eta *= 0.5
+                self.history_[-1]["backoff"] = True
+                logger.warning("tree classifier pass %d diverged (loss %.4g, the best %.4g at pass %d): back to the "
+                               "weights pass %d started from, with half the step size (%.3g)", epoch + 1, loss,
+                               best["loss"], best["epoch"], best["epoch"], eta)
+            elif rows_used and loss < best["loss"]:
+                best = {"loss": loss, "epoch": epoch + 1, "weights": weights}
+            eta *= decay
         return (None if per_label else steps.result()), V, b
 
     def _slots(self, node) -> tuple[np.ndarray, np.ndarray]:
@@ -394,6 +425,11 @@ class _RowHeavyBall:
     def result(self) -> np.ndarray:
         self._forward(np.arange(self.U.shape[0]), self.t)
         return self.U
+
+
+def _copies(*arrays):
+    """Copies of the arrays (``None`` stays ``None``): the weights kept for a step-size backoff."""
+    return tuple(None if a is None else a.copy() for a in arrays)
 
 
 def _precond_is_diagonal(precond) -> bool:
