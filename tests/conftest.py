@@ -83,6 +83,18 @@ def shared_data() -> Path:
     return root
 
 
+#: fixtures that read the real benchmark datasets: a test that asks for one is ``slow`` (run by ``-m slow``)
+SHARED_DATA_FIXTURES = {"shared_data", "shared_xc_file"}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    """Mark ``slow`` every test that needs the real datasets (before ``-m`` selects)."""
+    for item in items:
+        if SHARED_DATA_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 def pytest_generate_tests(metafunc):
     """Parametrize ``shared_xc_file`` over the XC files of the shared data (one skipped case if absent)."""
     if "shared_xc_file" in metafunc.fixturenames:

@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.slow  # benchmarks run whole
+
 REPO = Path(__file__).resolve().parents[1]
 KEYS = {"n_samples", "nnz", "csr_bytes", "worker_memory_limit_bytes", "n_workers", "stage", "seconds",
         "peak_rss_bytes_per_worker", "worker_restarts"}

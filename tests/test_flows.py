@@ -102,6 +102,7 @@ def stage_states(flow_run_id: str) -> dict[str, list[str]]:
     return states
 
 
+@pytest.mark.slow
 def test_pipeline_end_to_end(first_run):
     assert computed(first_run) == STAGES
     assert {rec["state"] for rec in first_run["stages"].values()} == {"Completed"}
@@ -124,6 +125,7 @@ def test_pipeline_end_to_end(first_run):
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no partial directory left
 
 
+@pytest.mark.slow
 def test_pipeline_with_the_tree_stage(data, storage, scheduler):
     """--grow-tree: a cached tree stage between the spectrum and the train stage, whose classifier is the tree's;
     the report shows the tree's figures and its plots."""
@@ -184,6 +186,7 @@ def test_store_urls_are_used_as_they_are(first_run, data, storage, scheduler):
     assert again["metrics"]["P@1"] == first_run["metrics"]["P@1"]
 
 
+@pytest.mark.slow
 def test_parameter_change_recomputes_only_later_stages(first_run, data, storage, scheduler):
     more = pipeline([data["train"]], [data["test"]], storage=storage, scheduler=scheduler, **{**MODEL, "top_k": 12})
     assert computed(more) == ["predict", "evaluate"]
@@ -210,6 +213,7 @@ def test_parameters_are_validated(storage):
         train_flow("x.zarr", storage=storage, model={"kernal": "none"})
 
 
+@pytest.mark.slow
 def test_each_stage_flow_runs_on_its_own(first_run, data, storage, scheduler, monkeypatch):
     """Store URLs in, a record out; each flow opens its own client (here via $XMLDASK_SCHEDULER)."""
     monkeypatch.setenv("XMLDASK_SCHEDULER", scheduler)
@@ -279,6 +283,7 @@ def test_deleted_outputs_are_recomputed(first_run, tmp_path, scheduler):
     assert fourth["result"] == first["result"]
 
 
+@pytest.mark.slow
 def test_pipeline_on_an_fsspec_url(tmp_path):
     """The whole pipeline with ``memory://`` storage (synthetic data too) on an in-process cluster; then all cached."""
     storage = f"memory://xmldask-flows-{uuid.uuid4().hex[:8]}"
@@ -304,6 +309,7 @@ def test_pipeline_on_an_fsspec_url(tmp_path):
         fsspec.filesystem("memory").rm(storage.removeprefix("memory://"), recursive=True)
 
 
+@pytest.mark.slow
 def test_refresh_ingests_once_quarantines_and_promotes_by_the_metric(data, tmp_path, scheduler):
     storage = str(tmp_path / "storage")
     incoming = tmp_path / "storage" / "refresh" / "incoming"
@@ -397,6 +403,7 @@ def test_ingest_flow_with_missing_labels(data, storage, tmp_path):
     assert again["state"] == "Completed" and to_scipy(open_dataset(again["outputs"]["data"]).observed).nnz == Y.nnz
 
 
+@pytest.mark.slow
 def test_pipeline_defaults_take_the_centroid_tree_on_many_labels(tmp_path, scheduler):
     """The pipeline with no model option on a 3,000-label dataset trains what `xmldask train` would (model auto:
     the label-centroid tree), and its report is written."""

@@ -549,6 +549,7 @@ BAD_LINES = [
 ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("batch_bytes", "gz"), [(100, False), (4 << 20, True)], ids=["batch100-plain", "batch4M-gzip"])
 @pytest.mark.parametrize(("fmt", "bad", "options", "expected"), [c[1:] for c in BAD_LINES],
                          ids=[c[0] for c in BAD_LINES])
@@ -689,6 +690,7 @@ def count_tokens(path: Path) -> tuple[tuple[int, int, int], int, int, int]:
     return header, colons, labels, unlabelled
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_real_data(tmp_path, shared_xc_file, shared_data):
     header, colons, labels, unlabelled = count_tokens(shared_xc_file)
@@ -705,6 +707,7 @@ def test_real_data(tmp_path, shared_xc_file, shared_data):
     assert int(ds.label_counts.sum()) == labels
 
 
+@pytest.mark.slow
 @pytest.mark.shared_data
 def test_real_data_aloi_vw_equals_xc(tmp_path, shared_data):
     vw, xc = shared_data / "aloi" / "aloi_train.vw.gz", shared_data / "aloi" / "train.txt.gz"

@@ -102,6 +102,7 @@ def _claim1(X, Y, k):
     return Vt.T @ (Mk / s[:, None])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["gram", "passes"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_full_label_squared_loss_reaches_claim1_closed_form(dtype, solver):
@@ -200,6 +201,7 @@ def test_h_step_equals_per_label_solution(loss):
         np.testing.assert_allclose(H[j], ref, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
 @pytest.mark.parametrize("observed", [None, 0.3])
 @pytest.mark.parametrize("init", ["spectral", "random"])

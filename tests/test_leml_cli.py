@@ -23,6 +23,7 @@ def _dataset(url, n=120, d=30, L=12, seed=0):
         w.commit(n_features=d, n_labels=L)
 
 
+@pytest.mark.slow
 def test_mask_train_predict_evaluate(tmp_path, capsys, scheduler):
     full, masked = str(tmp_path / "full.zarr"), str(tmp_path / "masked.zarr")
     _dataset(full)

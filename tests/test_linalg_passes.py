@@ -282,6 +282,7 @@ def test_augmented_blocks_sum_to_the_centred_product():
 # passes on the synchronous scheduler
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["memory", "store"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 @pytest.mark.parametrize(("name", "weighted", "center"), CASES, ids=CASE_IDS)
@@ -463,6 +464,7 @@ def _check_same_answers(cases, results, expected, dtype):
             _assert_within_rounding(g, r, b, dtype, name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 def test_local_cluster_matches_synchronous(dtype, stores, client):
     inputs = _inputs("store", dtype, stores)
@@ -472,6 +474,7 @@ def test_local_cluster_matches_synchronous(dtype, stores, client):
     _check_same_answers(CASES, results, expected, dtype)
 
 
+@pytest.mark.slow
 def test_local_cluster_with_scattered_operands(stores, client, monkeypatch):
     """Every in-memory operand (Q, Z, B, weights, means) scattered to the workers once."""
     cases = [case for case in CASES if case[1] or case[0] == "x_q"]
@@ -507,6 +510,7 @@ def test_large_operand_is_scattered_not_embedded(tmp_path, client):
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
+@pytest.mark.slow
 def test_the_same_operand_values_shipped_pass_after_pass(tmp_path, client):
     """An iterative solver ships equal operands in pass after pass (the identity, a repeated direction): each
     is scattered under a key of its own, so releasing one pass's operand never takes the next one's away."""
@@ -723,6 +727,7 @@ def test_block_kernels_never_change_their_input():
             np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=name)
 
 
+@pytest.mark.slow
 def test_reductions_sharing_unsorted_blocks_in_one_compute_are_deterministic():
     """gram and the column moments of the same blocks with unsorted column ids, in one threaded compute: the
     same result every time, equal to the in-memory one (before the fix, about 4 % of such computes differed)."""

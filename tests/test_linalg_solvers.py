@@ -71,6 +71,7 @@ CASES = [(w, c) for w in (False, True) for c in (False, True)]
 CASE_IDS = [f"{'weighted' if w else 'unweighted'}-{'centred' if c else 'raw'}" for w, c in CASES]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", DTYPES, ids=["float32", "float64"])
 @pytest.mark.parametrize(("weighted", "center"), CASES, ids=CASE_IDS)
 @pytest.mark.parametrize("solver", ["cholesky", "cg", "dual"])
@@ -158,6 +159,7 @@ def test_columns_converge_independently():
     _assert_close(res.coef, _reference(A, B0, ALPHA)[0], 1e-7, "coef")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["cholesky", "cg", "dual"])
 def test_sparse_and_lazy_right_hand_sides(solver, tmp_path):
     """B = Y (sparse row blocks) and B = Y Q (lazy, computed per block inside the pass), from stores."""
@@ -231,6 +233,7 @@ def test_same_answer_for_any_chunking_of_the_same_blocks_and_any_split():
     np.testing.assert_allclose(other.coef, one.coef, rtol=1e-8, atol=1e-12)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("solver", ["cholesky", "cg", "dual"])
 def test_two_worker_cluster_gives_the_synchronous_answer(solver, client, tmp_path):
     X = open_csr(write_csr(str(tmp_path / "x.zarr"), A.astype(np.float32), block_rows=100))

@@ -40,6 +40,7 @@ def _template(**kw):
                                random_state=3, **kw)
 
 
+@pytest.mark.slow
 def test_coordinate_search_keeps_the_best_held_out_candidate(data):
     ds = open_dataset(data[1])
     search = HeldOutSearch(_template(), {"n_components": [4, 16], "alpha": [1e-3, 1.0, 100.0]},
@@ -65,6 +66,7 @@ def test_coordinate_search_keeps_the_best_held_out_candidate(data):
     assert labels.compute().shape == (50, 3)
 
 
+@pytest.mark.slow
 def test_grid_search_fits_every_combination(data):
     ds = open_dataset(data[1])
     search = HeldOutSearch(_template(), {"n_components": [4, 8], "kernel": ["none", "gaussian"]},
@@ -74,6 +76,7 @@ def test_grid_search_fits_every_combination(data):
     assert search.best_score_ == max(-r["val_loss"] for r in search.results_)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["grid", "coordinate"])
 def test_fits_made_at_once_give_the_same_search(data, strategy, monkeypatch):
     """n_jobs=2: the fits of a step run in two threads; the results, their order and the model kept are those of
@@ -134,6 +137,7 @@ def test_parse_grid():
         parse_grid(["alpha=1", "alpha=2"])
 
 
+@pytest.mark.slow
 def test_train_job_and_command_line_search(data, capsys):
     root, train = data
     url = str(root / "searched.zarr")
@@ -173,6 +177,7 @@ def test_train_job_and_command_line_search(data, capsys):
     assert [r["params"]["k"] for r in printed["search"] if not r["screened"]] == [printed["params"]["k"]]
 
 
+@pytest.mark.slow
 def test_conditional_parameters_are_searched_with_the_parameter_they_depend_on(data):
     ds = open_dataset(data[1])
     grid = {"kernel": ["none", "gaussian"], "bandwidth_scale": [0.5, 4.0], "alpha": [1e-3, 1.0]}
@@ -319,6 +324,7 @@ def test_train_job_holds_small_training_rows_in_memory_for_its_fits(data, monkey
     np.testing.assert_allclose(a_scores, b_scores, rtol=1e-6)
 
 
+@pytest.mark.slow
 def test_screen_repeats_score_a_setting_by_the_mean_over_splits(data):
     """screen_repeats=3: a screened setting's figures are the mean of three fits on other held-out splits
     (seeds drawn from the template's), computed here one by one; full fits are made once."""
@@ -348,6 +354,7 @@ def multiclass_data(tmp_path_factory):
                           block_rows=450).url
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("route", ["primal", "dual"])
 @pytest.mark.parametrize("features", ["raw", "l2", "tfidf"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
@@ -397,6 +404,7 @@ def test_screener_refuses_what_it_does_not_compute(data, monkeypatch):
     assert not screener.applies(base)
 
 
+@pytest.mark.slow
 def test_search_chooses_the_same_with_and_without_the_screener(data, monkeypatch):
     """The screener changes how a screened setting is computed, not the search: same settings, same figures."""
     ds = open_dataset(data[1])
@@ -411,6 +419,7 @@ def test_search_chooses_the_same_with_and_without_the_screener(data, monkeypatch
     assert shared.best_params_ == fitted.best_params_
 
 
+@pytest.mark.slow
 def test_screened_finalist_is_kept_where_it_beats_the_full_fits(data):
     """screen_finalist: the screen's best setting as screened (the ridge decoder alone on the linear map) is kept,
     fitted once more, when it scores higher than the full fits on their held-out rows (its first split)."""

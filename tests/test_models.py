@@ -323,6 +323,7 @@ def test_transform_rows_matches_reference(dtype, sparse):
     assert np.array_equal(K._dense(block), A.astype(dtype))  # the input is not modified
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("features", ["l2", "tfidf"])
 def test_features_equal_fitting_on_transformed_rows(multiclass, features):
     """features='tfidf' / 'l2' is the raw pipeline on the transformed rows, with raw rows at prediction."""
@@ -437,6 +438,7 @@ def test_rembrandt_k_beyond_the_features_adds_nothing():
     assert small.search_bounds(X, Y)["n_components"] == (1, d)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["rembrandt", "cs", "plst"])
 def test_a_label_embedding_of_every_direction_is_the_identity(multilabel, name):
     """k = n_labels: the identity, no decomposition; the predictions and held-out figures of the decomposition's

@@ -124,6 +124,7 @@ def _compare(tree, ref, R):
         assert tree.eigenvalue_[i] == pytest.approx(node["lam"], rel=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("routing", ["fractional", "deterministic"])
 def test_multiclass_tree_matches_exact_reference(dtype, routing):
@@ -141,6 +142,7 @@ def test_multiclass_tree_matches_exact_reference(dtype, routing):
     assert tree.levels_[2]["passes"] - tree.levels_[1]["passes"] == per_level
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("routing", ["fractional", "deterministic"])
 def test_tree_on_sparse_features_keeps_each_node_on_its_own_features(routing, monkeypatch):
     """Classes in four groups, each group's rows nonzero on its own 10 of 40 features: nodes below the root
