@@ -3,7 +3,9 @@
 Generates a synthetic training and test set, trains a small model, then runs ``jobs.predict`` (which
 opens the model and the test set, checked, and writes a prediction store, recorded) several times,
 and prints one row: predict seconds, the seconds spent recording and checking inventories, and their
-share of the predict; plus the opens alone (``load_model``, ``open_dataset``) with the check's share.
+share of the predict; plus the opens alone (``load_model``, ``open_dataset``) with the check's share; and a
+read pass over every row block of the training store (as each pass of a fit reads them) with the seconds of
+the content checks of each block (row pointers and column ids against the recorded shape) and their share.
 The ingest side is measured by ``bench/ingest.py`` (columns ``inventory_ms``, ``check_ms``).
 
     python bench/integrity.py [--rows 200000] [--repeats 3] [--json FILE]
@@ -28,6 +30,41 @@ def _median_time(function, repeats: int, timer: dict) -> tuple[float, float]:
         start = time.perf_counter()
         function()
         runs.append((time.perf_counter() - start, sum(timer.values())))
+    return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+
+
+def _read_pass(url: str, repeats: int) -> tuple[float, float]:
+    """Median seconds of reading every row block of ``X`` and ``Y`` of the dataset store ``url`` (as a pass of
+    a fit reads them), and of the content checks inside (:func:`xmldask.store.csr.check_csr_block`, timed)."""
+    from xmldask.store import csr, open_dataset
+
+    check, spent = csr.check_csr_block, []
+
+    def timed_check(*args):
+        start = time.perf_counter()
+        try:
+            return check(*args)
+        finally:
+            spent.append(time.perf_counter() - start)
+
+    def one_pass():
+        data = open_dataset(url)
+        for array in (data.X, data.Y):
+            reader, stop = csr.block_reader(array), 0
+            for rows in array.chunks[0]:
+                reader.read_rows(stop, stop + rows)
+                stop += rows
+
+    csr.check_csr_block = timed_check
+    try:
+        runs = []
+        for _ in range(repeats):
+            spent.clear()
+            start = time.perf_counter()
+            one_pass()
+            runs.append((time.perf_counter() - start, sum(spent)))
+    finally:
+        csr.check_csr_block = check
     return statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
 
 
@@ -58,6 +95,7 @@ def main() -> None:
         load_s, load_check_s = _median_time(lambda: load_model(model), args.repeats, timer)
         open_s, open_check_s = _median_time(lambda: open_dataset(test), args.repeats, timer)
         files = sum(len(integrity.record_inventory(url)) for url in (model, test))
+        pass_s, content_s = _read_pass(train, args.repeats)
     rows = [{
         "test_rows": args.rows // 4,
         "files_checked": files,
@@ -70,6 +108,9 @@ def main() -> None:
         "open_dataset_ms": round(1e3 * open_s, 2),
         "open_dataset_check_ms": round(1e3 * open_check_s, 2),
         "open_ratio_checked_to_unchecked": round(open_s / (open_s - open_check_s), 3),
+        "read_pass_s": round(pass_s, 3),
+        "content_checks_ms": round(1e3 * content_s, 2),
+        "read_pass_ratio_checked_to_unchecked": round(pass_s / (pass_s - content_s), 4),
     }]
     keys = list(rows[0])
     print("| " + " | ".join(keys) + " |")

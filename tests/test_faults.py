@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -151,6 +152,7 @@ def test_commit_refused_when_the_dataset_changed_underneath(base):
 # ---------------------------------------------------------------- lost and damaged chunks
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("key, damage", [(key, damage) for key in ("X/indices/c/0", "X/data/c/0", "Y/indptr/c/0")
                                           for damage in ("delete", "truncate")] + [("X/indptr/zarr.json", "delete")])
 def test_dataset_with_a_lost_or_cut_chunk_is_refused(base, tmp_path, key, damage):
@@ -251,6 +253,7 @@ def test_absurd_header_refused_before_allocation(tmp_path):
     assert [p.name for p in tmp_path.iterdir()] == ["data.txt"]
 
 
+@pytest.mark.slow
 def test_two_billion_labels_fit_and_cost_only_the_labels_used(tmp_path):
     """2e9 labels fit int32: counting them keeps only the labels seen (the dense vector would be 16 GB)."""
     path = _text(tmp_path / "data.txt", ["3 5 2000000000", "7 1:1.0", "1999999999 2:1.0", "7,12 3:1"])
@@ -395,10 +398,10 @@ def test_pick_up_retries_only_what_may_pass(error, retried):
 # ---------------------------------------------------------------- clusters that cannot work
 
 
+@pytest.mark.timeout(60)  # a wait past the 2 s timeout would hang here
 def test_scheduler_address_where_something_else_listens_fails_within_the_timeout():
     import socket
     import threading
-    import time
 
     from xmldask.cluster import cluster
 
@@ -406,28 +409,104 @@ def test_scheduler_address_where_something_else_listens_fails_within_the_timeout
     accepted = []
     threading.Thread(target=lambda: accepted.append(server.accept()), daemon=True).start()
     address = f"tcp://127.0.0.1:{server.getsockname()[1]}"
-    start = time.perf_counter()
     try:
         with pytest.raises(ConnectionError, match="no Dask scheduler answered within 2 s.*not a Dask scheduler"):
             with cluster(address, timeout=2):
                 pass
     finally:
         server.close()
-    assert time.perf_counter() - start < 5 and accepted  # it connected, then gave up on the silent peer
+    assert accepted  # it connected, then gave up on the silent peer
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(120)
 def test_worker_memory_limit_below_one_task_is_refused_before_the_first_pass(tmp_path):
-    import time
-
     from xmldask.cluster import cluster
     from xmldask.datasets import make_synthetic
     from xmldask.models import EmbeddingClassifier
 
     ds = make_synthetic(str(tmp_path / "t.zarr"), n_samples=2000, n_features=500, n_labels=20_000, seed=0)
     with cluster(n_workers=1, threads_per_worker=1, memory_limit="300MB", dashboard_address=None) as client:
-        start = time.perf_counter()
         with pytest.raises(ValueError, match="blocks of 2000 rows.*memory limit is 286.10 MiB.*--memory-limit"):
             EmbeddingClassifier(n_components=8, max_epochs=1).fit(ds.X, ds.Y)
-        assert time.perf_counter() - start < 5
         assert not client.run(lambda: 0) == {}  # the worker was never lost
+
+
+def _centroid_model(tmp_path):
+    from xmldask.models.centroid import LabelCentroidClassifier
+    from xmldask.xmc import make_xmc
+
+    data = make_xmc(str(tmp_path / "data.zarr"), n_samples=400, n_features=300, n_labels=60, seed=0)
+    return LabelCentroidClassifier(leaf_labels=10, beam=2).fit(data.X, data.Y), data.url
+
+
+def test_model_with_a_non_finite_weight_is_never_saved(tmp_path):
+    model, _ = _centroid_model(tmp_path)
+    model.W_.data[[0, 3]] = [np.nan, np.inf]
+    url = tmp_path / "model.zarr"
+    with pytest.raises(ValueError, match=r"non-finite values \(W: 2\).*nothing was written"):
+        model.save(str(url))
+    assert not url.exists() and not list(tmp_path.glob(".model.zarr*"))
+
+
+def test_model_store_with_a_nan_written_into_it_is_refused_at_load(tmp_path):
+    """One NaN written into a saved model's weights, the inventory rewritten to match (a store damaged by another
+    program): load and predict refuse it and name the array; before, every score was NaN with exit 0."""
+    from xmldask.models import load_model
+    from xmldask.store.integrity import INVENTORY_ATTR, record_inventory
+
+    model, data = _centroid_model(tmp_path)
+    url = str(tmp_path / "model.zarr")
+    model.save(url)
+    group = zarr.open_group(url, mode="r+")
+    group["W/data"][0] = np.nan
+    group.attrs[INVENTORY_ATTR] = record_inventory(url)
+    with pytest.raises(StoreError, match=r"model.zarr: the model holds non-finite values \(W: 1\)"):
+        load_model(url)
+    result = _cli("predict", url, data, "--out", str(tmp_path / "p.zarr"), cwd=tmp_path)
+    assert result.returncode == 2 and "non-finite values (W: 1)" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and not (tmp_path / "p.zarr").exists()
+
+
+def _rewrite(url: str, change) -> None:
+    """``change(group)`` on a store, then its inventory recorded again: damage that the sizes cannot show."""
+    from xmldask.store.integrity import INVENTORY_ATTR, record_inventory
+
+    group = zarr.open_group(url, mode="r+")
+    change(group)
+    group.attrs[INVENTORY_ATTR] = record_inventory(url)
+
+
+def _set(array: str, index: int, value):
+    def change(group):
+        group[array][index] = value
+    return change
+
+
+def _retype(group):
+    path = Path(group.store.root) / "X" / "data" / "zarr.json"
+    meta = json.loads(path.read_text())
+    meta["data_type"] = "int32"
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("change, expected", [
+    (_set("X/indices", 5, 200), r"damaged in rows 0..256: column id 200 outside the 40 columns recorded"),
+    (_set("X/indices", 7, -3), r"damaged in rows 0..256: column id -3 outside"),
+    (_set("X/indices", 9, 2_000_000), r"column id 2,000,000 outside"),
+    (_set("Y/indptr", 3, 1), r"Y is damaged in rows 0..256: the row pointers decrease at row"),
+    (_set("X/indptr", 300, 10**9), r"X is damaged in rows 256..300: row pointers .* outside the"),
+    (_retype, r"data is 1-d int32, not the 1-d float array a CSR store holds"),
+])
+def test_stored_ids_and_pointers_are_checked_against_the_shape_as_blocks_are_read(base, tmp_path, change, expected):
+    """Ids beyond the recorded features, decreasing row pointers, a retyped array (the sizes rewritten to match):
+    the block that holds them is refused as it is read, with the store and the rows; before, wrong scores with
+    exit 0 or a segmentation fault in SciPy's kernels."""
+    url, _ = base
+    _rewrite(url, change)
+    data = open_dataset(url)
+    with pytest.raises(StoreError, match=expected):
+        to_scipy(data.X), to_scipy(data.Y)
+    result = _cli("train", url, "--out", str(tmp_path / "m.zarr"), "--no-search", cwd=tmp_path)
+    assert result.returncode == 2 and re.search(expected, result.stderr), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and not (tmp_path / "m.zarr").exists()

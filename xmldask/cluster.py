@@ -548,10 +548,33 @@ def _local(*, n_workers, threads_per_worker, processes, memory_limit, dashboard_
     with dask.config.set(spawn_env):
         local = LocalCluster(**kwargs)
     with _closed_quietly(local), Client(local, timeout=timeout, set_as_default=True) as client:
+        if silence_logs and silence_logs > logging.INFO:
+            client.register_plugin(_QuietTaskErrors(), name="xmldask-quiet-task-errors")
         logger.info("started a local Dask cluster: %d worker(s) x %d thread(s) (%s), memory limit %s per worker",
                     n_workers, threads_per_worker, "worker processes" if processes else "threads of this process",
                     _describe_limit(kwargs["memory_limit"]))
         yield client
+
+
+class _TaskErrorFilter(logging.Filter):
+    """Drops a worker's "Compute Failed" record: the task's exception reaches the client, which raises it (the
+    command line prints it as one line, or with its traceback if it is not an error it knows)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Compute Failed")
+
+
+class _QuietTaskErrors(WorkerPlugin):
+    """Worker plugin of the local clusters (unless their logs are shown at INFO): the filter above on every
+    worker, present and future, so that a refused input is one line and not a traceback per worker."""
+
+    def setup(self, worker) -> None:
+        logging.getLogger("distributed.worker").addFilter(_TaskErrorFilter())
+
+    def teardown(self, worker) -> None:
+        log = logging.getLogger("distributed.worker")
+        for f in [f for f in log.filters if isinstance(f, _TaskErrorFilter)]:
+            log.removeFilter(f)
 
 
 class _ShutdownHeartbeat(logging.Filter):

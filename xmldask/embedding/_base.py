@@ -65,7 +65,7 @@ def load_model(url: str) -> EmbeddingModel:
     if cls is None or not issubclass(cls, EmbeddingModel):
         raise StoreError(f"{url} holds a {meta.get('class')!r} model, which is not an embedding model of this "
                          f"xmldask")
-    return cls._from_group(group, meta)
+    return cls._from_group(group, meta)._checked_finite(url)
 
 
 # -- helpers shared by the estimators ----------------------------------------------------------

@@ -427,13 +427,6 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                 "n_clusters": self.n_clusters_,
                 "n_unseen_labels": int(self.n_unseen_labels_), "model_entries": int(self.W_.nnz + self.M_.nnz)}
 
-    def _parts(self):
-        params, fitted, arrays = super()._parts()
-        for name in ("W", "M"):
-            if not np.isfinite(arrays[name].data).all():
-                raise ValueError(f"the fitted {name}_ holds non-finite values; nothing was saved")
-        return params, fitted, arrays
-
     @classmethod
     def _from_parts(cls, params, fitted, arrays):
         model = super()._from_parts(params, fitted, arrays)

@@ -23,10 +23,11 @@ from .layout import (
     INDPTR_DTYPE,
     LAYOUT_VERSION,
     SHARD_CHUNKS,
+    StoreError,
     compressors,
 )
 
-__all__ = ["CSRWriter", "write_csr", "open_csr", "csr_from_group", "to_scipy"]
+__all__ = ["CSRWriter", "check_csr_block", "write_csr", "open_csr", "csr_from_group", "to_scipy"]
 
 
 class _Appender:
@@ -243,20 +244,42 @@ class CSRBlockReader:
     def __getstate__(self):
         return {**self.__dict__, "_arrays": None}
 
+    def _where(self) -> str:
+        return f"{self.url}{'/' + self.path if self.path else ''}"
+
     def _open(self):
         if self._arrays is None:
             root = zarr.open_group(_fs.zarr_store(self.url, read_only=True), mode="r")
             group = root[self.path] if self.path else root
-            self._arrays = tuple(group[name] for name in ("data", "indices", "indptr"))
+            names = ("data", "indices", "indptr")
+            arrays = tuple(group[name] for name in names)
+            for name, array, kinds in zip(names, arrays, ("f", "iu", "iu")):
+                if array.dtype.kind not in kinds or array.ndim != 1:
+                    raise StoreError(f"{self._where()}: {name} is {array.ndim}-d {array.dtype}, not the 1-d "
+                                     f"{'float' if kinds == 'f' else 'integer'} array a CSR store holds: its "
+                                     "metadata was changed after it was written; "
+                                     "ingest the dataset again from its source")
+            self._arrays = arrays
         return self._arrays
 
     def read_rows(self, start: int, stop: int) -> sp.csr_matrix:
-        """Rows ``start:stop`` as a ``csr_matrix``, reading only their part of the store."""
+        """Rows ``start:stop`` as a ``csr_matrix``, reading only their part of the store, after checking what
+        they hold (:func:`check_csr_block`)."""
         data, indices, indptr = self._open()
         ptr = indptr[start : stop + 1] if stop > start else np.zeros(1, INDPTR_DTYPE)
         lo, hi = int(ptr[0]), int(ptr[-1])
+        if lo < 0 or hi < lo or hi > data.shape[0] or hi > indices.shape[0]:
+            raise self._damaged(start, stop, f"row pointers {lo}..{hi} outside the {data.shape[0]:,} stored entries")
+        ids = indices[lo:hi]
+        problem = check_csr_block(ptr, ids, self.shape[1])
+        if problem:
+            raise self._damaged(start, stop, problem)
         values = data[lo:hi].astype(self.dtype, copy=False)
-        return sp.csr_matrix((values, indices[lo:hi], ptr - lo), shape=(stop - start, self.shape[1]))
+        return sp.csr_matrix((values, ids, ptr - lo), shape=(stop - start, self.shape[1]))
+
+    def _damaged(self, start: int, stop: int, problem: str) -> StoreError:
+        return StoreError(f"{self._where()} is damaged in rows {start:,}..{stop:,}: {problem}; ingest the dataset "
+                          "again from its source")
 
     def __getitem__(self, key):
         rows, cols = (key + (slice(None),))[:2] if isinstance(key, tuple) else (key, slice(None))
@@ -267,6 +290,23 @@ class CSRBlockReader:
         if cols != slice(None) and cols != slice(0, self.shape[1], None):
             block = block[:, cols]
         return block
+
+
+def check_csr_block(indptr: np.ndarray, indices: np.ndarray, n_cols: int) -> str:
+    """What is wrong with a CSR row block's stored row pointers and column ids (``""``: nothing): the pointers
+    must not decrease, and every id must lie in ``[0, n_cols)``. One pass over the ids (their minimum and
+    maximum), far cheaper than their decompression; SciPy checks neither, and a wrong id is a wrong score or a
+    crash in its C++ kernels."""
+    steps = np.diff(indptr)
+    if steps.size and steps.min() < 0:
+        row = int(np.argmax(steps < 0))
+        return f"the row pointers decrease at row {row} of the block ({int(indptr[row])} -> {int(indptr[row + 1])})"
+    if indices.size:
+        low, high = int(indices.min()), int(indices.max())
+        if low < 0 or high >= n_cols:
+            bad = low if low < 0 else high
+            return f"column id {bad:,} outside the {n_cols:,} columns recorded"
+    return ""
 
 
 def block_reader(x) -> CSRBlockReader | None:

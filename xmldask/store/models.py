@@ -69,6 +69,10 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
     str
         ``url``.
     """
+    bad = non_finite(arrays)
+    if bad:
+        raise ValueError(f"the fitted model holds non-finite values ({bad}): it diverged or was fitted on "
+                         f"non-finite data; nothing was written to {url}")
     _fs.check_target(url, kind="model", overwrite=overwrite)
     fitted = json.loads(json.dumps(fitted, default=float))
     tmp = _fs.temporary_sibling(url)
@@ -93,6 +97,20 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
         _fs.remove(tmp)
         raise
     return url
+
+
+def non_finite(arrays: dict) -> str:
+    """The floating-point arrays of ``arrays`` (dense, or sparse by their stored values) that hold NaN or
+    infinity, as ``"name: count, ..."`` (empty if none)."""
+    counts = {}
+    for name, value in arrays.items():
+        values = getattr(value, "data", None) if sp.issparse(value) else value
+        if values is None or not hasattr(values, "dtype") or values.dtype.kind not in "fc":
+            continue
+        bad = int(values.size - np.count_nonzero(np.isfinite(values)))
+        if bad:
+            counts[name] = bad
+    return ", ".join(f"{name}: {count:,}" for name, count in counts.items())
 
 
 def _write_array(group, name: str, value) -> None:
@@ -204,7 +222,16 @@ class SavedModel:
         group, meta = open_model_store(url, model_version=(cls._MODEL_VERSION, *cls._EARLIER_VERSIONS),
                                        class_name=cls.__name__,
                                        hint=" (or xmldask.models.load_model(url) for any model)")
-        return cls._from_group(group, meta)
+        return cls._from_group(group, meta)._checked_finite(url)
+
+    def _checked_finite(self, url: str):
+        """``self``, loaded from ``url``, after checking that its fitted arrays hold no NaN or infinity (a model
+        with them is never saved, so the store was damaged after it was written)."""
+        bad = non_finite(self._parts()[2])
+        if bad:
+            raise StoreError(f"{url}: the model holds non-finite values ({bad}), which xmldask never saves: the "
+                             "store was damaged after it was written; retrain the model or restore a copy")
+        return self
 
     @classmethod
     def _from_group(cls, group, meta: dict):
