@@ -510,3 +510,35 @@ def test_stored_ids_and_pointers_are_checked_against_the_shape_as_blocks_are_rea
     result = _cli("train", url, "--out", str(tmp_path / "m.zarr"), "--no-search", cwd=tmp_path)
     assert result.returncode == 2 and re.search(expected, result.stderr), result.stderr[-2000:]
     assert "Traceback" not in result.stderr and not (tmp_path / "m.zarr").exists()
+
+
+def _flip(path: Path, at: float = 0.5) -> None:
+    """One bit flipped inside a file (its size unchanged: the inventory of sizes cannot see it)."""
+    raw = bytearray(path.read_bytes())
+    raw[int(len(raw) * at)] ^= 0x10
+    path.write_bytes(bytes(raw))
+
+
+@pytest.mark.parametrize("key", ["X/data/c/0", "X/indices/c/0", "Y/indptr/c/0"])
+def test_a_bit_flipped_in_a_dataset_chunk_fails_its_checksum_named(base, tmp_path, key):
+    url, _ = base
+    _flip(Path(url) / key)
+    data = open_dataset(url)  # the sizes are as recorded
+    with pytest.raises(StoreError, match=rf"{url}.*: {key.split('/c/')[0]} fails its checksum in .*restore the store"):
+        to_scipy(data.X), to_scipy(data.Y)
+    result = _cli("train", url, "--out", str(tmp_path / "m.zarr"), "--no-search", cwd=tmp_path)
+    assert result.returncode == 2 and "fails its checksum" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+
+
+def test_a_bit_flipped_in_a_model_chunk_fails_its_checksum_named(tmp_path):
+    from xmldask.models import load_model
+
+    model, data = _centroid_model(tmp_path)
+    url = str(tmp_path / "model.zarr")
+    model.save(url)
+    _flip(Path(url) / "W" / "data" / "c" / "0", at=0.3)
+    with pytest.raises(StoreError, match=r"model.zarr: W/data fails its checksum"):
+        load_model(url)
+    result = _cli("predict", url, data, "--out", str(tmp_path / "p.zarr"), cwd=tmp_path)
+    assert result.returncode == 2 and "W/data fails its checksum" in result.stderr, result.stderr[-2000:]

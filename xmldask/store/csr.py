@@ -25,6 +25,7 @@ from .layout import (
     SHARD_CHUNKS,
     StoreError,
     compressors,
+    read_checked,
 )
 
 __all__ = ["CSRWriter", "check_csr_block", "write_csr", "open_csr", "csr_from_group", "to_scipy"]
@@ -266,15 +267,16 @@ class CSRBlockReader:
         """Rows ``start:stop`` as a ``csr_matrix``, reading only their part of the store, after checking what
         they hold (:func:`check_csr_block`)."""
         data, indices, indptr = self._open()
-        ptr = indptr[start : stop + 1] if stop > start else np.zeros(1, INDPTR_DTYPE)
+        where = self._where()
+        ptr = read_checked(indptr, slice(start, stop + 1), where) if stop > start else np.zeros(1, INDPTR_DTYPE)
         lo, hi = int(ptr[0]), int(ptr[-1])
         if lo < 0 or hi < lo or hi > data.shape[0] or hi > indices.shape[0]:
             raise self._damaged(start, stop, f"row pointers {lo}..{hi} outside the {data.shape[0]:,} stored entries")
-        ids = indices[lo:hi]
+        ids = read_checked(indices, slice(lo, hi), where)
         problem = check_csr_block(ptr, ids, self.shape[1])
         if problem:
             raise self._damaged(start, stop, problem)
-        values = data[lo:hi].astype(self.dtype, copy=False)
+        values = read_checked(data, slice(lo, hi), where).astype(self.dtype, copy=False)
         return sp.csr_matrix((values, ids, ptr - lo), shape=(stop - start, self.shape[1]))
 
     def _damaged(self, start: int, stop: int, problem: str) -> StoreError:

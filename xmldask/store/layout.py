@@ -49,7 +49,7 @@ place when complete.
 from __future__ import annotations
 
 import numpy as np
-from zarr.codecs import BloscCodec
+from zarr.codecs import BloscCodec, Crc32cCodec
 
 LAYOUT_VERSION = 1
 ATTR = "xmldask"
@@ -69,7 +69,29 @@ BLOCK_ROWS = 65_536
 
 
 def compressors():
-    return [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle")]
+    """The codecs after serialisation of every array xmldask writes: LZ4 in Blosc, then a CRC-32C checksum of the
+    compressed chunk, checked on every read (:func:`read_checked` names the store, array and chunk of a
+    mismatch). Stores written without the checksum keep loading: each array's metadata records its codecs."""
+    return [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle"), Crc32cCodec()]
+
+
+def read_checked(array, key, where: str):
+    """``array[key]``, a checksum mismatch raised as a :class:`StoreError` that names the store (``where``), the
+    array and the chunks of ``key`` (a slice of a 1-d array, or ``...``)."""
+    try:
+        return array[key]
+    except ValueError as exc:
+        if "checksum" not in str(exc):
+            raise
+        size = array.chunks[0] if array.ndim else 1
+        if isinstance(key, slice) and array.ndim == 1:
+            start, stop, _ = key.indices(array.shape[0])
+            chunks = f"chunks {start // size}..{max(start, stop - 1) // size} (entries {start:,}..{stop:,})"
+        else:
+            chunks = "a chunk"
+        raise StoreError(f"{where}: {array.path} fails its checksum in {chunks}: its bytes changed after they were "
+                         "written (a disk or copy fault); restore the store or write it again from its source") \
+            from None
 
 
 class StoreError(ValueError):

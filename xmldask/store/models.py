@@ -19,7 +19,7 @@ import zarr
 
 from . import _fs
 from .integrity import INVENTORY_ATTR, open_root, record_inventory
-from .layout import ATTR, LAYOUT_VERSION, StoreError, compressors
+from .layout import ATTR, LAYOUT_VERSION, StoreError, compressors, read_checked
 
 __all__ = ["SavedModel", "jsonable", "model_class", "open_model_store", "write_model_store"]
 
@@ -121,12 +121,19 @@ def _write_array(group, name: str, value) -> None:
     array[...] = value
 
 
-def read_model_array(value):
-    """A fitted array as :func:`write_model_store` wrote it (a CSR matrix from its group), or as given."""
+def read_model_array(value, where: str = "the model store"):
+    """A fitted array as :func:`write_model_store` wrote it (a CSR matrix from its group), or as given; a chunk
+    that fails its checksum is a :class:`StoreError` naming ``where`` and the array."""
     if isinstance(value, zarr.Group):
-        return sp.csr_matrix(tuple(np.asarray(value[part][...]) for part in ("data", "indices", "indptr")),
-                             shape=tuple(value.attrs["shape"]))
-    return value if sp.issparse(value) else np.asarray(value[...])
+        parts = tuple(np.asarray(read_checked(value[part], ..., where)) for part in ("data", "indices", "indptr"))
+        return sp.csr_matrix(parts, shape=tuple(value.attrs["shape"]))
+    return value if sp.issparse(value) else np.asarray(read_checked(value, ..., where))
+
+
+def _where(arrays) -> str:
+    """The store of ``arrays`` (a Zarr group) for messages, as a path where it is local."""
+    where = str(getattr(arrays, "store_path", "the model store"))
+    return where.removeprefix("file://")
 
 
 def _model_group(url: str):
@@ -247,7 +254,7 @@ class SavedModel:
         names = cls._get_param_names()
         model = cls(**{key: value for key, value in params.items() if key in names})
         for name in cls._ARRAYS:
-            setattr(model, name + "_", read_model_array(arrays[name]) if name in arrays else None)
+            setattr(model, name + "_", read_model_array(arrays[name], _where(arrays)) if name in arrays else None)
         for name, value in fitted.items():
             setattr(model, name + "_", value)
         return model
