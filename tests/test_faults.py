@@ -542,3 +542,44 @@ def test_a_bit_flipped_in_a_model_chunk_fails_its_checksum_named(tmp_path):
         load_model(url)
     result = _cli("predict", url, data, "--out", str(tmp_path / "p.zarr"), cwd=tmp_path)
     assert result.returncode == 2 and "W/data fails its checksum" in result.stderr, result.stderr[-2000:]
+
+
+def _edit_json(path: Path, change) -> None:
+    meta = json.loads(path.read_text())
+    change(meta)
+    path.write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("key, change, expected", [
+    ("X/data/zarr.json", lambda m: m.update(data_type="int32"),
+     r"X/data/zarr.json \(the array's type, chunks or codecs\) was edited"),
+    ("zarr.json", lambda m: m["attributes"]["xmldask"].update(nnz=5),
+     r"the root attributes \(zarr.json\) were edited"),
+    ("zarr.json", lambda m: m["attributes"]["xmldask"].update(n_features=50),
+     r"the root attributes \(zarr.json\) were edited"),
+    ("zarr.json", lambda m: m["attributes"]["xmldask"].update(label_counts_array="/etc/passwd"),
+     r"the root attributes \(zarr.json\) were edited"),
+])
+def test_edited_array_metadata_and_root_attributes_are_refused(base, tmp_path, key, change, expected):
+    """What the sizes cannot show: a retyped array (before, predict exit 0 with P@1 0.815 -> 0.579), edited
+    sizes and references in the root attributes (printed by info as facts; a KeyError traceback)."""
+    url, _ = base
+    _edit_json(Path(url) / key, change)
+    with pytest.raises(StoreError, match=rf"{url} \(dataset store\) is damaged: {expected}"):
+        open_dataset(url)
+    result = _cli("info", url, cwd=tmp_path)
+    assert result.returncode == 2 and "was edited" in result.stderr or "were edited" in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_label_counts_reference_outside_the_store_is_refused(base):
+    """A reference rewritten with the inventory to match (another program): it must name an array of the store."""
+    url, _ = base
+    group = zarr.open_group(url, mode="r+")
+    attrs = dict(group.attrs)
+    attrs["xmldask"] = {**attrs["xmldask"], "label_counts_array": "X/indptr"}
+    from xmldask.store.integrity import commit_attrs
+
+    commit_attrs(group, url, {"xmldask": attrs["xmldask"]}, ["X", "Y"])
+    with pytest.raises(StoreError, match=r"label counts array 'X/indptr' is not an array of 12 counts"):
+        open_dataset(url).label_counts

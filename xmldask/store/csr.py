@@ -12,7 +12,7 @@ import zarr
 from dask.base import tokenize
 
 from . import _fs
-from .integrity import INVENTORY_ATTR, open_root, record_inventory
+from .integrity import commit_attrs, open_root
 from .layout import (
     ATTR,
     BLOCK_ROWS,
@@ -191,8 +191,11 @@ class CSRWriter:
         self.row_blocks = row_blocks if row_blocks is not None else self.new_row_blocks()
         self.n_rows_start = self.n_rows
         meta = self._meta(complete=True)
-        extra = {INVENTORY_ATTR: record_inventory(inventory)} if inventory is not None else {}
-        self.group.attrs.update({"shape": [self.n_rows, self.n_cols], ATTR: meta, **extra})
+        update = {"shape": [self.n_rows, self.n_cols], ATTR: meta}
+        if inventory is not None:
+            commit_attrs(self.group, inventory, update)
+        else:
+            self.group.attrs.update(update)
         return meta
 
     def _meta(self, *, complete: bool) -> dict:

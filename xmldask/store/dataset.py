@@ -13,8 +13,8 @@ import zarr
 
 from . import _fs
 from .csr import CSRWriter, csr_from_group
-from .integrity import INVENTORY_ATTR, TailGuard, WriterLock, open_root, record_inventory
-from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, INDEX_DTYPE, LAYOUT_VERSION, StoreError
+from .integrity import TailGuard, WriterLock, commit_attrs, open_root
+from .layout import ATTR, BLOCK_ROWS, DATA_DTYPE, INDEX_DTYPE, LAYOUT_VERSION, StoreError, read_checked
 
 __all__ = ["Dataset", "DatasetWriter", "format_info", "open_dataset"]
 
@@ -127,7 +127,12 @@ class Dataset:
     def label_counts(self) -> np.ndarray:
         """Number of rows carrying each label, shape (n_labels,)."""
         group = zarr.open_group(_fs.zarr_store(self.url, read_only=True), mode="r")
-        return np.asarray(group[self.meta["label_counts_array"]][:], dtype=np.int64)
+        name = str(self.meta.get("label_counts_array", ""))
+        array = group.get(name) if name and not name.startswith("/") and ".." not in name.split("/") else None
+        if not isinstance(array, zarr.Array) or array.shape != (self.n_labels,):
+            raise StoreError(f"{self.url}: its label counts array {name!r} is not an array of {self.n_labels:,} "
+                             "counts inside the store; ingest the dataset again from its source")
+        return np.asarray(read_checked(array, ..., self.url), dtype=np.int64)
 
     def info(self) -> dict:
         """Summary figures: sizes, densities and the label-frequency profile."""
@@ -355,8 +360,7 @@ class DatasetWriter:
             "generation": uuid.uuid4().hex,
             "updated": _now(),
         }
-        inventory = record_inventory(self._target, ["X", "Y", slot])
-        self._group.attrs.update({ATTR: meta, INVENTORY_ATTR: inventory})
+        commit_attrs(self._group, self._target, {ATTR: meta}, ["X", "Y", slot])
         self.meta = meta
         if not self._append:
             _fs.publish(self._target, self.url, overwrite=self._overwrite)

@@ -9,7 +9,7 @@ import numpy as np
 import zarr
 
 from . import _fs
-from .integrity import INVENTORY_ATTR, open_root, record_inventory
+from .integrity import commit_attrs, open_root
 from .layout import ATTR, BLOCK_ROWS, DENSE_ENCODING, LAYOUT_VERSION, compressors
 
 __all__ = ["write_dense", "open_dense"]
@@ -35,8 +35,7 @@ def write_dense(url: str, x, *, block_rows: int | None = None, overwrite: bool =
         else:
             array[...] = np.asarray(x)
         meta = {"kind": "dense", "layout_version": LAYOUT_VERSION, "complete": True, "generation": uuid.uuid4().hex}
-        group.attrs.update({**DENSE_ENCODING, "shape": list(x.shape), ATTR: meta,
-                           INVENTORY_ATTR: record_inventory(tmp)})
+        commit_attrs(group, tmp, {**DENSE_ENCODING, "shape": list(x.shape), ATTR: meta})
         _fs.publish(tmp, url, overwrite=overwrite)
     except BaseException:
         _fs.remove(tmp)

@@ -6,7 +6,11 @@ attribute ``xmldask_inventory`` written in the same metadata write as its commit
 of every chunk file and the presence of every array's ``zarr.json`` that readers use. Opening a
 store lists its files once (one directory walk, or one listing call on an object store) and refuses
 a store whose inventory does not match, naming the store, the file and the fix. Sizes catch lost
-and truncated files, not bits flipped inside a file of the right size.
+and truncated files; the CRC-32C checksum of every chunk (:func:`xmldask.store.layout.compressors`)
+catches bits flipped inside a file of the right size. The inventory also holds a digest of what
+each array's metadata fixes for good (data type, chunking, codecs, fill value: not its shape, which
+an append grows) and of the root attributes that the figures depend on (sizes, ``nnz``, array
+references), so that an edited ``zarr.json`` is refused too.
 
 A dataset accepts appends (``ingest --append``) from one writer at a time: the writer holds the
 lock file ``<store>/.xmldask-writer.lock`` (created exclusively, on a local disk and on fsspec
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import functools
+import hashlib
 import json
 import logging
 import os
@@ -33,7 +38,7 @@ from . import _fs
 from .layout import StoreError, check_kind
 
 __all__ = ["INVENTORY_ATTR", "LOCK_NAME", "StoreBusyError", "WriterLock", "TailGuard", "check_inventory",
-           "lock_present", "open_root", "record_inventory", "tails", "timed"]
+           "commit_attrs", "lock_present", "open_root", "record_inventory", "tails", "timed"]
 
 logger = logging.getLogger(__name__)
 
@@ -83,8 +88,35 @@ def _timing(function):
     return timed_call
 
 
+#: the fields of an array's ``zarr.json`` that no append changes (its digest is recorded)
+_FIXED_FIELDS = ("node_type", "data_type", "chunk_grid", "chunk_key_encoding", "codecs", "fill_value",
+                 "dimension_names", "storage_transformers")
+
+
+def _digest(value) -> str:
+    text = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str)
+    return "sha256:" + hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def _metadata_digest(raw: bytes) -> str | int:
+    """The digest of an array's fixed metadata fields, or :data:`_PRESENT_ONLY` for a group's metadata (whose
+    attributes an append rewrites; the root's are covered by the root digest)."""
+    try:
+        meta = json.loads(raw)
+    except ValueError:
+        return "unreadable"
+    if not isinstance(meta, dict) or meta.get("node_type") != "array":
+        return _PRESENT_ONLY
+    return _digest({key: meta.get(key) for key in _FIXED_FIELDS})
+
+
+def root_digest(attrs: dict) -> str:
+    """The digest of a store's root attributes, without the inventory that records it."""
+    return _digest({key: value for key, value in attrs.items() if key != INVENTORY_ATTR})
+
+
 @_timing
-def record_inventory(url: str, prefixes: list[str] | None = None) -> dict[str, int]:
+def record_inventory(url: str, prefixes: list[str] | None = None, *, attrs: dict | None = None) -> dict:
     """The inventory of the store at ``url`` as it is now (call it after the last chunk write).
 
     Parameters
@@ -94,21 +126,35 @@ def record_inventory(url: str, prefixes: list[str] | None = None) -> dict[str, i
     prefixes : list of str, optional
         Record only files under these top-level paths (the arrays readers use); all by default.
         The root ``zarr.json`` (being written with the inventory) and hidden files are left out.
+    attrs : dict, optional
+        The root attributes the store will hold with this inventory: their digest is recorded under
+        ``zarr.json`` (:func:`root_digest`).
 
     Returns
     -------
-    dict of str to int
-        File key to size in bytes; ``-1`` for ``zarr.json`` metadata files (presence only: an
-        append rewrites an array's shape).
+    dict of str to int or str
+        File key to size in bytes; for an array's ``zarr.json``, the digest of its fixed fields
+        (:data:`_FIXED_FIELDS`), for a group's ``-1`` (presence only).
     """
+    fs, root, _ = _fs._split(url)
     out = {}
     for key, size in sorted(_files(url).items()):
         if key == _METADATA or any(part.startswith(".") for part in key.split("/")):
             continue
         if prefixes is not None and not any(key == p or key.startswith(p.rstrip("/") + "/") for p in prefixes):
             continue
-        out[key] = _PRESENT_ONLY if key.rpartition("/")[2] == _METADATA else size
+        out[key] = (_metadata_digest(fs.cat_file(f"{root.rstrip('/')}/{key}"))
+                    if key.rpartition("/")[2] == _METADATA else size)
+    if attrs is not None:
+        out[_METADATA] = root_digest(attrs)
     return out
+
+
+def commit_attrs(group, url: str, update: dict, prefixes: list[str] | None = None) -> None:
+    """Write the root attributes ``update`` of the store at ``url`` (its root ``group``) with its inventory,
+    in one metadata write: the commit of a store."""
+    attrs = {**dict(group.attrs), **update}
+    group.attrs.update({**update, INVENTORY_ATTR: record_inventory(url, prefixes, attrs=attrs)})
 
 
 def tails(recorded: dict[str, int]) -> set[str]:
@@ -128,13 +174,27 @@ def tails(recorded: dict[str, int]) -> set[str]:
     return {key for _, key in last.values()}
 
 
-def mismatches(url: str, recorded: dict[str, int]) -> tuple[list[str], list[str], dict[str, int]]:
-    """Files of an inventory that are missing, files of another size, and the sizes found."""
+def mismatches(url: str, recorded: dict) -> tuple[list[str], list[str], dict[str, int]]:
+    """Files of an inventory that are missing, files of another size, and the sizes found (the root
+    ``zarr.json`` and metadata digests are checked by :func:`check_inventory`)."""
     found = _files(url)
-    missing = [key for key in recorded if key not in found]
+    missing = [key for key in recorded if key != _METADATA and key not in found]
     resized = [key for key, size in recorded.items()
-               if size != _PRESENT_ONLY and key in found and found[key] != size]
+               if isinstance(size, int) and size != _PRESENT_ONLY and key in found and found[key] != size]
     return missing, resized, found
+
+
+def _edited(url: str, attrs: dict, recorded: dict, found: dict) -> list[str]:
+    """The recorded metadata whose digest differs now: ``zarr.json`` (the root attributes), array metadata."""
+    edited = []
+    if _METADATA in recorded and root_digest(attrs) != recorded[_METADATA]:
+        edited.append(_METADATA)
+    fs, root, _ = _fs._split(url)
+    for key, digest in recorded.items():
+        if key != _METADATA and isinstance(digest, str) and key in found and \
+                _metadata_digest(fs.cat_file(f"{root.rstrip('/')}/{key}")) != digest:
+            edited.append(key)
+    return edited
 
 
 @_timing
@@ -160,11 +220,14 @@ def check_inventory(url: str, attrs: dict, kind: str) -> None:
     missing, resized, found = mismatches(url, recorded)
     if resized and not missing and set(resized) <= tails(recorded) and lock_present(url):
         resized = []
-    if not (missing or resized):
+    edited = _edited(url, attrs, recorded, found)
+    if not (missing or resized or edited):
         return
     shown = [f"{key} is missing" for key in missing[:3]]
     shown += [f"{key} has {found[key]} bytes, {recorded[key]} were written" for key in resized[:3]]
-    more = len(missing) + len(resized) - len(shown)
+    shown += [("the root attributes (zarr.json) were edited after they were written" if key == _METADATA else
+               f"{key} (the array's type, chunks or codecs) was edited after it was written") for key in edited[:3]]
+    more = len(missing) + len(resized) + len(edited) - len(shown)
     raise StoreError(f"{url} ({kind} store) is damaged: {'; '.join(shown)}"
                      f"{f' (and {more} more)' if more > 0 else ''}. Its data cannot be trusted: "
                      f"{_FIXES.get(kind, _DEFAULT_FIX)}")
@@ -326,7 +389,7 @@ class TailGuard:
             return
         missing, resized, found = mismatches(self.url, recorded)
         if missing or not set(resized) <= tails(recorded):
-            check_inventory(self.url, {INVENTORY_ATTR: recorded}, "dataset")  # raises
+            check_inventory(self.url, dict(group.attrs), "dataset")  # raises
         if resized:
             logger.warning("%s: adopting the last chunk files rewritten by an append that died: %s", self.url,
                            ", ".join(resized))

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 import zarr
 
 from . import _fs
-from .integrity import INVENTORY_ATTR, open_root, record_inventory
+from .integrity import commit_attrs, open_root
 from .layout import ATTR, LAYOUT_VERSION, StoreError, compressors, read_checked
 
 __all__ = ["SavedModel", "jsonable", "model_class", "open_model_store", "write_model_store"]
@@ -91,7 +91,7 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
             _write_array(group, name, value)
         info = {**(meta or {}), "kind": "model", "class": class_name, "model_version": model_version,
                 "layout_version": LAYOUT_VERSION, "complete": True}
-        group.attrs.update({ATTR: info, "params": params, "fitted": fitted, INVENTORY_ATTR: record_inventory(tmp)})
+        commit_attrs(group, tmp, {ATTR: info, "params": params, "fitted": fitted})
         _fs.publish(tmp, url, overwrite=overwrite)
     except BaseException:
         _fs.remove(tmp)

@@ -24,7 +24,7 @@ import zarr
 
 from ..scheduling import parallelism
 from . import _fs
-from .integrity import INVENTORY_ATTR, open_root, record_inventory
+from .integrity import commit_attrs, open_root
 from .layout import ATTR, LAYOUT_VERSION, compressors
 
 __all__ = ["Predictions", "open_predictions", "write_predictions"]
@@ -147,7 +147,7 @@ def write_predictions(url: str, labels: da.Array, scores: da.Array, *, n_labels:
             "rows_per_second": round(n / seconds, 1) if seconds > 0 else math.inf,
             **(meta or {}),
         }
-        group.attrs.update({ATTR: info, INVENTORY_ATTR: record_inventory(tmp)})
+        commit_attrs(group, tmp, {ATTR: info})
         _fs.publish(tmp, url, overwrite=overwrite)
     except BaseException:
         _fs.remove(tmp)
