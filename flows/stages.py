@@ -141,13 +141,7 @@ def dataset_fingerprint(url: str) -> str:
     they are. A store without recorded sources (e.g. from :func:`xmldask.datasets.make_synthetic`) is
     fingerprinted by its generator parameters, else by its commit ``generation``.
     """
-    meta = open_dataset(url).meta
-    content = {"sources": [s.get("sha256") for s in meta.get("sources") or []],
-               "transforms": meta.get("transforms"), "n_samples": meta.get("n_samples"),
-               "n_features": meta.get("n_features"), "n_labels": meta.get("n_labels")}
-    if not content["sources"]:
-        content["synthetic"] = meta.get("synthetic") or meta.get("generation")
-    return _digest(content)[:16]
+    return open_dataset(url).fingerprint
 
 
 def _listing_fingerprint(url: str) -> str:

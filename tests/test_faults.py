@@ -582,4 +582,20 @@ def test_label_counts_reference_outside_the_store_is_refused(base):
 
     commit_attrs(group, url, {"xmldask": attrs["xmldask"]}, ["X", "Y"])
     with pytest.raises(StoreError, match=r"label counts array 'X/indptr' is not an array of 12 counts"):
-        open_dataset(url).label_counts
+        _ = open_dataset(url).label_counts
+
+
+def test_evaluate_refuses_predictions_made_from_another_dataset(tmp_path):
+    """Before: predictions of one dataset evaluated against another of the same shape, exit 0, P@1 0.052."""
+    from xmldask import jobs
+
+    model, data = _centroid_model(tmp_path)
+    model_url = model.save(str(tmp_path / "model.zarr"))
+    from xmldask.xmc import make_xmc
+
+    other = make_xmc(str(tmp_path / "other.zarr"), n_samples=400, n_features=300, n_labels=60, seed=1).url
+    jobs.predict(model_url, data, str(tmp_path / "p.zarr"), top_k=5)
+    assert jobs.evaluate(str(tmp_path / "p.zarr"), data)["n_samples"] == 400  # its own dataset: evaluated
+    result = _cli("evaluate", str(tmp_path / "p.zarr"), other, cwd=tmp_path)
+    assert result.returncode == 2, result.stderr
+    assert "predictions made from" in result.stderr and "not from" in result.stderr and other in result.stderr

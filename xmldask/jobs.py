@@ -348,7 +348,7 @@ def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwri
     release_worker_memory()  # what a training job left in the workers' heaps
     labels, scores = model.predict_topk(data.X, k=top_k)
     info = write_predictions(out, labels, scores, n_labels=n_labels, overwrite=overwrite, progress=progress,
-                             meta={"model": model_url, "data": data_url})
+                             meta={"model": model_url, "data": data_url, "data_fingerprint": data.fingerprint})
     return {"url": out, **info}
 
 
@@ -372,6 +372,12 @@ def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(
 
     preds = open_predictions(pred_url)
     data = open_dataset(data_url)
+    made_from = preds.meta.get("data_fingerprint")
+    if made_from is not None and made_from != data.fingerprint:
+        raise ValueError(f"{pred_url} holds predictions made from {preds.meta.get('data')} (dataset fingerprint "
+                         f"{made_from}), not from {data_url} ({data.fingerprint}): evaluate them against the "
+                         f"dataset they were made from, or predict on this one first (xmldask predict MODEL "
+                         f"{data_url} ...)")
     if preds.labels.shape[0] != data.Y.shape[0]:
         raise ValueError(f"{pred_url} holds predictions for {preds.labels.shape[0]} rows but {data_url} has "
                          f"{data.Y.shape[0]}; predict on this dataset first (xmldask predict MODEL {data_url} ...)")

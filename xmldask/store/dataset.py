@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
+import hashlib
+import json
 import uuid
 from dataclasses import dataclass, field
 
@@ -122,6 +124,23 @@ class Dataset:
         """Bytes of ``X`` and ``Y`` as in-memory CSR matrices: 4-byte values and column ids, 8-byte row
         pointers (what a process holding the whole dataset would need)."""
         return 8 * (int(self.meta["nnz"]) + int(self.meta["nnz_labels"])) + 16 * (self.n_samples + 1)
+
+    @property
+    def fingerprint(self) -> str:
+        """Content fingerprint (16 hex digits): the sha256 of the source files, the transforms, the sizes.
+
+        Two stores ingested from the same files with the same transforms have the same fingerprint, wherever
+        they are. A store without recorded sources (e.g. from :func:`xmldask.datasets.make_synthetic`) is
+        fingerprinted by its generator parameters, else by its commit ``generation``.
+        """
+        meta = self.meta
+        content = {"sources": [s.get("sha256") for s in meta.get("sources") or []],
+                   "transforms": meta.get("transforms"), "n_samples": meta.get("n_samples"),
+                   "n_features": meta.get("n_features"), "n_labels": meta.get("n_labels")}
+        if not content["sources"]:
+            content["synthetic"] = meta.get("synthetic") or meta.get("generation")
+        text = json.dumps(content, sort_keys=True, default=str, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     @property
     def label_counts(self) -> np.ndarray:
