@@ -43,7 +43,7 @@ from .stage_flows import (
     predict_flow,
     report_flow,
 )
-from .stages import file_sha256, join, read_json, root_url, write_json
+from .stages import file_sha256, join, read_state, root_url, write_json
 
 __all__ = ["pick_up", "refresh"]
 
@@ -110,7 +110,7 @@ def pick_up(incoming: str, dataset: str, *, ledger: str, quarantine: str, format
     from xmldask.io import ingest
 
     log = get_run_logger()
-    book = read_json(ledger, {"files": {}})
+    book = read_state(ledger, {"files": {}})
     out = {"ingested": [], "skipped": [], "quarantined": []}
     for url in _files(incoming):
         name = url.rpartition("/")[2]
@@ -138,7 +138,7 @@ def pick_up(incoming: str, dataset: str, *, ledger: str, quarantine: str, format
             log.info("ingested %s: %s rows (dataset now %d rows)", name, rows, ds.n_samples)
             out["ingested"].append(entry)
         book["files"][sha] = entry
-        write_json(ledger, book)
+        write_json(ledger, book, keep_previous=True)
     return out
 
 
@@ -214,7 +214,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
                                      spectrum_components=spectrum_components, **where))
         new_metrics = stages["evaluate"]["result"]
         new_model = output(stages["train"], "model")
-        current = read_json(current_path)
+        current = read_state(current_path, None)
         current_metrics = None
         if current is not None and current["fingerprint"] == new_model["fingerprint"]:
             promote_it = False
@@ -234,7 +234,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
                        "fingerprint": new_model["fingerprint"], "trained_in": new_model["url"],
                        "train": stages["ingest-train"]["outputs"]["data"], "metric": metric,
                        "metrics": {key: new_metrics[key] for key in new_metrics if "@" in key}, "promoted_at": _now()}
-            write_json(current_path, current)
+            write_json(current_path, current, keep_previous=True)
         log.info("%s", decision)
         notes = [f"**Model decision:** {decision}.", "",
                  f"Current model: `{current['model']}`", "",

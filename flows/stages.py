@@ -17,6 +17,7 @@ import datetime as _dt
 import hashlib
 import json
 import logging
+import shutil
 import tempfile
 import threading
 import time
@@ -27,9 +28,9 @@ from fsspec.core import url_to_fs
 
 from xmldask.store import exists, is_local, open_dataset, publish, remove, storage_root, temporary_sibling
 
-__all__ = ["RECORD", "STAGE_VERSION", "cache_key", "dataset_fingerprint", "file_sha256", "fingerprint",
-           "is_dataset_store", "join", "outputs_complete", "read_json", "root_url", "run_stage", "store_ref",
-           "write_json"]
+__all__ = ["PREVIOUS", "RECORD", "STAGE_VERSION", "StateFileError", "cache_key", "dataset_fingerprint",
+           "file_sha256", "fingerprint", "is_dataset_store", "join", "outputs_complete", "read_json", "read_state",
+           "root_url", "run_stage", "store_ref", "write_json"]
 
 logger = logging.getLogger(__name__)
 
@@ -65,18 +66,50 @@ def read_json(url: str, default=None):
         return default
 
 
-def write_json(url: str, obj) -> None:
-    """Write ``obj`` as JSON to ``url`` (atomically on a local disk: a temporary file renamed into place)."""
+#: suffix of the copy of a state file that its last write replaced (:func:`write_json` with ``keep_previous``)
+PREVIOUS = ".previous"
+
+
+class StateFileError(ValueError):
+    """A state file of the flows (the refresh ledger, the current model) exists but cannot be read."""
+
+
+def read_state(url: str, default):
+    """The JSON state file at ``url``, ``default`` if there is none; a file that exists but does not parse is a
+    :class:`StateFileError` naming it and the kept previous version (never read as absent: a state reset
+    silently would forget what it records)."""
+    fs, path = url_to_fs(url)
+    if not fs.exists(path):
+        return default
+    try:
+        with fs.open(path, "r") as f:
+            return json.load(f)
+    except (OSError, ValueError) as exc:
+        previous = f"{url}{PREVIOUS}"
+        fix = (f"restore the previous version, kept as {previous} (copy it over {url})" if fs.exists(path + PREVIOUS)
+               else f"no previous version is kept; remove {url} to start this record afresh")
+        raise StateFileError(f"{url} cannot be read ({exc}): {fix}") from None
+
+
+def write_json(url: str, obj, *, keep_previous: bool = False) -> None:
+    """Write ``obj`` as JSON to ``url`` (atomically on a local disk: a temporary file renamed into place);
+    ``keep_previous``: the version it replaces is kept as ``url + ".previous"`` (:func:`read_state` names it)."""
     text = json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n"
     fs, path = url_to_fs(url)
     parent = path.rsplit("/", 1)[0]
     if parent:
         fs.makedirs(parent, exist_ok=True)
     if is_local(url):
+        if keep_previous and Path(path).exists():
+            kept = Path(path).with_name(f".{Path(path).name}{PREVIOUS}.tmp")
+            shutil.copyfile(path, kept)
+            kept.replace(path + PREVIOUS)
         tmp = Path(path).with_name(f".{Path(path).name}.tmp")
         tmp.write_text(text)
         tmp.replace(path)
     else:
+        if keep_previous and fs.exists(path):
+            fs.copy(path, path + PREVIOUS)
         with fs.open(path, "w") as f:
             f.write(text)
 

@@ -268,6 +268,16 @@ def test_scheduler_address_from_environment(running_scheduler, monkeypatch):
 
 
 @pytest.mark.timeout(60)  # a wait past the 2 s timeout would hang here
+def test_scheduler_with_no_workers_fails_within_the_timeout_with_the_fix():
+    """Before: train waited forever with no message."""
+    with LocalCluster(n_workers=0, processes=False, protocol="tcp", dashboard_address=":0") as lc:
+        with pytest.raises(ConnectionError, match=rf"{lc.scheduler_address} .* has no workers: none joined within "
+                                                  r"2 s\. Start some \(dask worker"):
+            with cluster(lc.scheduler_address, timeout=2):
+                pass
+
+
+@pytest.mark.timeout(60)  # a wait past the 2 s timeout would hang here
 def test_unreachable_scheduler_fails_fast_with_the_address_and_the_fix():
     address = f"tcp://127.0.0.1:{_closed_port()}"
     with pytest.raises(ConnectionError) as info:

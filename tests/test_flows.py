@@ -420,3 +420,27 @@ def test_pipeline_defaults_take_the_centroid_tree_on_many_labels(tmp_path, sched
     assert record["result"]["params"]["model"] == "centroid" and record["result"]["n_clusters"] > 1
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["P@1"] > 0.2 and (run / "report.md").is_file()
+
+
+@pytest.mark.parametrize("url", ["local", "memory://xmldask-state/refresh"])
+def test_state_files_keep_their_previous_version_and_a_corrupt_one_is_named(tmp_path, url):
+    """The refresh flow's ledger and current model: written atomically with the replaced version kept; a
+    truncated one stops the run naming the file and the kept copy (before: read as absent, the ledger silently
+    rewritten, the promotion made with no comparison)."""
+    from flows.stages import PREVIOUS, StateFileError, read_state, write_json
+
+    base = str(tmp_path) if url == "local" else url
+    path = f"{base}/{uuid.uuid4().hex}/current.json"
+    assert read_state(path, {"files": {}}) == {"files": {}}  # absent: the default
+    write_json(path, {"model": "a"}, keep_previous=True)
+    with pytest.raises(StateFileError, match="no previous version is kept"):
+        fs, p = fsspec.core.url_to_fs(path)
+        fs.pipe_file(p, b'{"model": ')
+        read_state(path, None)
+    write_json(path, {"model": "a"}, keep_previous=True)
+    write_json(path, {"model": "b"}, keep_previous=True)
+    assert read_state(path, None) == {"model": "b"} and read_state(path + PREVIOUS, None) == {"model": "a"}
+    fs.pipe_file(p, b'{"model": "b"')  # cut
+    with pytest.raises(StateFileError, match=rf"{path} cannot be read .*restore the previous version, kept as "
+                                             rf"{path}{PREVIOUS}"):
+        read_state(path, None)

@@ -497,8 +497,17 @@ def _existing(address: str, source: str, timeout: float, ignored: list[str]):
         logger.warning("connecting to the scheduler at %s (from %s): ignoring the local-cluster options %s",
                        address, source, ", ".join(ignored))
     with _connect(address, timeout) as client:
-        logger.info("connected to the Dask scheduler at %s (%d workers)", address,
-                    len(client.scheduler_info(n_workers=-1).get("workers", {})))
+        workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+        if not workers:  # a job submitted now would wait for a worker forever, with no message
+            try:
+                client.wait_for_workers(1, timeout=timeout)
+            except TimeoutError:
+                raise ConnectionError(
+                    f"the Dask scheduler at {address} (from {source}) has no workers: none joined within "
+                    f"{timeout:g} s. Start some (dask worker {address}), or leave out the address for a local "
+                    "cluster") from None
+            workers = len(client.scheduler_info(n_workers=-1).get("workers", {}))
+        logger.info("connected to the Dask scheduler at %s (%d workers)", address, workers)
         yield client
 
 
