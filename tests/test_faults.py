@@ -599,3 +599,52 @@ def test_evaluate_refuses_predictions_made_from_another_dataset(tmp_path):
     result = _cli("evaluate", str(tmp_path / "p.zarr"), other, cwd=tmp_path)
     assert result.returncode == 2, result.stderr
     assert "predictions made from" in result.stderr and "not from" in result.stderr and other in result.stderr
+
+
+# ---------------------------------------------------------------- the smaller cases
+
+
+def test_a_users_directory_named_like_a_replaced_store_is_never_touched(base, tmp_path):
+    """Before: a read-only ``xmldask info X`` deleted ``.X.replaced-1`` (and with only that, moved it to X)."""
+    url, _ = base
+    mine = tmp_path / ".ds.zarr.replaced-1"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    assert _cli("info", url, cwd=tmp_path).returncode == 0
+    assert (mine / "notes.txt").read_text() == "mine"
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    (alone / ".x.zarr.replaced-1").mkdir()
+    result = _cli("info", str(alone / "x.zarr"), cwd=tmp_path)
+    assert result.returncode == 2 and "no dataset store" in result.stderr, result.stderr
+    assert (alone / ".x.zarr.replaced-1").is_dir() and not (alone / "x.zarr").exists()
+
+
+def test_spectrum_never_overwrites_a_users_files_without_overwrite(base, tmp_path):
+    url, _ = base
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "spectrum.csv").write_text("mine")
+    result = _cli("spectrum", url, "--out", str(out), "--k", "3", "--no-plot", cwd=tmp_path)
+    assert result.returncode == 2 and "spectrum.csv already exists" in result.stderr and "--overwrite" in result.stderr
+    assert (out / "spectrum.csv").read_text() == "mine" and not (out / "spectrum.md").exists()
+    again = _cli("spectrum", url, "--out", str(out), "--k", "3", "--no-plot", "--overwrite", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    assert (out / "spectrum.csv").read_text().startswith("rank")
+
+
+def test_a_lock_file_without_details_is_described_as_such():
+    from xmldask.store.integrity import _holder_text
+
+    assert _holder_text({}) == _holder_text(None) == "another writer (its lock file names no process yet)"
+    assert _holder_text({"pid": 7, "host": "h", "since": None}) == "process 7 on h"
+    assert _holder_text({"pid": 7, "host": "h", "since": "2026-01-01"}) == "process 7 on h since 2026-01-01"
+
+
+def test_too_few_rows_and_a_negative_seed_are_refused_by_name(tmp_path):
+    one = _text(tmp_path / "one.txt", ["0 1:1 2:1"])
+    assert _cli("ingest", one, "--out", str(tmp_path / "one.zarr"), cwd=tmp_path).returncode == 0
+    result = _cli("train", str(tmp_path / "one.zarr"), "--out", str(tmp_path / "m.zarr"), cwd=tmp_path)
+    assert result.returncode == 2 and "has 1 row: training needs at least 2" in result.stderr, result.stderr
+    result = _cli("train", str(tmp_path / "one.zarr"), "--out", str(tmp_path / "m.zarr"), "--seed", "-1", cwd=tmp_path)
+    assert result.returncode == 2 and "seed = -1" in result.stderr and "CancelledError" not in result.stderr

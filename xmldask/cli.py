@@ -198,6 +198,7 @@ def _add_spectrum(p) -> None:
     _add_seed(p)
     p.add_argument("--out", required=True, metavar="DIR", help="directory for spectrum.csv, .md and .png")
     p.add_argument("--no-plot", action="store_true", help="do not write spectrum.png")
+    p.add_argument("--overwrite", action="store_true", help="replace spectrum.csv, .md and .png already in --out")
 
 
 def _cmd_spectrum(args) -> int:
@@ -212,7 +213,7 @@ def _cmd_spectrum(args) -> int:
 
     spectrum = compute_spectrum(args.url, matrix=args.matrix, n_components=args.k, oversample=args.oversample,
                                 n_iter=args.n_iter, center=args.center, random_state=args.seed)
-    paths = write_spectrum(spectrum, args.out, plot=not args.no_plot)
+    paths = write_spectrum(spectrum, args.out, plot=not args.no_plot, overwrite=args.overwrite)
     top = ", ".join(f"{v:.4g}" for v in spectrum.eigenvalues[:5])
     print(f"{spectrum.matrix}: top eigenvalues {top} ... ({len(spectrum.eigenvalues)} in all, "
           f"{spectrum.n_passes} passes, {spectrum.seconds:.1f} s)")

@@ -77,6 +77,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
 
     extra = {name: params.pop(name) for name in list(params) if name not in TrainParams.model_fields}
     p = validated(TrainParams, params)
+    _check_trainable(train_url)
     if p.model == "auto" and choose_model(train_url, params, extra) == "centroid":
         p = validated(TrainParams, {**_given(params), "model": "centroid"})
     if p.tree is not None:
@@ -428,6 +429,20 @@ def _model_train_url(model_url: str | None) -> str | None:
 
 # --------------------------------------------------------------------------------------------
 # spectral label tree
+
+
+#: training rows a model needs at least (one to fit, one for the held-out choices)
+MIN_TRAINING_ROWS = 2
+
+
+def _check_trainable(train_url: str) -> None:
+    """Refuse a training set with too few rows or no label, before any cluster work, with the numbers."""
+    data = open_dataset(train_url)
+    if data.n_samples < MIN_TRAINING_ROWS:
+        raise ValueError(f"{train_url} has {data.n_samples} row{'s' if data.n_samples != 1 else ''}: training needs "
+                         f"at least {MIN_TRAINING_ROWS}; ingest more rows (xmldask ingest ... --append)")
+    if not int(data.meta.get("nnz_labels", 1)):
+        raise ValueError(f"{train_url} has no label in its {data.n_samples:,} rows: there is nothing to learn")
 
 
 def _fingerprint(data) -> str:

@@ -118,7 +118,7 @@ class TrainParams(BaseModel):
     n_random_features: PositiveInt = Field(2000, description="random features of the kernel")
     max_epochs: Annotated[int, Field(ge=0)] = Field(10, description="decoder epochs at most (early-stopped on "
                                                                      "held-out training rows)")
-    seed: int = Field(0, description="seed of every random step (same seed, same model)")
+    seed: int = Field(0, ge=0, description="seed of every random step (same seed, same model)")
     n_estimators: PositiveInt | Literal["auto"] = Field(
         "auto", description="an ensemble of N models with different seeds, each holding out its own rows, predicting "
                             f"their mean probability; auto: {AUTO_ESTIMATORS} after a search, 1 without")
@@ -245,7 +245,7 @@ class TreeParams(BaseModel):
     unseen_labels: Literal["error", "ignore"] = Field(
         "error", description="labels with no training example: refuse the data, or grow the tree without them "
                              "(no leaf offers them)")
-    seed: int = Field(0, description="seed of every random step (same seed, same tree)")
+    seed: int = Field(0, ge=0, description="seed of every random step (same seed, same tree)")
 
 
 # --------------------------------------------------------------------------------------------------

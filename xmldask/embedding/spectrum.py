@@ -98,8 +98,11 @@ def compute_spectrum(url: str, *, matrix: str = "Y", n_components: int = 100, ov
                     seconds=time.perf_counter() - start, center=bool(center))
 
 
-def write_spectrum(spectrum: Spectrum, out_dir, *, plot: bool = True) -> dict[str, Path]:
+def write_spectrum(spectrum: Spectrum, out_dir, *, plot: bool = True, overwrite: bool = False) -> dict[str, Path]:
     """Write ``spectrum.csv``, ``spectrum.md`` and (with ``plot``) ``spectrum.png`` into ``out_dir``.
+
+    Existing files of those names are replaced only with ``overwrite`` (``FileExistsError`` before anything is
+    written otherwise).
 
     Returns
     -------
@@ -107,9 +110,13 @@ def write_spectrum(spectrum: Spectrum, out_dir, *, plot: bool = True) -> dict[st
         ``{"csv": path, "md": path, "png": path}`` of the files written.
     """
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     rows = spectrum.rows()
     paths = {"csv": out / "spectrum.csv", "md": out / "spectrum.md"}
+    present = [str(p) for p in [*paths.values(), *([out / "spectrum.png"] if plot else [])] if p.exists()]
+    if present and not overwrite:
+        raise FileExistsError(f"{', '.join(present)} already exist{'s' if len(present) == 1 else ''}; pass "
+                              "overwrite=True (--overwrite) to replace, or another --out directory")
+    out.mkdir(parents=True, exist_ok=True)
     with open(paths["csv"], "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -96,8 +96,13 @@ def _backups(url: str) -> list[str]:
         entries = fs.ls(parent or ".", detail=True)
     except FileNotFoundError:
         return []
-    found = [e for e in entries if posixpath.basename(e["name"].rstrip("/")).startswith(prefix)]
+    found = [e for e in entries if posixpath.basename(e["name"].rstrip("/")).startswith(prefix)
+             and _kind(fs, e["name"]) not in _NOT_OURS]  # a user's look-alike is left alone
     return [e["name"] for e in sorted(found, key=lambda e: (e.get("mtime") or e.get("LastModified") or 0, e["name"]))]
+
+
+#: what :func:`store_kind` says of a path that xmldask did not write
+_NOT_OURS = (None, "zarr", "directory", "file")
 
 
 def recover(url: str) -> bool:
@@ -127,6 +132,11 @@ def store_kind(url: str) -> str | None:
     """What is at ``url``: ``None`` (nothing), an xmldask store kind (``"dataset"``, ``"model"``...),
     ``"zarr"`` (a Zarr group of no xmldask kind), ``"directory"`` or ``"file"``."""
     fs, path, _ = _split(url)
+    return _kind(fs, path)
+
+
+def _kind(fs, path: str) -> str | None:
+    """:func:`store_kind` of ``path`` on the file system ``fs``."""
     if not fs.exists(path):
         return None
     if not fs.isdir(path):

@@ -246,6 +246,14 @@ def _lock_path(url: str) -> tuple:
     return fs, f"{root.rstrip('/')}/{LOCK_NAME}"
 
 
+def _holder_text(holder: dict | None) -> str:
+    """Who holds a lock, from the facts its file gives (it may be empty while its writer fills it)."""
+    if not holder or holder.get("pid") is None:
+        return "another writer (its lock file names no process yet)"
+    since = f" since {holder['since']}" if holder.get("since") else ""
+    return f"process {holder['pid']} on {holder.get('host') or 'an unnamed host'}{since}"
+
+
 def _read_holder(fs, path: str) -> dict | None:
     try:
         with fs.open(path, "rb") as f:
@@ -325,8 +333,7 @@ class WriterLock:
                     _HELD[self.token] = self
                     return self
                 holder = _read_holder(self._fs, self._path)
-            who = (f"process {holder.get('pid')} on {holder.get('host')} since {holder.get('since')}"
-                   if holder else "another process")
+            who = _holder_text(holder)
             raise StoreBusyError(f"{self.url} is being written by {who}: one writer at a time may append to a dataset. "
                              f"Run this again when that writer has finished; if no writer is running (it was "
                              f"killed on another machine), delete {self.url.rstrip('/')}/{LOCK_NAME}")
