@@ -349,7 +349,8 @@ def test_replacement_interrupted_between_its_moves_is_recovered(base, tmp_path, 
     # a leftover copy beside a complete store is deleted by the next write
     leftover = tmp_path / ".ds.zarr.replaced-0123456789ab"
     leftover.mkdir()
-    (leftover / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    (leftover / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group",
+                                                    "attributes": {"xmldask": {"kind": "dataset"}}}))
     ingest(files[1], url, overwrite=True, block_rows=256, **_options())
     assert not leftover.exists() and open_dataset(url).n_samples == 3000
 
@@ -648,3 +649,48 @@ def test_too_few_rows_and_a_negative_seed_are_refused_by_name(tmp_path):
     assert result.returncode == 2 and "has 1 row: training needs at least 2" in result.stderr, result.stderr
     result = _cli("train", str(tmp_path / "one.zarr"), "--out", str(tmp_path / "m.zarr"), "--seed", "-1", cwd=tmp_path)
     assert result.returncode == 2 and "seed = -1" in result.stderr and "CancelledError" not in result.stderr
+
+
+def test_overwrite_never_turns_a_tree_into_a_classifier_or_back(tmp_path):
+    from xmldask import jobs
+
+    model, data = _centroid_model(tmp_path)
+    tree, clf = str(tmp_path / "tree.zarr"), str(tmp_path / "clf.zarr")
+    jobs.tree(data, tree, depth=2, leaf_labels=20, unseen_labels="ignore")
+    model.save(clf)
+    with pytest.raises(FileExistsError, match="holds a label tree; --overwrite replaces a classifier only by another"):
+        jobs.train(data, tree, overwrite=True, model="centroid")
+    with pytest.raises(FileExistsError, match="holds a LabelCentroidClassifier model; --overwrite replaces a tree"):
+        jobs.tree(data, clf, overwrite=True, depth=2, leaf_labels=20, unseen_labels="ignore")
+    assert jobs.train(data, clf, overwrite=True, model="centroid")["model"] == clf  # like by like: replaced
+
+
+def test_values_that_vanish_in_float32_are_no_stored_entries(tmp_path):
+    """Before: 1e-50 (below float32's smallest) and written zeros were stored as explicit zero entries."""
+    path = _text(tmp_path / "tiny.txt", ["0 1:1e-50 2:0.5 3:0", "1 1:2"])
+    ds = ingest(path, str(tmp_path / "tiny.zarr"))
+    X = to_scipy(ds.X)
+    assert ds.meta["nnz"] == X.nnz == 2 and (X.data != 0).all()
+    np.testing.assert_array_equal(X.toarray(), [[0, 0, 0.5, 0], [0, 2, 0, 0]])
+
+
+def test_a_feature_id_near_the_int32_limit_is_refused_before_training(tmp_path):
+    """Before: accepted, then train died of an 8 GiB MemoryError traceback."""
+    path = _text(tmp_path / "far.txt", ["0 1:1 2147483646:1", "1 2:1"])
+    assert _cli("ingest", path, "--out", str(tmp_path / "far.zarr"), cwd=tmp_path).returncode == 0
+    result = _cli("train", str(tmp_path / "far.zarr"), "--out", str(tmp_path / "m.zarr"), cwd=tmp_path)
+    assert result.returncode == 2 and "2,147,483,647 feature columns" in result.stderr, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr and "Number the features compactly" in result.stderr
+
+
+def test_a_truncated_tail_chunk_under_a_dead_writers_lock_is_named(base, tmp_path):
+    """A dead writer's lock lets the tail chunks differ in size (its append may have rewritten them); a tail cut
+    short is then caught by its checksum, and the error names the store (before: the checksum message alone)."""
+    url, _ = base
+    code = f"from xmldask.store.integrity import WriterLock; import os; WriterLock({url!r}).acquire(); os._exit(0)"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+    path = Path(url) / "X" / "indices" / "c" / "0"
+    path.write_bytes(path.read_bytes()[: path.stat().st_size - 7])
+    data = open_dataset(url)  # the lock excuses the tail's size
+    with pytest.raises(StoreError, match=rf"{url}: X/indices fails its checksum"):
+        to_scipy(data.X)

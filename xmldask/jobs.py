@@ -88,7 +88,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     if unknown:
         raise ValueError(f"unknown training parameter(s) {', '.join(unknown)}; known: "
                          f"{', '.join([*TrainParams.model_fields, *_estimator_only()])}")
-    check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
+    _check_model_target(out, overwrite, [train_url], tree=False)
     data = open_dataset(train_url)
     check_fully_observed(data, "the embedding classifier")
     k, search = _fit_to_data(p, data)
@@ -224,7 +224,7 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
         est = cls.from_params(p, **extra)
     except TypeError as exc:  # a constructor parameter that the training parameters set
         raise ValueError(f"--model {p.model}: {exc}; give it as a training parameter") from None
-    check_target(out, kind="model", overwrite=overwrite, inputs=[train_url])
+    _check_model_target(out, overwrite, [train_url], tree=False)
     data = open_dataset(train_url)
     start = time.perf_counter()
     if hasattr(est, "memory_needed"):
@@ -431,6 +431,22 @@ def _model_train_url(model_url: str | None) -> str | None:
 # spectral label tree
 
 
+def _check_model_target(out: str, overwrite: bool, inputs: list, *, tree: bool) -> None:
+    """:func:`~xmldask.store.check_target` of a model store, and with ``overwrite`` a label tree is replaced only
+    by a tree, a classifier only by a classifier (a tree is an input of classifiers trained on it)."""
+    from .store.models import model_class
+
+    check_target(out, kind="model", overwrite=overwrite, inputs=inputs)
+    if overwrite and exists(out):
+        held = model_class(out)
+        if (held == "SpectralLabelTree") != tree:
+            what = "a label tree" if held == "SpectralLabelTree" else f"a {held} model"
+            raise FileExistsError(f"{out} holds {what}; --overwrite replaces a {'tree' if tree else 'classifier'} "
+                                  "only by another: choose another --out, or remove it yourself")
+
+
+#: bytes per feature column that every model needs at least (four float64 vectors)
+PER_FEATURE_BYTES = 32
 #: training rows a model needs at least (one to fit, one for the held-out choices)
 MIN_TRAINING_ROWS = 2
 
@@ -443,6 +459,15 @@ def _check_trainable(train_url: str) -> None:
                          f"at least {MIN_TRAINING_ROWS}; ingest more rows (xmldask ingest ... --append)")
     if not int(data.meta.get("nnz_labels", 1)):
         raise ValueError(f"{train_url} has no label in its {data.n_samples:,} rows: there is nothing to learn")
+    import psutil
+
+    # every model holds a few float64 vectors over the features (idf, column moments, a preconditioner)
+    needed, available = PER_FEATURE_BYTES * data.n_features, psutil.virtual_memory().available
+    if needed > available:
+        raise MemoryError(f"{train_url} has {data.n_features:,} feature columns (its largest feature id + 1): a model "
+                          f"holds vectors over them, at least {needed / 2**30:.1f} GiB, and {available / 2**30:.1f} "
+                          "GiB are available. Number the features compactly (0 .. the number in use) and ingest "
+                          "again")
 
 
 def _fingerprint(data) -> str:
@@ -476,8 +501,7 @@ def tree(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict
 
     p = validated(TreeParams, {name: value for name, value in params.items() if name in TreeParams.model_fields})
     extra = {name: value for name, value in params.items() if name not in TreeParams.model_fields}
-    if exists(out) and not overwrite:
-        raise FileExistsError(f"{out} already exists; pass overwrite=True (--overwrite) to replace it")
+    _check_model_target(out, overwrite, [train_url], tree=True)
     data = open_dataset(train_url)
     check_fully_observed(data, "the spectral tree")
     missing = np.flatnonzero(data.label_counts == 0)
@@ -532,7 +556,7 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
         raise ValueError(f"{', '.join(unknown)} do not apply to the tree classifier (tree=); its options are "
                          f"k (n_components), tree_form (form), max_epochs (passes), seed and "
                          f"{', '.join(TreeClassifier._get_param_names())}")
-    check_target(out, kind="model", overwrite=overwrite, inputs=[train_url, p.tree])
+    _check_model_target(out, overwrite, [train_url, p.tree], tree=False)
     data = open_dataset(train_url)
     check_fully_observed(data, "the tree classifier")
     model = TreeClassifier(p.tree, n_components=p.k, form=p.tree_form, n_epochs=p.max_epochs, random_state=p.seed,

@@ -231,6 +231,8 @@ def parse_batch(lines: list[str], first_line: int, *, fmt: str, one_based: bool 
                                  "(pass duplicates='sum' / --duplicates sum to add their values)",
                                  path=path, line=int(line_numbers[row]), text=lines[row])
             M.sum_duplicates()
+    # zeros carry nothing in a sparse row: written ones, sums that cancel, values below float32's smallest (1e-50)
+    X.eliminate_zeros()
     Y.data[:] = 1.0
     return Batch(X=X, Y=Y, line_numbers=line_numbers)
 

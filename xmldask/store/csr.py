@@ -270,7 +270,7 @@ class CSRBlockReader:
         """Rows ``start:stop`` as a ``csr_matrix``, reading only their part of the store, after checking what
         they hold (:func:`check_csr_block`)."""
         data, indices, indptr = self._open()
-        where = self._where()
+        where = self.url  # the arrays' paths name the group
         ptr = read_checked(indptr, slice(start, stop + 1), where) if stop > start else np.zeros(1, INDPTR_DTYPE)
         lo, hi = int(ptr[0]), int(ptr[-1])
         if lo < 0 or hi < lo or hi > data.shape[0] or hi > indices.shape[0]:
