@@ -367,3 +367,19 @@ def test_cluster_from_args_connects(running_scheduler):
     with cluster_from_args(args) as client:
         assert client.submit(np.multiply, 2, 3).result() == 6
     assert running_scheduler.status.name == "running"
+
+
+@pytest.mark.timeout(120)
+def test_workers_paused_for_memory_stop_the_job_with_a_memory_error(tmp_path):
+    """Before: "Worker is at 278 % memory usage. Pausing worker." then a wait forever. A worker in this process
+    (whose memory is the whole test process) with a limit below it pauses at once; past the bound, the job's
+    tasks are cancelled and a MemoryError names the workers' memory and limits."""
+    from xmldask.datasets import make_synthetic
+    from xmldask.models import EmbeddingClassifier
+
+    ds = make_synthetic(str(tmp_path / "t.zarr"), n_samples=4000, n_features=300, n_labels=20, seed=0)
+    with pytest.raises(MemoryError, match=r"every Dask worker has been paused for memory for more than 2 s .*"
+                                          r"MiB of 1[0-9]{2} MiB.*--memory-limit"):
+        with cluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="150MB", dashboard_address=None,
+                     pause_limit=2):
+            EmbeddingClassifier(embedding="rembrandt", n_components=8, max_epochs=1).fit(ds.X, ds.Y)

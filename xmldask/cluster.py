@@ -74,6 +74,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "ENV_SCHEDULER",
     "IN_PROCESS_MEMORY_SHARE",
+    "PAUSE_LIMIT",
     "PROFILE_HISTORY",
     "BlasThreadLimit",
     "MallocThresholds",
@@ -87,6 +88,10 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: seconds every worker may stay paused for memory before a job stops with a ``MemoryError`` (:func:`cluster`)
+PAUSE_LIMIT = 60.0
+#: seconds between two looks at the workers' status
+PAUSE_POLL = 1.0
 #: environment variable holding the address of an existing scheduler to connect to
 ENV_SCHEDULER = "XMLDASK_SCHEDULER"
 #: seconds to wait for a scheduler before giving up
@@ -402,7 +407,7 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
             processes: bool | None = None, memory_limit="auto", dashboard_address: str | int | None = ":8787",
             performance_report: str | os.PathLike | None = None, blas_threads: int | None = 1,
             silence_logs: int | bool = logging.WARNING, timeout: float = DEFAULT_TIMEOUT,
-            data_bytes: int | None = None, **cluster_kwargs) -> Iterator:
+            data_bytes: int | None = None, pause_limit: float = PAUSE_LIMIT, **cluster_kwargs) -> Iterator:
     """A ``distributed.Client`` on an existing scheduler or on a new local cluster.
 
     Parameters
@@ -438,6 +443,10 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
     data_bytes : int, optional
         Local cluster only: the size of the data it is for, which chooses ``processes`` when that is not
         given (e.g. ``open_dataset(url).nbytes``).
+    pause_limit : float, default :data:`PAUSE_LIMIT`
+        Seconds that every worker may stay paused for memory (at ``distributed.worker.memory.pause`` of its
+        limit, waiting for memory that may never be freed) before the job's tasks are cancelled and a
+        ``MemoryError`` says so, with the limits.
     **cluster_kwargs
         Passed on to ``distributed.LocalCluster`` (e.g. ``local_directory``, ``scheduler_port``).
 
@@ -486,7 +495,62 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
             path = Path(performance_report).expanduser()
             path.parent.mkdir(parents=True, exist_ok=True)
             stack.enter_context(_logged_report(report, path))
-        yield client
+        watch = stack.enter_context(_PauseWatch(client, pause_limit))
+        try:
+            yield client
+        except Exception:
+            if watch.tripped:
+                raise MemoryError(watch.tripped) from None
+            raise
+
+
+class _PauseWatch:
+    """Watches the workers while a job runs: when every one of them has been paused for memory longer than
+    ``limit`` seconds, the client's tasks are cancelled (the job's ``compute`` raises) and :attr:`tripped` says
+    why, with the workers' memory and limits. A pause that ends (memory freed, spilled) resets the clock."""
+
+    def __init__(self, client, limit: float):
+        import threading
+
+        self.client, self.limit, self.tripped = client, float(limit), ""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="xmldask-pause-watch", daemon=True)
+
+    def __enter__(self) -> _PauseWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        since = None
+        while not self._stop.wait(PAUSE_POLL):
+            try:
+                workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+            except Exception:  # noqa: BLE001 - the client is closing, or the scheduler is briefly busy
+                continue
+            if not workers or any(w.get("status") != "paused" for w in workers.values()):
+                since = None
+                continue
+            since = since or time.monotonic()
+            if time.monotonic() - since < self.limit:
+                continue
+            used = ", ".join(f"{w.get('name')}: {(w.get('metrics') or {}).get('memory', 0) / 2**20:,.0f} MiB of "
+                             f"{(w.get('memory_limit') or 0) / 2**20:,.0f} MiB" for w in workers.values())
+            self.tripped = (f"every Dask worker has been paused for memory for more than {self.limit:g} s ({used}), "
+                            "waiting for memory that the job cannot free: give the workers more memory "
+                            "(--memory-limit), or fewer threads per worker, or smaller row blocks "
+                            "(xmldask ingest --block-rows)")
+            logger.error("%s; cancelling the job", self.tripped)
+            from distributed import Future
+
+            try:
+                self.client.cancel([Future(key, self.client) for key in list(self.client.futures)], force=True)
+            except Exception:  # noqa: BLE001 - the job ended meanwhile
+                pass
+            return
 
 
 @contextlib.contextmanager
