@@ -694,3 +694,14 @@ def test_a_truncated_tail_chunk_under_a_dead_writers_lock_is_named(base, tmp_pat
     data = open_dataset(url)  # the lock excuses the tail's size
     with pytest.raises(StoreError, match=rf"{url}: X/indices fails its checksum"):
         to_scipy(data.X)
+
+
+def test_an_existing_out_is_refused_before_a_cluster_starts_and_a_text_file_gets_the_ingest_hint(base, tmp_path):
+    url, files = base
+    (tmp_path / "m.zarr").mkdir()
+    for command in (["train", url, "--out", str(tmp_path / "m.zarr")],
+                    ["predict", url, url, "--out", str(tmp_path / "m.zarr")]):
+        result = _cli(*command, cwd=tmp_path)
+        assert result.returncode == 2 and "Dask dashboard" not in result.stderr, result.stderr
+    result = _cli("info", files[0], cwd=tmp_path)
+    assert result.returncode == 2 and "is a file, not a dataset store: ingest it first" in result.stderr

@@ -111,3 +111,14 @@ def test_model_families_are_trained_through_their_class(data):
     with pytest.raises(ValueError, match="rank do not apply to --model leml; its parameters are n_components, "):
         jobs.train(train, str(root / "leml.zarr"), model="leml", k=4, rank=3)
     assert not (root / "leml.zarr").exists()
+
+
+def test_defaults_fitted_to_the_data_are_not_warnings(data, caplog):
+    """The default search's k beyond the labels is lowered silently (INFO): the user chose nothing to warn about."""
+    root, train, _ = data
+    with caplog.at_level("INFO", logger="xmldask.jobs"):
+        jobs.train(train, str(root / "d.zarr"), max_epochs=1, n_estimators=1, search_extensions=0)
+        jobs.train(train, str(root / "d2.zarr"), kernel="none", max_epochs=1, n_estimators=1, search=None, k=150)
+    lowered = [r for r in caplog.records if "exceed the 80 labels" in r.getMessage() or "is more than" in
+               r.getMessage()]
+    assert [r.levelname for r in lowered] == ["INFO", "WARNING"]  # the default search's grid; the k given

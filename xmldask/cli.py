@@ -222,6 +222,14 @@ def _cmd_spectrum(args) -> int:
     return 0
 
 
+def _refuse_target_early(out: str, kind: str, overwrite: bool, inputs: list) -> None:
+    """The output checks of the job (:func:`xmldask.store.check_target`), before a cluster starts: an existing
+    ``--out`` is refused in a moment, not after the cluster's start-up."""
+    from .store import check_target
+
+    check_target(out, kind=kind, overwrite=overwrite, inputs=[i for i in inputs if i])
+
+
 @contextlib.contextmanager
 def _cluster_context(args, data_url: str):
     """The Dask cluster of a command on the dataset store ``data_url`` (``--scheduler`` /
@@ -272,6 +280,7 @@ def _cmd_train(args) -> int:
     from .params import from_args
 
     params = from_args(args)
+    _refuse_target_early(args.out, "model", args.overwrite, [args.train_url, params.get("tree")])
     with _cluster_context(args, args.train_url):
         info = jobs.train(args.train_url, args.out, overwrite=args.overwrite, **params)
     return _print(args, info, _train_text)
@@ -332,6 +341,7 @@ def _cmd_predict(args) -> int:
     """
     from . import jobs
 
+    _refuse_target_early(args.out, "predictions", args.overwrite, [args.model_url, args.data_url])
     with _cluster_context(args, args.data_url):
         info = jobs.predict(args.model_url, args.data_url, args.out, top_k=args.top_k, overwrite=args.overwrite,
                             progress=not args.no_progress)
@@ -408,6 +418,7 @@ def _cmd_tree(args) -> int:
     from .params import TreeParams, from_args
 
     params = from_args(args, TreeParams)
+    _refuse_target_early(args.out, "model", args.overwrite, [args.train_url])
     with _cluster_context(args, args.train_url):
         info = jobs.tree(args.train_url, args.out, overwrite=args.overwrite, **params)
     return _print(args, info, _tree_text)

@@ -91,7 +91,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     _check_model_target(out, overwrite, [train_url], tree=False)
     data = open_dataset(train_url)
     check_fully_observed(data, "the embedding classifier")
-    k, search = _fit_to_data(p, data)
+    k, search = _fit_to_data(p, data, set(_given(params)))
     if search or p.n_estimators != 1:
         data = _held_in_memory(data)
     model = EmbeddingClassifier(embedding=p.embedding, n_components=k, kernel=p.kernel, features=p.features,
@@ -187,14 +187,16 @@ def _screen_repeats(p: TrainParams, model, data) -> int:
     return int(min(MAX_SCREEN_REPEATS, math.ceil(SCREEN_ROWS / held)))
 
 
-def _fit_to_data(p: TrainParams, data) -> tuple[int, dict | None]:
-    """``k`` and the search's ``k`` values lowered to what the data allows (a warning says so), before any pass."""
+def _fit_to_data(p: TrainParams, data, given=frozenset()) -> tuple[int, dict | None]:
+    """``k`` and the search's ``k`` values lowered to what the data allows, before any pass: a warning if the
+    user gave them (``given``: the parameters set), else an INFO line (defaults are fitted to the data silently)."""
     most, what = (data.n_features, "features") if p.embedding == "pca" else (data.n_labels, "labels")
     k = p.k
     search = dict(p.search) if p.search else None
     if k > most:
         if not (search and "k" in search):  # a searched k is reported below, with its grid
-            logger.warning("k=%d is more than the %d %s of %s: using k=%d", k, most, what, data.url, most)
+            logger.log(logging.WARNING if "k" in given else logging.INFO,
+                       "k=%d is more than the %d %s of %s: using k=%d", k, most, what, data.url, most)
         k = most
     if search and "k" in search:
         if p.embedding == "rembrandt" and data.n_features < most:
@@ -204,8 +206,8 @@ def _fit_to_data(p: TrainParams, data) -> tuple[int, dict | None]:
         values = [int(v) for v in search["k"]]
         lowered = list(dict.fromkeys(min(v, most) for v in values))
         if lowered != values:
-            logger.warning("the search's k=%s exceed the %d %s of %s: trying k=%s", values, most, what, data.url,
-                           lowered)
+            logger.log(logging.WARNING if "search" in given else logging.INFO,
+                       "the search's k=%s exceed the %d %s of %s: trying k=%s", values, most, what, data.url, lowered)
         search["k"] = lowered
     return k, search
 
@@ -373,15 +375,15 @@ def evaluate(pred_url: str, data_url: str, *, train_url: str | None = None, ks=(
 
     preds = open_predictions(pred_url)
     data = open_dataset(data_url)
+    if preds.labels.shape[0] != data.Y.shape[0]:
+        raise ValueError(f"{pred_url} holds predictions for {preds.labels.shape[0]} rows but {data_url} has "
+                         f"{data.Y.shape[0]}; predict on this dataset first (xmldask predict MODEL {data_url} ...)")
     made_from = preds.meta.get("data_fingerprint")
     if made_from is not None and made_from != data.fingerprint:
         raise ValueError(f"{pred_url} holds predictions made from {preds.meta.get('data')} (dataset fingerprint "
                          f"{made_from}), not from {data_url} ({data.fingerprint}): evaluate them against the "
                          f"dataset they were made from, or predict on this one first (xmldask predict MODEL "
                          f"{data_url} ...)")
-    if preds.labels.shape[0] != data.Y.shape[0]:
-        raise ValueError(f"{pred_url} holds predictions for {preds.labels.shape[0]} rows but {data_url} has "
-                         f"{data.Y.shape[0]}; predict on this dataset first (xmldask predict MODEL {data_url} ...)")
     ks = tuple(k for k in ks if k <= preds.top_k)
     source_url = train_url or _model_train_url(preds.meta.get("model"))
     source = open_dataset(source_url) if source_url and exists(source_url) else data

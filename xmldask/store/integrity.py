@@ -372,6 +372,9 @@ def open_root(url: str, kind: str):
     try:
         group = zarr.open_group(_fs.zarr_store(url, read_only=True), mode="r")
     except FileNotFoundError as exc:
+        if kind == "dataset" and _fs.store_kind(url) == "file":
+            raise StoreError(f"{url} is a file, not a dataset store: ingest it first (xmldask ingest {url} --out "
+                             "DATA.zarr), then use DATA.zarr") from None
         raise StoreError(f"no {_NOUNS.get(kind, kind)} store at {url}") from exc
     attrs = dict(group.attrs)
     meta = check_kind(attrs, kind, url)
