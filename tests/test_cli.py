@@ -152,3 +152,28 @@ def test_train_summary_names_training_figures_as_training():
     assert "held out" not in text
     flat = {"model": "m.zarr", "seconds": 3.0, "task": "multilabel", "n_passes": 4, "held_out": {"val_p@1": 0.61}}
     assert _train_text(flat).endswith("4 passes; held out: val_p@1 0.61)")
+
+
+def _commands() -> list[str]:
+    import argparse
+
+    from xmldask.cli import build_parser
+
+    return sorted(next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices)
+
+
+@pytest.mark.parametrize("command", _commands())
+def test_every_option_and_argument_has_help_in_words(command, capsys):
+    """Each option and positional of --help has a description, and none shows Python (a dict, a constant)."""
+    import argparse
+
+    from xmldask.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices[command]
+    bare = [a.dest for a in sub._actions if not a.help and a.dest != "help"]
+    assert not bare, f"{command}: no help for {bare}"
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = capsys.readouterr().out
+    assert "AUTO_SEARCH" not in text and "{'" not in text.replace("(in Python, {'", "")

@@ -173,7 +173,7 @@ def _cmd_synth(args) -> int:
 
 
 def _add_info(p) -> None:
-    p.add_argument("url", metavar="URL")
+    p.add_argument("url", metavar="URL", help="dataset store (xmldask ingest --out)")
     _add_json(p, "n_samples, n_features, n_labels, nnz")
 
 
@@ -326,8 +326,8 @@ def _cmd_mask(args) -> int:
 def _add_predict(p) -> None:
     from .cluster import add_cluster_arguments
 
-    p.add_argument("model_url", metavar="MODEL_URL")
-    p.add_argument("data_url", metavar="DATA_URL")
+    p.add_argument("model_url", metavar="MODEL_URL", help="model store (xmldask train --out)")
+    p.add_argument("data_url", metavar="DATA_URL", help="dataset store to predict, with the model's features")
     _add_out(p, "prediction store", "PRED_URL", progress=True)
     p.add_argument("--top-k", type=_positive, default=10, help="labels per row (default 10)")
     add_cluster_arguments(p)
@@ -351,8 +351,8 @@ def _cmd_predict(args) -> int:
 
 
 def _add_evaluate(p) -> None:
-    p.add_argument("pred_url", metavar="PRED_URL")
-    p.add_argument("data_url", metavar="DATA_URL")
+    p.add_argument("pred_url", metavar="PRED_URL", help="prediction store (xmldask predict --out)")
+    p.add_argument("data_url", metavar="DATA_URL", help="the dataset store the predictions were made from")
     p.add_argument("--train", default=None, metavar="TRAIN_URL", help="training dataset for the propensities")
     p.add_argument("--ks", default="1,3,5", help="comma-separated k of the @k metrics (default 1,3,5)")
     p.add_argument("--propensity-a", type=float, default=0.55, metavar="A", help="default 0.55")
@@ -381,8 +381,8 @@ def _cmd_evaluate(args) -> int:
 def _add_demo(p) -> None:
     p.add_argument("--root", default=None, help="storage root (default: $XMLDASK_STORAGE or ./storage)")
     p.add_argument("--n-samples", type=_positive, default=100_000, help="training rows (default 100000)")
-    p.add_argument("--n-features", type=_positive, default=50_000)
-    p.add_argument("--n-labels", type=_positive, default=10_000)
+    p.add_argument("--n-features", type=_positive, default=50_000, help="feature columns (default 50000)")
+    p.add_argument("--n-labels", type=_positive, default=10_000, help="label columns (default 10000)")
     _add_seed(p)
 
 
@@ -432,8 +432,8 @@ def _tree_text(info: dict) -> str:
 
 
 def _add_tree_info(p) -> None:
-    p.add_argument("tree_url", metavar="TREE_URL")
-    p.add_argument("data_url", metavar="DATA_URL")
+    p.add_argument("tree_url", metavar="TREE_URL", help="tree store (xmldask tree --out)")
+    p.add_argument("data_url", metavar="DATA_URL", help="dataset store to route through the tree")
     _add_json(p, "tree_recall, root_purity, mean_depth, mean_candidates, top_labels_recall")
 
 

@@ -123,10 +123,10 @@ class TrainParams(BaseModel):
         "auto", description="an ensemble of N models with different seeds, each holding out its own rows, predicting "
                             f"their mean probability; auto: {AUTO_ESTIMATORS} after a search, 1 without")
     search: dict[str, list[int | float | str]] | Literal["auto"] | None = Field(
-        "auto", description="parameters chosen by held-out P@1 on the training rows: NAME to the values to try, "
-                            "e.g. {'alpha': [0.001, 1], 'k': [50, 150]} (--search alpha=0.001,1 --search k=50,150); "
-                            "auto: the input features, k, alpha and the kernel (AUTO_SEARCH), each unless it is given; "
-                            "none (--no-search): one fit")
+        "auto", description="parameters chosen by held-out P@1 on the training rows: a parameter and the values to "
+                            "try, e.g. --search alpha=0.001,1 --search k=50,150 (in Python, {'alpha': [0.001, 1], "
+                            "'k': [50, 150]}); auto: the input features, k, alpha and the kernel, each unless it is "
+                            "given; none (--no-search): one fit")
     search_strategy: Literal["coordinate", "grid"] = Field(
         "coordinate", description="coordinate: one parameter at a time, in the order given; grid: every combination")
     search_screen: bool = Field(
