@@ -122,6 +122,36 @@ def table_metrics(metrics: dict) -> dict:
     return shown
 
 
+def model_lines(result: dict) -> list[str]:
+    """The ``## Model`` section of a report from the train stage's result: the family and the parameters fitted
+    (what the search chose, not what was asked), the training figures and every candidate of the search."""
+    if not result:
+        return []
+    params = dict(result.get("params") or {})
+    family = params.pop("model", None) or ("tree classifier" if result.get("tree") else "embedding")
+    lines = ["## Model", "", f"Family: **{family}**; trained in {result.get('seconds', 0):.1f} s, "
+             f"{result.get('n_passes', '?')} passes over the rows.", "",
+             "| parameter fitted | value |", "|---|---|"]
+    lines += [f"| {name} | {value} |" for name, value in sorted(params.items())]
+    figures = {**{f"held-out {k}": v for k, v in (result.get("held_out") or {}).items()},
+               **{f"training {k}": v for k, v in (result.get("training") or {}).items()},
+               **{k: result[k] for k in ("n_clusters", "beam", "n_unseen_labels", "backoffs") if k in result}}
+    figures = {k: v for k, v in figures.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
+    if figures:
+        lines += ["", "| figure | value |", "|---|---:|"]
+        lines += [f"| {name} | {value:.4g} |" if isinstance(value, float) else f"| {name} | {value:,} |"
+                  for name, value in figures.items()]
+    search = result.get("search") or []
+    if search:
+        lines += ["", f"Held-out search: {len(search)} fits, in the order made (screened: fitted with the cheap "
+                  "settings, to rank; the model kept was fitted as chosen).", "",
+                  "| # | parameters | held-out score | screened | seconds |", "|---:|---|---:|---|---:|"]
+        lines += [f"| {i} | {', '.join(f'{k}={v}' for k, v in (r.get('params') or {}).items())} | "
+                  f"{r.get('score', float('nan')):.4f} | {'yes' if r.get('screened') else ''} | "
+                  f"{r.get('seconds', 0):.1f} |" for i, r in enumerate(search, 1)]
+    return [*lines, ""]
+
+
 def _stage_rows(stages: dict[str, dict]) -> list[str]:
     rows = ["| stage | status | seconds | peak memory (MB) | fingerprint | outputs |", "|---|---|---:|---:|---|---|"]
     for name, rec in stages.items():
@@ -185,6 +215,7 @@ def write_report(out_dir: Path, *, run_dir: str, metrics: dict, stages: dict[str
                if rec.get("performance_report")]
     if reports:
         lines += ["Performance reports:", "", *reports, ""]
+    lines += model_lines((stages.get("train") or {}).get("result") or {})
     lines += sections or []
     if images:
         lines += ["## Plots", "", *[f"{img}\n" for img in images]]

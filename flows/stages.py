@@ -325,6 +325,8 @@ def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Cal
         "stage": stage, "fingerprint": fp, "version": STAGE_VERSION, "params": params, "inputs": inputs,
         "outputs": outputs,
         "output_fingerprints": {name: (done.get("fingerprints") or {}).get(name, fp) for name in outputs},
+        # what was fitted (a search's choice, the family model=auto chose), beside what was asked ("params")
+        **({"fitted_params": result["params"]} if isinstance(result.get("params"), dict) else {}),
         "result": result, "seconds": round(seconds, 3), "peak_rss_mb": memory["peak_rss_mb"],
         "start_rss_mb": memory["start_rss_mb"],
         "performance_report": join(out, "performance.html") if report is not None else None,

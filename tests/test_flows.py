@@ -122,6 +122,11 @@ def test_pipeline_end_to_end(first_run):
     record = json.loads((run / "train" / "stage.json").read_text())
     assert record["inputs"]["train"]["fingerprint"] and record["peak_rss_mb"] > 0
     assert record["inputs"]["train"]["url"] == str(run / "ingest-train" / "data.zarr")
+    # what was fitted, beside what was asked: the search's choice of the kernel, in the record and the report
+    fitted = record["fitted_params"]
+    assert fitted == record["result"]["params"] and fitted["kernel"] in ("none", "gaussian")
+    assert "## Model" in report and f"| kernel | {fitted['kernel']} |" in report
+    assert "Held-out search: " in report and report.count("kernel=") >= 2
     assert not [p for p in run.iterdir() if p.name.startswith(".")]  # no partial directory left
 
 
@@ -444,3 +449,17 @@ def test_state_files_keep_their_previous_version_and_a_corrupt_one_is_named(tmp_
     with pytest.raises(StateFileError, match=rf"{path} cannot be read .*restore the previous version, kept as "
                                              rf"{path}{PREVIOUS}"):
         read_state(path, None)
+
+
+def test_report_model_section_names_the_fitted_parameters_and_every_candidate():
+    from flows.report import model_lines
+
+    result = {"seconds": 3.2, "n_passes": 7, "params": {"model": "centroid", "beam": 40, "features": "tfidf"},
+              "held_out": {"p@1": 0.8123}, "n_clusters": 1024, "beam": 40,
+              "search": [{"params": {"kernel": "none"}, "score": 0.61, "screened": True, "seconds": 1.0},
+                         {"params": {"kernel": "gaussian"}, "score": 0.65, "screened": False, "seconds": 2.5}]}
+    text = "\n".join(model_lines(result))
+    assert "Family: **centroid**" in text and "| beam | 40 |" in text and "| features | tfidf |" in text
+    assert "| held-out p@1 | 0.8123 |" in text and "| n_clusters | 1,024 |" in text
+    assert "| 1 | kernel=none | 0.6100 | yes | 1.0 |" in text and "| 2 | kernel=gaussian | 0.6500 |  | 2.5 |" in text
+    assert model_lines({}) == []
