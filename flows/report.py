@@ -209,8 +209,9 @@ def write_report(out_dir: Path, *, run_dir: str, metrics: dict, stages: dict[str
               xm.report(table_metrics(metrics)), "## Stages", "", *_stage_rows(stages), "",
               "Seconds and peak memory (this process and its local Dask workers) are those of the run that computed "
               "the stage; a reused stage (a Prefect cache hit) cost nothing now and its outputs stay in the run "
-              "directory that computed them. Each computed stage keeps a Dask performance report "
-              "(`performance.html`) beside its outputs.", ""]
+              "directory that computed them. Each computed stage that runs on Dask (all but the ingests, which "
+              "stream text in one process) keeps a Dask performance report (`performance.html`) beside its "
+              "outputs.", ""]
     reports = [f"- {name}: `{rec['performance_report']}`" for name, rec in stages.items()
                if rec.get("performance_report")]
     if reports:

@@ -377,7 +377,8 @@ def spectrum_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
                 "result": {"trace": float(spectrum.trace), "n_passes": spectrum.n_passes,
                            "top_eigenvalues": [float(v) for v in spectrum.eigenvalues[:10]]}}
 
-    return run_stage("spectrum", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+    return run_stage("spectrum", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger(),
+                     on_dask=lambda: compute_on_dask(inputs["train"]["url"]))
 
 
 @flow(name="xmldask-spectrum", log_prints=True)
@@ -431,7 +432,8 @@ def tree_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
         result = {**grown, "test_figures": jobs.tree_info(url, inputs["test"]["url"]), "by_depth": figures}
         return {"outputs": {"tree": "tree.zarr", "tree_png": "tree.png"}, "result": result}
 
-    return run_stage("tree", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+    return run_stage("tree", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger(),
+                     on_dask=lambda: compute_on_dask(inputs["train"]["url"]))
 
 
 #: the tree stage's defaults: ``xmldask tree``'s, but a label with no training row is left out of the tree
@@ -478,7 +480,8 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
             result = jobs.train(inputs["train"]["url"], join(work, "model.zarr"), **params)
         return {"outputs": {"model": "model.zarr"}, "result": result}
 
-    return run_stage("train", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+    return run_stage("train", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger(),
+                     on_dask=lambda: compute_on_dask(inputs["train"]["url"]))
 
 
 @flow(name="xmldask-train", log_prints=True)
@@ -504,7 +507,8 @@ def predict_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
         result = jobs.predict(inputs["model"]["url"], inputs["test"]["url"], join(work, "predictions.zarr"), **params)
         return {"outputs": {"predictions": "predictions.zarr"}, "result": result}
 
-    return run_stage("predict", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+    return run_stage("predict", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger(),
+                     on_dask=lambda: compute_on_dask(inputs["test"]["url"]))
 
 
 @flow(name="xmldask-predict", log_prints=True)
@@ -531,7 +535,8 @@ def evaluate_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
         (scratch / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True, default=str) + "\n")
         return {"outputs": {"metrics": "metrics.json"}, "result": metrics}
 
-    return run_stage("evaluate", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger())
+    return run_stage("evaluate", params=params, inputs=inputs, compute=compute, out=out, log=get_run_logger(),
+                     on_dask=lambda: compute_on_dask(inputs["test"]["url"]))
 
 
 @flow(name="xmldask-evaluate", log_prints=True)

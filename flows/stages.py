@@ -274,7 +274,8 @@ def outputs_complete(record: dict | None) -> bool:
 
 
 def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Callable[[str, Path], dict], out: str,
-              log: logging.Logger | logging.LoggerAdapter | None = None) -> dict:
+              log: logging.Logger | logging.LoggerAdapter | None = None,
+              on_dask: Callable[[], None] | None = None) -> dict:
     """Compute a stage into the directory ``out`` (path or fsspec URL) and return its record.
 
     Parameters
@@ -292,6 +293,10 @@ def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Cal
         (``fingerprints`` optional: content fingerprints of outputs, default the stage fingerprint).
     out : str
         The stage directory. An existing one is replaced (a retry's, or an unfinished one).
+    log : logger, optional
+    on_dask : callable, optional
+        For a stage that computes on Dask: starts the run's client before the stage's performance report
+        (``performance.html``, kept with the outputs) begins.
 
     Returns
     -------
@@ -309,6 +314,8 @@ def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Cal
     started, start = _now(), time.perf_counter()
     log.info("stage %s: computing into %s", stage, out)
     try:
+        if on_dask is not None:
+            on_dask()
         with tempfile.TemporaryDirectory(prefix=f"xmldask-{stage}-") as scratch:
             with peak_memory() as memory, _performance_report(Path(scratch) / "performance.html") as report:
                 done = compute(work, Path(scratch))

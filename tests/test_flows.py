@@ -117,7 +117,9 @@ def test_pipeline_end_to_end(first_run):
         assert (run / png).stat().st_size > 0
     for name, rec in first_run["stages"].items():  # every stage wrote into this run's directory
         assert Path(rec["dir"]) == run / name and (run / name / "stage.json").is_file(), name
-    assert (run / "train" / "performance.html").is_file()
+    for stage in ("spectrum", "train", "predict", "evaluate"):  # the stages on Dask, the first one too
+        assert (run / stage / "performance.html").is_file(), stage
+        assert json.loads((run / stage / "stage.json").read_text())["performance_report"], stage
     assert (run / "train" / "model.zarr").is_dir() and (run / "predict" / "predictions.zarr").is_dir()
     record = json.loads((run / "train" / "stage.json").read_text())
     assert record["inputs"]["train"]["fingerprint"] and record["peak_rss_mb"] > 0
