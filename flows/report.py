@@ -66,7 +66,7 @@ def plot_label_frequency(label_counts, path: Path, *, title: str = "Label freque
 def plot_precision_at_k(metrics: dict, path: Path, *, title: str = "Precision at k") -> Path:
     """``P@k`` (and ``PSP@k``, ``nDCG@k`` where present) for every ``k`` in ``metrics``, dashed: the baseline's."""
     baseline = metrics.get("baseline") or {}
-    with _figure(path, title, integer_x=True) as ax:
+    with _figure(path, title, integer_x=True, figsize=(8, 4)) as ax:
         for family in ("P", "PSP", "nDCG"):
             ks = sorted(int(name.split("@")[1]) for name in metrics
                         if name.startswith(f"{family}@") and name.split("@")[1].isdigit())
@@ -77,7 +77,7 @@ def plot_precision_at_k(metrics: dict, path: Path, *, title: str = "Precision at
                             label=f"{family}@k, most frequent labels")
         ax.set_xlabel("k")
         ax.set_ylabel("value")
-        ax.legend()
+        ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize="small")  # beside the curves, not on them
     return path
 
 

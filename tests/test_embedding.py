@@ -369,3 +369,15 @@ def test_cli_spectrum_writes_table_and_plot(tmp_path, capsys):
     assert not (tmp_path / "x" / "spectrum.png").exists()
     assert main(["spectrum", str(tmp_path / "missing.zarr"), "--out", str(tmp_path / "m")]) == 2
     json.dumps(rows)
+
+
+def test_spectrum_plot_is_titled_after_the_ingested_files(tmp_path):
+    """A pipeline's stage store is always data.zarr: the title names what it was ingested from."""
+    from xmldask.datasets import write_synthetic_text
+    from xmldask.embedding.spectrum import _data_name
+    from xmldask.io import ingest
+
+    text = write_synthetic_text(str(tmp_path / "train.txt.gz"), n_samples=50, n_features=20, n_labels=5, seed=0)
+    ingest(text, str(tmp_path / "data.zarr"))
+    assert _data_name(str(tmp_path / "data.zarr")) == "train.txt.gz"
+    assert _data_name(str(tmp_path / "absent.zarr")) == "absent.zarr"

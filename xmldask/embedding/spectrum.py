@@ -151,9 +151,24 @@ def _plot(spectrum: Spectrum, path: Path) -> None:
         ax.set_xlabel("rank")
         ax.set_ylabel("eigenvalue")
         name = "Y^T Y" if spectrum.matrix == "Y" else "X^T X"
-        ax.set_title(f"Spectrum of {'centred ' if spectrum.center else ''}{name} ({Path(spectrum.url).name})")
+        ax.set_title(f"Spectrum of {'centred ' if spectrum.center else ''}{name} ({_data_name(spectrum.url)})")
         ax.grid(True, which="both", alpha=0.3)
         fig.tight_layout()
         fig.savefig(path)
     finally:
         plt.close(fig)
+
+
+def _data_name(url: str) -> str:
+    """A dataset's name for a title: the files it was ingested from (a pipeline's stage store is always named
+    ``data.zarr``), else the store's own name."""
+    try:
+        from ..store import open_dataset
+
+        paths = [str(src.get("path", "")) for src in open_dataset(url).meta.get("sources") or []]
+    except Exception:  # noqa: BLE001 - not a dataset store (a plain array): its name will do
+        paths = []
+    names = [Path(p.rstrip("/")).name for p in paths if p]
+    if not names:
+        return Path(str(url).rstrip("/")).name
+    return ", ".join(names[:2]) + (f" and {len(names) - 2} more" if len(names) > 2 else "")
