@@ -210,7 +210,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def stop_on_interrupt(what: str) -> None:
+    """Ctrl-C (SIGINT) ends this command at once with status 130: one line saying what was interrupted, this
+    process's children (the temporary Prefect server, the local Dask workers) stopped, no traceback. The stages
+    write into temporary directories published whole, so nothing half-written stays; a second Ctrl-C during the
+    stop exits without waiting. (Without it, Prefect retries its dead temporary server for minutes.)"""
+    import os
+    import signal
+
+    def interrupted(signum, frame):
+        if getattr(interrupted, "once", False):
+            os._exit(130)
+        interrupted.once = True
+        print(f"{what}: interrupted; the stages that finished are kept, nothing else was written", file=sys.stderr,
+              flush=True)
+        try:
+            import psutil
+
+            children = psutil.Process().children(recursive=True)
+            for child in children:
+                child.terminate()
+            _, alive = psutil.wait_procs(children, timeout=3)
+            for child in alive:
+                child.kill()
+        finally:
+            os._exit(130)
+
+    signal.signal(signal.SIGINT, interrupted)
+
+
 def main(argv: list[str] | None = None) -> int:
+    stop_on_interrupt("python -m flows.pipeline")
     args, model, given = parse_command_line(
         build_parser(), argv, skip=("grow_tree", *(f"tree_{name}" for name in TreeParams.model_fields)))
     if args.grow_tree:

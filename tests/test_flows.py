@@ -465,3 +465,37 @@ def test_report_model_section_names_the_fitted_parameters_and_every_candidate():
     assert "| held-out p@1 | 0.8123 |" in text and "| n_clusters | 1,024 |" in text
     assert "| 1 | kernel=none | 0.6100 | yes | 1.0 |" in text and "| 2 | kernel=gaussian | 0.6500 |  | 2.5 |" in text
     assert model_lines({}) == []
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ctrl_c_in_the_pipeline_exits_130_at_once_with_one_line_and_no_child_left(tmp_path):
+    """A real SIGINT to a real `python -m flows.pipeline` while a stage computes: before, about 160 s and 200 lines
+    (the temporary Prefect server died of the same signal and the flow retried its API), exit 1."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), XMLDASK_STORAGE=str(tmp_path / "storage"))
+    proc = subprocess.Popen([sys.executable, "-m", "flows.pipeline", "--synthetic-samples", "20000",
+                             "--synthetic-features", "2000", "--synthetic-labels", "200", "-v"],
+                            cwd=Path(__file__).resolve().parents[1], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:  # -v: the stage lines, as they happen
+        seen.append(line)
+        if "stage spectrum: computing" in line or "stage train: computing" in line:
+            break
+    assert proc.poll() is None, "".join(seen[-30:])
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children  # the temporary Prefect server at least
+    proc.send_signal(signal.SIGINT)
+    rest = proc.communicate(timeout=60)[0]  # at once: the children get 3 s to stop, then are killed
+    assert proc.returncode == 130, rest[-3000:]
+    assert "interrupted; the stages that finished are kept" in rest and "Traceback" not in rest, rest[-3000:]
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
