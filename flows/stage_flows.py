@@ -176,15 +176,39 @@ def dask_client(scheduler: str | None = None, local: LocalClusterOptions | None 
         lazy.close()
 
 
+class _EngineLines(logging.Filter):
+    """Drops the Prefect engine's own INFO lines from the terminal (a run beginning, a state reached, the temporary
+    server starting and stopping): the stages' progress lines, and every warning, stay. The API (the UI) still
+    receives them all."""
+
+    PREFIXES = ("Beginning flow run", "Beginning subflow run", "Finished in state", "Created task run",
+                "Created subflow run", "Executing ", "Starting temporary server", "Stopping temporary server",
+                "See https://www.prefect.io", "View at ")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.levelno > logging.INFO or not record.getMessage().startswith(self.PREFIXES)
+
+
 def set_verbosity(verbose: bool) -> None:
     """Dask's own log lines (scheduler and worker start-up, ...) at WARNING unless ``verbose``, then also
-    xmldask's at INFO; the flow runs' logs (the stages' progress) are shown either way."""
+    xmldask's at INFO; the flow runs' logs (the stages' progress) are shown either way, Prefect's engine lines
+    (:class:`_EngineLines`) only with ``verbose``."""
     import distributed  # noqa: F401 - it sets its loggers' levels when imported: set ours after
+    import prefect.logging  # noqa: F401 - configures Prefect's handlers: filter them after
 
     # local worker processes are spawned: they read the level from the environment when they import Dask
     os.environ["DASK_LOGGING__DISTRIBUTED"] = "info" if verbose else "warning"
     logging.getLogger("distributed").setLevel(logging.INFO if verbose else logging.WARNING)
     logging.getLogger("xmldask").setLevel(logging.INFO if verbose else logging.WARNING)
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    for name in ("prefect", ""):
+        for handler in logging.getLogger(name).handlers:
+            if isinstance(handler, PrefectConsoleHandler):
+                for old in [f for f in handler.filters if isinstance(f, _EngineLines)]:
+                    handler.removeFilter(old)
+                if not verbose:
+                    handler.addFilter(_EngineLines())
 
 
 def add_command_line_options(parser: argparse.ArgumentParser) -> None:

@@ -499,3 +499,26 @@ def test_ctrl_c_in_the_pipeline_exits_130_at_once_with_one_line_and_no_child_lef
     assert "interrupted; the stages that finished are kept" in rest and "Traceback" not in rest, rest[-3000:]
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
+
+
+def test_prefect_engine_lines_leave_the_terminal_unless_verbose():
+    import logging
+
+    from flows.stage_flows import _EngineLines, set_verbosity
+
+    def record(message, level=logging.INFO):
+        return logging.LogRecord("prefect.task_runs", level, __file__, 1, message, None, None)
+
+    keep = _EngineLines()
+    assert not keep.filter(record("Finished in state Completed()"))
+    assert not keep.filter(record("Beginning subflow run 'x' for flow 'xmldask-train'"))
+    assert keep.filter(record("stage train: computing into /tmp/run/train"))
+    assert keep.filter(record("Finished in state Failed('boom')", logging.WARNING))  # a warning stays
+    set_verbosity(False)
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    consoles = [h for name in ("prefect", "") for h in logging.getLogger(name).handlers
+                if isinstance(h, PrefectConsoleHandler)]
+    assert consoles and all(any(isinstance(f, _EngineLines) for f in h.filters) for h in consoles)
+    set_verbosity(True)
+    assert not any(isinstance(f, _EngineLines) for h in consoles for f in h.filters)
