@@ -2,8 +2,9 @@
 
 Every import counts, function-level ones included (a lazy import is still a dependency). Layers, from
 the bottom: scheduling/params/cluster/base (the estimator base) -> store -> io, linalg -> datasets,
-metrics, embedding, tree -> models -> model_selection -> jobs, demo -> cli, flows. A module may import
-its own package and any layer below its own.
+metrics, embedding, tree -> models -> model_selection -> jobs, demo -> cli, flows and the package root (the
+facade users import: ``xmldask.open_dataset``, ``xmldask.load_model``). A module may import its own package
+and any layer below its own.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 LAYERS = [
     {"xmldask.scheduling", "xmldask.params", "xmldask.cluster", "xmldask.base"},
-    {"xmldask", "xmldask.store"},
+    {"xmldask.store", "xmldask.missing", "xmldask.progress"},
     {"xmldask.io", "xmldask.linalg"},
     {"xmldask.datasets", "xmldask.xmc", "xmldask.metrics", "xmldask.embedding", "xmldask.tree"},
     {"xmldask.models"},
     {"xmldask.model_selection"},
     {"xmldask.jobs", "xmldask.demo"},
-    {"xmldask.cli", "flows"},
+    {"xmldask.cli", "flows", "xmldask"},  # the package root is the facade: what users import, any layer's
 ]
 
 
@@ -200,3 +201,55 @@ def test_one_estimator_base_with_the_scikit_learn_contract(tmp_path):
         da.from_array(X, chunks=(25, -1), asarray=False), da.from_array(Y, chunks=(25, -1), asarray=False)).save(other)
     with pytest.raises(StoreError, match="EmbeddingClassifier' model, which is not an embedding model"):
         embedding.load_model(other)
+
+
+def _estimators():
+    """Every public estimator class of the registry, with a constructor that fits small data quickly."""
+    from xmldask.base import MODEL_CLASSES
+    from xmldask.models import _tree_classes
+
+    _tree_classes()
+    small = {"EmbeddingClassifier": {"embedding": "rembrandt", "n_components": 3, "kernel": "none", "max_epochs": 1},
+             "EnsembleClassifier": None, "TreeClassifier": {"n_components": 3, "n_epochs": 2},
+             "SpectralLabelTree": {"max_depth": 2}, "LabelCentroidClassifier": {"leaf_labels": 3},
+             "LEML": {"n_components": 3, "n_iter": 2}, "BinaryRelevance": {},
+             "GradFac": {"rounds": 3}, "GradFacEN": {"rounds": 3}, "MultinomialBoosting": {"rounds": 3},
+             "OneVsRestBoosting": {"rounds": 3}}
+    return [(name, MODEL_CLASSES[name], small[name]) for name in sorted(small)]
+
+
+@pytest.mark.parametrize("name, cls, params", _estimators(), ids=lambda v: v if isinstance(v, str) else "")
+def test_sklearn_clone_of_every_estimator_refits(name, cls, params):
+    """scikit-learn's own clone on every estimator (fitted first): the clone has the parameters, no fitted state,
+    and refits, the tree classifier too (its tree is a specification it grows, or a fitted tree it copies)."""
+    import dask.array as da
+    import numpy as np
+    import scipy.sparse as sp
+    from sklearn.base import clone
+
+    from xmldask.models import EmbeddingClassifier
+
+    rng = np.random.default_rng(0)
+    X = sp.random(120, 10, density=0.5, format="csr", random_state=0, dtype=np.float32)
+    y = rng.integers(0, 4, 120)
+    Y = sp.csr_matrix((np.ones(120, np.float32), (np.arange(120), y)), shape=(120, 4))
+    Xd, Yd = (da.from_array(m, chunks=(50, -1), asarray=False) for m in (X, Y))
+    if params is None:  # the ensemble, of any member
+        params = {"estimator": EmbeddingClassifier(embedding="rembrandt", n_components=2, kernel="none",
+                                                   max_epochs=1), "n_estimators": 2}
+    fitted = cls(**params).fit(Xd, Yd)
+    again = clone(fitted)
+    assert again.get_params(deep=False).keys() == fitted.get_params(deep=False).keys()
+    again.fit(Xd, Yd)
+    assert type(again) is cls and again is not fitted
+    if hasattr(again, "predict_topk") and name != "SpectralLabelTree":
+        labels, _ = again.predict_topk(Xd[:5], k=2)
+        assert np.asarray(labels.compute() if hasattr(labels, "compute") else labels).shape == (5, 2)
+    if hasattr(again, "save"):  # and xmldask.load_model, at the top of the package, opens its store
+        import tempfile
+
+        import xmldask
+
+        with tempfile.TemporaryDirectory() as tmp:
+            url = again.save(f"{tmp}/m.zarr")
+            assert type(xmldask.load_model(url)) is cls

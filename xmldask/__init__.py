@@ -18,4 +18,13 @@ try:
 except PackageNotFoundError:  # running from a source tree that was not installed
     __version__ = "0+unknown"
 
-__all__ = ["Dataset", "open_csr", "open_dataset", "open_dense", "storage_root", "store_url", "__version__"]
+__all__ = ["Dataset", "load_model", "open_csr", "open_dataset", "open_dense", "storage_root", "store_url",
+           "__version__"]
+
+
+def load_model(url: str):
+    """The fitted model saved at ``url``, of whichever class its store records (a classifier of any family, an
+    ensemble, a label tree, an embedding): :func:`xmldask.models.load_model`."""
+    from .models import load_model as load
+
+    return load(url)

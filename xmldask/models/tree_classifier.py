@@ -81,8 +81,11 @@ class TreeClassifier(SavedModel, ParamsMixin):
 
     Parameters
     ----------
-    tree : SpectralLabelTree or str
-        A fitted tree or the URL of a saved one (its candidates and routers are copied into the model).
+    tree : SpectralLabelTree or str, optional
+        The label tree: a fitted one or the URL of a saved one (its candidates and routers are copied into the
+        model), or a tree *specification* (an unfitted ``SpectralLabelTree``; default ``SpectralLabelTree()``)
+        that :meth:`fit` grows on the same rows first, so that ``sklearn.base.clone`` gives an estimator that
+        refits (the tree grown is ``tree_``).
     n_components : int, default 50
         Width of the shared ``U`` (the rank of the classifier; ``form="low_rank"`` only).
     form : {"low_rank", "per_label"}, default "low_rank"
@@ -146,10 +149,13 @@ class TreeClassifier(SavedModel, ParamsMixin):
     # -- fitting --------------------------------------------------------------------------------
 
     def _check_params(self) -> SpectralLabelTree:
-        tree = SpectralLabelTree.load(self.tree) if isinstance(self.tree, str) else self.tree
-        if not isinstance(tree, SpectralLabelTree) or getattr(tree, "table_", None) is None:
-            raise ValueError("tree must be a fitted SpectralLabelTree or the URL of a saved one "
-                             f"(xmldask tree TRAIN_URL --out TREE_URL), but is {self.tree!r}")
+        """The tree (loaded from its URL; an unfitted specification as it is: :meth:`fit` grows it) after
+        checking the parameters."""
+        tree = SpectralLabelTree() if self.tree is None else self.tree
+        tree = SpectralLabelTree.load(tree) if isinstance(tree, str) else tree
+        if not isinstance(tree, SpectralLabelTree):
+            raise ValueError("tree must be a SpectralLabelTree (fitted, or a specification to grow) or the URL of a "
+                             f"saved one (xmldask tree TRAIN_URL --out TREE_URL), but is {self.tree!r}")
         for name in ("n_components", "n_epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -174,6 +180,9 @@ class TreeClassifier(SavedModel, ParamsMixin):
         tree = self._check_params()
         X = as_rows(X, "X")
         Y = as_rows(Y, "Y", X.chunks[0][0])
+        if getattr(tree, "table_", None) is None:  # a specification: grown on these rows (a copy: params unchanged)
+            tree = type(tree)(**tree.get_params(deep=False)).fit(X, Y)
+        self.tree_ = tree
         if X.shape[1] != tree.n_features_in_ or Y.shape[1] != tree.n_labels_:
             raise ValueError(f"X, Y have {X.shape[1]} features and {Y.shape[1]} labels, but the tree was grown on "
                              f"{tree.n_features_in_} and {tree.n_labels_}; train on the tree's training data")
