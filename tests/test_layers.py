@@ -253,3 +253,12 @@ def test_sklearn_clone_of_every_estimator_refits(name, cls, params):
         with tempfile.TemporaryDirectory() as tmp:
             url = again.save(f"{tmp}/m.zarr")
             assert type(xmldask.load_model(url)) is cls
+
+
+def test_the_registry_holds_the_public_classes_only():
+    from xmldask.base import FAMILIES, MODEL_CLASSES
+    from xmldask.models import _tree_classes
+
+    _tree_classes()
+    assert not [name for name in MODEL_CLASSES if name.startswith("_")]
+    assert set(FAMILIES.values()) <= set(MODEL_CLASSES.values())

@@ -111,6 +111,8 @@ class ParamsMixin:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
+        if cls.__name__.startswith("_"):  # a private base (shared code of public classes) is no model
+            return
         MODEL_CLASSES[cls.__name__] = cls
         if cls.__dict__.get("family"):
             FAMILIES[cls.family] = cls
