@@ -19,16 +19,10 @@ Default layout of a local cluster
 **One worker process using every core as a thread** (``processes=True``, ``n_workers=1``,
 ``threads_per_worker = cores``), with ``memory_limit="auto"`` (all of the machine's memory).
 
-Why (measured on this 2-core machine, November 2026, while other jobs loaded it: load average 2 to 11;
-one fused ``X^T (X Q)`` pass, k = 64, float32, 1.7e7 nonzeros, 1e5 features, 16 row blocks; 9 runs
-each, median / best): scipy in one process on the whole matrix 4.40 / 1.00 s; one worker, one thread
-5.18 / 3.17 s; **one worker process, two threads 4.23 / 2.51 s**; two worker processes, one thread each
-6.68 / 3.36 s; two threads inside the client process 4.62 / 2.56 s. On the idle machine ``STACK.md``
-reports 2 threads 1.78x one thread, 2 processes 1.6x. Threads win because the per-block kernels
+Why (the timings: docs/measurements.md, "Local cluster layout"): threads win because the per-block kernels
 (SciPy's sparse products, Zarr's decompression) release the GIL, and one process holds one copy of
-``Q`` and sums the ``(d, k)`` block results in place, where two processes exchange them (25.6 MB each
-here) over TCP. The worker is still a separate process watched by a nanny, so its ``memory_limit``
-is enforced (spill at 60%, pause at 80%, restart at 95%), unlike threads of the client process
+``Q`` and sums the ``(d, k)`` block results in place, where two processes exchange them over TCP. The
+worker is still a separate process watched by a nanny, so its ``memory_limit`` is enforced (spill at 60%, pause at 80%, restart at 95%), unlike threads of the client process
 (``processes=False``). Past a handful of cores the GIL-holding parts (task bookkeeping, Python glue)
 start to matter: pass ``n_workers`` to split the cores among processes.
 
@@ -99,11 +93,9 @@ DEFAULT_TIMEOUT = 10.0
 #: environment variables read by OpenMP, OpenBLAS and MKL when a process starts
 BLAS_ENV_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 #: seconds (one-second cycles) of statistical profile a worker keeps for the dashboard's Profile page.
-#: Dask keeps 1000. Measured here: after a 56 s fit a worker held 8 MiB more with the profiler than
-#: without (about 140 KB a second, so some 140 MiB at 1000 s); after a 17-minute fit two 256 MiB workers
-#: held ~120 MiB more than idle with 1-3 MiB of managed data, paused at 80 % of their limit with nothing
-#: to spill, and never resumed. Sixty seconds of history cost about 8 MiB. (Dask sizes this history, the
-#: scheduler's transition log and a comm's recent messages by one setting,
+#: Dask keeps 1000, whose memory grows with the job's length until a small worker pauses with nothing to
+#: spill (docs/measurements.md, "Profile history"); a minute of history is enough for the dashboard. (Dask
+#: sizes this history, the scheduler's transition log and a comm's recent messages by one setting,
 #: ``distributed.admin.low-level-log-length``; its developer logs get shorter too.)
 PROFILE_HISTORY = 60
 #: a local cluster for data of at most this share of the machine's memory runs its workers as threads of

@@ -457,7 +457,7 @@ def _pcg(apply, Z: np.ndarray, R: np.ndarray, inv_precond: np.ndarray, rhs_norm:
     rz = np.einsum("ij,ij->i", R, P)
     n_iter = 0
     # the vector algebra is in place where it can be: with many right-hand sides of many features the
-    # iterates are large (420 x 26,969 in float64: 90 MB) and their copies, not the pass, took the time
+    # iterates are large and their copies, not the pass, took the time
     while active.size and n_iter < max_iter:
         every = active.size == k
         Pa = P if every else P[active]

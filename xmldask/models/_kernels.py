@@ -55,15 +55,14 @@ __all__ = [
 FEATURES = ("raw", "l2", "tfidf")
 
 #: most score entries (rows x labels) held at once by :func:`topk_scores` and the blocked score
-#: kernels: 4 MiB of float32, about 20 MiB with the top-k selection's temporaries (measured on a
-#: 16,384-row block and 1,000 labels; 1 << 22 took 71 MiB and was no faster), so a worker with a
-#: small memory limit can score many labels while it holds its blocks
+#: kernels: 4 MiB of float32, a few times that with the top-k selection's temporaries (a larger budget was
+#: no faster: docs/measurements.md), so a worker with a small memory limit can score many labels while it
+#: holds its blocks
 SCORE_BUDGET = 1 << 20
 
 #: :func:`topk_rows` takes up to this many labels a row by ``k`` argmax scans (a scan of a row costs
-#: about 1/50 of partitioning it); more by ``np.argpartition``. Measured by ``python bench/topk.py``
-#: (one core, a sub-batch of ``SCORE_BUDGET`` scores): for ``k <= 32`` the scans are 1.1-8.5x faster at
-#: 100 labels and 2.8-51x at 1,000-100,000; at 100 labels they lose from ``k = 50``
+#: a fraction of partitioning it); more by ``np.argpartition``, which wins beyond (``python bench/topk.py``;
+#: docs/measurements.md)
 SELECT_K = 32
 
 #: most score entries of one SGD minibatch (the batch is cut to fit; 256 MiB of float32)

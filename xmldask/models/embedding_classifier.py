@@ -65,7 +65,7 @@ _EMBEDDING_CLASSES = {"rembrandt": Rembrandt, "cs": CompressedSensing, "plst": P
 #: held-out rows on which the ridge warm start is rescaled to the log-loss scale (:meth:`_rescale`) at most,
 RESCALE_ROWS = 2000
 #: and score entries (rows x labels) at most: two scalars are fitted on them by up to 54 evaluations of the loss,
-#: which on 2000 rows of 983 labels (delicious) took 1 s, more than the rest of a screened setting
+#: which on all of them could cost more than the rest of a screened setting
 RESCALE_ENTRIES = 1 << 18
 #: scales ``c`` tried by the rescaling: 1, 2, 4, ..., 256 (ridge scores of 0/1 targets are near
 #: probabilities; as logits they need a factor of this order)
@@ -75,7 +75,7 @@ RESCALE_OFFSETS = (0.0, -1.0, -2.0, -4.0, -6.0, -8.0)
 #: row blocks the bandwidth's sample rows are drawn from (a few blocks: one small read)
 BANDWIDTH_BLOCKS = 8
 #: score entries (training rows x labels) of an SGD epoch from which it runs as tasks on the cluster
-#: (``sgd_chains``); a smaller epoch (2^28 entries: about 3 s here) runs in the fitting process
+#: (``sgd_chains``); a smaller epoch runs in the fitting process (a few seconds: less than a graph's overhead)
 SGD_CLUSTER_ENTRIES = 1 << 28
 #: row blocks per chain at least, with ``sgd_chains="auto"``
 SGD_CHAIN_BLOCKS = 4

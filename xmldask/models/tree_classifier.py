@@ -47,17 +47,14 @@ logger = logging.getLogger(__name__)
 TREE_CLASSIFIER_VERSION = 2
 #: the preconditioner of ``U``'s gradient is the full ``(0.5 X^T X + ridge tr/d I)^-1`` (rows made dense) up to
 #: this many features, its diagonal beyond (rows kept sparse, a step touching only the rows of ``U`` at the
-#: leaf's features). The diagonal is not used for fewer features however sparse the rows: on the pipeline's
-#: default data (2,000 features, 15 non-zeros a row) it was 7x faster a pass and as good after 20 passes of a
-#: depth-10 tree, but on its depth-14 tree (16,382 leaves, a step each) the loss rose from pass 8 on (6.2 ->
-#: 12.6 at pass 16; test P@1 0.555 against 0.636 with the full preconditioner)
+#: leaf's features). The diagonal is not used for fewer features however sparse the rows: faster a pass, it
+#: let the loss of a deep tree (a step per leaf, many leaves) rise (docs/measurements.md, "Tree classifier")
 DENSE_PRECONDITIONER_MAX_FEATURES = 4096
 #: with the full preconditioner (rows made dense), consecutive row blocks are joined into one round of leaf
 #: steps while their dense rows and preconditioned copy (float64) take at most this many bytes: each leaf then
 #: takes one full-batch step a pass over the round's rows, the reference code's loop, whatever the store's block
-#: size. ALOI's 97,200 training rows, 128 features (2 blocks of 65,536 rows joined: 200 MB), depth-14 tree,
-#: rank 50, 250 passes, seed 0: test accuracy 90.92 % in one round a pass against 90.31 % in two (a step per
-#: leaf and block: twice the steps of the mean V and b gradients under the same momentum); seed 1: 90.53 %
+#: size: a step per leaf and block would take twice the steps of the mean V and b gradients under the same
+#: momentum, and was less accurate on ALOI (docs/measurements.md, "Tree classifier")
 STEP_BYTES = 512 * 2**20
 #: the text form's per-feature step scale ``1 / C_f``, ``C_f = max(1, sum_i x_if^2) + FEATURE_SCALE_RIDGE
 #: mean_f C_f`` (the reference code's ``treeupdate``: lambda = 1e-3)
@@ -204,8 +201,8 @@ class TreeClassifier(SavedModel, ParamsMixin):
         self.history_ = []
         rounds = [([X.blocks[i] for i in group], [Y.blocks[i] for i in group])
                   for group in _rounds(X.chunks[0], 0 if _precond_is_diagonal(precond) else 16 * d)]
-        # the steps multiply small matrices: one BLAS thread (a pool of spinning threads was measured
-        # 50x slower for a 128 x 128 by 128 x 50 product on a busy 2-core machine)
+        # the steps multiply small matrices: one BLAS thread (a pool of spinning threads is far slower on such
+        # products on a busy machine: docs/measurements.md)
         with threadpool_limits(limits=1):
             U, V, b = self._epochs(rounds, tree, U, V, b, precond, rng, start)
         self.U_ = None if U is None else U.astype(np.float32)

@@ -49,7 +49,7 @@ MEDIAN_PASSES, MEDIAN_BINS = 3, 256
 MEMORY_BUDGET = 1 << 28
 #: on a cluster whose workers have a memory limit, the budget is at most this share of the smallest: a
 #: worker holds a pass's node operand (as large), a tree-sum task two block results and its output, and
-#: results waiting for it, beside the worker's own ~100 MiB (measured: 1/8 of 256 MiB restarted workers)
+#: results waiting for it, beside the worker's own memory (1/8 restarted small workers: docs/measurements.md)
 WORKER_MEMORY_SHARE = 1 / 16
 #: Jacobi-PCG stops when ``||r||^2 < tol ||r_0||^2`` (the reference code's float32 / float64 tolerances)
 CG_TOL = {np.dtype("float32"): 1e-4, np.dtype("float64"): 1e-6}
@@ -163,8 +163,8 @@ class _Passes:
                          split_every=self.split_every).compute()
 
 
-#: routers are routed with as a dense array up to this size (a dense gather routes about 5x faster than
-#: a sparse lookup), as CSR beyond (text data: each router on its node's features)
+#: routers are routed with as a dense array up to this size (a dense gather is faster than a sparse lookup),
+#: as CSR beyond (text data: each router on its node's features)
 DENSE_ROUTERS_BYTES = 1 << 26
 
 
