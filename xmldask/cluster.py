@@ -22,9 +22,10 @@ Default layout of a local cluster
 Why (the timings: docs/measurements.md, "Local cluster layout"): threads win because the per-block kernels
 (SciPy's sparse products, Zarr's decompression) release the GIL, and one process holds one copy of
 ``Q`` and sums the ``(d, k)`` block results in place, where two processes exchange them over TCP. The
-worker is still a separate process watched by a nanny, so its ``memory_limit`` is enforced (spill at 60%, pause at 80%, restart at 95%), unlike threads of the client process
-(``processes=False``). Past a handful of cores the GIL-holding parts (task bookkeeping, Python glue)
-start to matter: pass ``n_workers`` to split the cores among processes.
+worker is still a separate process watched by a nanny, so its ``memory_limit`` is enforced (spill at 60%,
+pause at 80%, restart at 95%), unlike threads of the client process (``processes=False``). Past a handful
+of cores the GIL-holding parts (task bookkeeping, Python glue) start to matter: pass ``n_workers`` to split
+the cores among processes.
 
 **Small data: threads of this process.** When the data a cluster is started for is known (``data_bytes``,
 e.g. a dataset store's :attr:`~xmldask.store.Dataset.nbytes`) and takes at most
