@@ -366,6 +366,17 @@ def test_refresh_ingests_once_quarantines_and_promotes_by_the_metric(data, tmp_p
     current = json.loads((tmp_path / "storage" / "refresh" / "current.json").read_text())
     assert current["model"] == better["current"]["model"]
 
+    # a truncated state file stops the next run with its name and the kept copy (before: read as absent)
+    from flows.stages import PREVIOUS, StateFileError
+
+    state = tmp_path / "storage" / "refresh" / "current.json"
+    state.write_text(state.read_text()[:20])
+    assert (state.parent / f"current.json{PREVIOUS}").exists()  # the promotion above replaced the first one
+    with pytest.raises(ValueError, match=r"current.json cannot be read .*restore the previous version, kept as") \
+            as info:
+        refresh([data["test"]], **opts)
+    assert type(info.value).__name__ == StateFileError.__name__  # Prefect re-raises the task's error
+
 
 def test_deploy_builds_the_scheduled_refresh_deployment(monkeypatch):
     """The deployment ``python -m flows.deploy`` serves: the refresh flow, the cron schedule, the parameters."""

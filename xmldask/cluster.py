@@ -464,6 +464,7 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
         address = os.environ.get(ENV_SCHEDULER) or None
         source = f"${ENV_SCHEDULER}"
     with contextlib.ExitStack() as stack:
+        quiet = stack.enter_context(_MutedOnTrip())  # entered first: restores the log levels last
         if address is not None:
             local_only = {"n_workers": n_workers, "threads_per_worker": threads_per_worker, "processes": processes}
             ignored = [name for name, value in local_only.items() if value is not None] + sorted(cluster_kwargs)
@@ -488,7 +489,7 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
             path = Path(performance_report).expanduser()
             path.parent.mkdir(parents=True, exist_ok=True)
             stack.enter_context(_logged_report(report, path))
-        watch = stack.enter_context(_PauseWatch(client, pause_limit))
+        watch = stack.enter_context(_PauseWatch(client, pause_limit, on_trip=quiet.mute))
         try:
             yield client
         except Exception:
@@ -497,15 +498,38 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
             raise
 
 
+class _MutedOnTrip:
+    """Dask's and asyncio's log records above CRITICAL once :meth:`mute` is called (a job cancelled on purpose
+    logs a traceback per interrupted exchange while the cluster closes), their levels restored on exit."""
+
+    NAMES = ("distributed", "asyncio")
+
+    def __init__(self):
+        self.saved: dict[str, int] = {}
+
+    def mute(self) -> None:
+        for name in self.NAMES:
+            log = logging.getLogger(name)
+            self.saved.setdefault(name, log.level)
+            log.setLevel(logging.CRITICAL + 1)
+
+    def __enter__(self) -> _MutedOnTrip:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, level in self.saved.items():
+            logging.getLogger(name).setLevel(level)
+
+
 class _PauseWatch:
     """Watches the workers while a job runs: when every one of them has been paused for memory longer than
     ``limit`` seconds, the client's tasks are cancelled (the job's ``compute`` raises) and :attr:`tripped` says
     why, with the workers' memory and limits. A pause that ends (memory freed, spilled) resets the clock."""
 
-    def __init__(self, client, limit: float):
+    def __init__(self, client, limit: float, on_trip=None):
         import threading
 
-        self.client, self.limit, self.tripped = client, float(limit), ""
+        self.client, self.limit, self.tripped, self.on_trip = client, float(limit), "", on_trip
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="xmldask-pause-watch", daemon=True)
 
@@ -536,7 +560,9 @@ class _PauseWatch:
                             "waiting for memory that the job cannot free: give the workers more memory "
                             "(--memory-limit), or fewer threads per worker, or smaller row blocks "
                             "(xmldask ingest --block-rows)")
-            logger.error("%s; cancelling the job", self.tripped)
+            logger.info("%s; cancelling the job", self.tripped)
+            if self.on_trip is not None:
+                self.on_trip()
             from distributed import Future
 
             try:
