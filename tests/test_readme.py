@@ -1,4 +1,5 @@
-"""Every ``bash`` and ``python`` block of the README runs as written, in order, as on a fresh clone.
+"""Every ``bash`` and ``python`` block of the README and of the documentation pages runs as written, in order
+(the README's tour first, then the pages in :data:`PAGES`' order), as on a fresh clone.
 
 The blocks run in a scratch directory laid out like a checkout after the two set-up commands: ``.venv``
 (the environment running the tests), ``flows/`` and ``../shared`` beside it, and an empty
@@ -20,14 +21,23 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 README = REPO / "README.md"
+#: the documentation pages whose blocks run after the README's, in this order (later blocks use earlier stores)
+PAGES = [README, *(REPO / "docs" / name for name in ("guide.md", "large-labels.md", "benchmarks.md", "tree.md",
+                                                    "leml.md", "gradfac.md", "measurements.md"))]
+#: lines of the README at most: what xmldask is, how to start, where to go next (the rest is in docs/)
+README_LINES = 250
 SKIP = re.compile(r"<!-- not run by tests/test_readme.py: (?P<reason>.*?) -->\s*$")
 #: seconds a block may take (the pipeline on bibtex is the longest: about a minute on 2 cores)
 BLOCK_TIMEOUT = 900
 
 
 def readme_blocks() -> list[dict]:
-    """The fenced ``bash``/``python`` blocks of the README: language, code, line, and the skip reason if any."""
-    lines = README.read_text().splitlines()
+    """The fenced ``bash``/``python`` blocks of the README and the pages: language, code, file, line, skip reason."""
+    return [block for page in PAGES for block in _blocks(page)]
+
+
+def _blocks(page: Path) -> list[dict]:
+    lines = page.read_text().splitlines()
     blocks, i = [], 0
     while i < len(lines):
         fence = re.match(r"^```(\w*)\s*$", lines[i])
@@ -39,7 +49,7 @@ def readme_blocks() -> list[dict]:
         skip = SKIP.match(previous)
         if fence.group(1) in ("bash", "python"):
             blocks.append({"language": fence.group(1), "code": "\n".join(lines[i + 1:end]) + "\n", "line": i + 1,
-                           "skip": skip.group("reason") if skip else None})
+                           "file": str(page.relative_to(REPO)), "skip": skip.group("reason") if skip else None})
         i = end + 1
     return blocks
 
@@ -76,10 +86,18 @@ def test_readme_blocks_run_as_written(shared_data, tmp_path):
             command = [str(checkout / ".venv" / "bin" / "python"), script.name]
         start = time.perf_counter()
         done = subprocess.run(command, cwd=checkout, env=env, capture_output=True, text=True, timeout=BLOCK_TIMEOUT)
-        print(f"README.md line {block['line']}: {time.perf_counter() - start:.1f} s")  # shown with pytest -s
-        assert done.returncode == 0, (f"README.md line {block['line']} ({block['language']}) failed with "
+        print(f"{block['file']} line {block['line']}: {time.perf_counter() - start:.1f} s")  # shown with -s
+        assert done.returncode == 0, (f"{block['file']} line {block['line']} ({block['language']}) failed with "
                                       f"{done.returncode}:\n{block['code']}\n--- stdout\n{done.stdout[-3000:]}\n"
                                       f"--- stderr\n{done.stderr[-5000:]}")
         ran += 1
     assert ran >= 5
     assert (checkout / "storage" / "bibtex" / "pred.zarr").is_dir()
+
+
+def test_the_readme_is_short_and_every_link_of_the_pages_resolves():
+    assert len(README.read_text().splitlines()) <= README_LINES
+    for page in PAGES:
+        for target in re.findall(r"\]\(([^)#]+?)(?:#[^)]*)?\)", page.read_text()):
+            if "://" not in target:
+                assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"

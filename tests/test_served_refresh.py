@@ -1,5 +1,5 @@
 """The scheduled refresh as users serve it: a real ``prefect server``, ``python -m flows.deploy``, and
-``prefect deployment run`` (the README's commands), each in its own process.
+``prefect deployment run`` (the user guide's commands, docs/guide.md), each in its own process.
 
 Slow (a server start and two flow runs, about two minutes on 2 cores); ``.ci/run`` runs it.
 """

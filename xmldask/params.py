@@ -54,7 +54,7 @@ def kernel_name(value) -> str:
 #: the number of labels), the ridge ``alpha`` (grids extended past a winning end), then the decoder's
 #: feature map, linear or Gaussian random features. The first three are screened by the ridge decoder on
 #: the linear map (:data:`SCREEN`); the kernels are full fits. Measured on bibtex, test P@1: the former
-#: default (kernel only) 57.3, this search 64.0 (see the README)
+#: default (kernel only) 57.3, this search 64.0 (see docs/benchmarks.md)
 AUTO_SEARCH = {"features": ("raw", "tfidf"), "k": (50, 400), "alpha": (1e-3, 0.1, 3.0), "kernel": ("none", "gaussian")}
 #: how a search screens its candidates (``search_screen``): no decoder epochs (the ridge decoder alone)
 #: and the linear feature map; the searched kernels and the winner get full fits. The screen's winner is a

@@ -8,7 +8,7 @@ multiclass problems, per-label sigmoids for multilabel ones), streamed over row 
 model (:func:`xmldask.models._graph.ensemble_topk`). Ensembles are the rule among XMC methods: Parabel,
 Bonsai and Omikuji grow 3 trees by default, and FastXML and SLEEC are ensembles too.
 
-Measured (``python bench/peers.py``, the same held-out search, then 3 members): see the README.
+Measured (``python bench/peers.py``, the same held-out search, then 3 members): see docs/benchmarks.md.
 """
 
 from __future__ import annotations
