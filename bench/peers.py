@@ -152,7 +152,7 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
         params = {"embedding": spec.get("embedding", "rembrandt"), "k": min(spec.get("k", 50), n_labels),
                   "kernel": spec.get("kernel", "none"), "seed": 0, "search": search or None,
                   "n_estimators": spec.get("n_estimators", 1),
-                  "search_screen": False}  # every candidate in full, as when the README's figures were measured
+                  "search_screen": False}  # every candidate in full, as when the benchmark page's figures were measured
         for name, values in search.items():  # the search starts from the first value of each
             params[name] = values[0]
     model_url = str(out / "model.zarr")
