@@ -523,7 +523,7 @@ def test_prefect_engine_lines_leave_the_terminal_unless_verbose():
     keep = _EngineLines()
     assert not keep.filter(record("Finished in state Completed()"))
     assert not keep.filter(record("Beginning subflow run 'x' for flow 'xmldask-train'"))
-    assert keep.filter(record("stage train: computing into /tmp/run/train"))
+    assert keep.filter(record("stage train: computing into storage/runs/x/train"))
     assert keep.filter(record("Finished in state Failed('boom')", logging.WARNING))  # a warning stays
     set_verbosity(False)
     from prefect.logging.handlers import PrefectConsoleHandler
