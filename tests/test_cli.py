@@ -177,3 +177,19 @@ def test_every_option_and_argument_has_help_in_words(command, capsys):
         main([command, "--help"])
     text = capsys.readouterr().out
     assert "AUTO_SEARCH" not in text and "{'" not in text.replace("(in Python, {'", "")
+
+
+@pytest.mark.parametrize("search, expected", [
+    ("k=abc", "--search k=abc: 'abc' is not a value of k"),
+    ("alpha=abc", "--search alpha=abc: 'abc' is not a value of alpha"),
+    ("kk=1,2", "--search kk: not a parameter the search can choose; it chooses features, k, alpha"),
+])
+def test_search_errors_name_the_option_before_a_cluster_starts(tmp_path, capsys, search, expected):
+    """Before: "invalid literal for int() with base 10: 'abc'" after the cluster started; internal names
+    (n_components, random_state) listed for an unknown one."""
+    out = str(tmp_path / "d.zarr")
+    assert main(["synth", "--out", out, "--n-samples", "50", "--n-features", "10", "--n-labels", "4"]) == 0
+    capsys.readouterr()
+    assert main(["train", out, "--out", str(tmp_path / "m.zarr"), "--search", search]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Dask dashboard" not in err and "n_components" not in err, err

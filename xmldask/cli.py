@@ -280,6 +280,7 @@ def _cmd_train(args) -> int:
     from .params import from_args
 
     params = from_args(args)
+    jobs.check_search(params)
     _refuse_target_early(args.out, "model", args.overwrite, [args.train_url, params.get("tree")])
     with _cluster_context(args, args.train_url):
         info = jobs.train(args.train_url, args.out, overwrite=args.overwrite, **params)

@@ -91,6 +91,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     _check_model_target(out, overwrite, [train_url], tree=False)
     data = open_dataset(train_url)
     check_fully_observed(data, "the embedding classifier")
+    check_search(params)
     k, search = _fit_to_data(p, data, set(_given(params)))
     if search or p.n_estimators != 1:
         data = _held_in_memory(data)
@@ -314,6 +315,23 @@ def _check_memory(est, data) -> None:
 def _public(params: dict) -> dict:
     """Classifier parameters in the job's names: ``n_components`` as ``k``."""
     return {("k" if name == "n_components" else name): value for name, value in params.items()}
+
+
+#: the training parameters a search may choose (besides the embedding classifier's own, :func:`_estimator_only`)
+SEARCHABLE = ("features", "k", "alpha", "kernel", "n_random_features", "max_epochs", "embedding")
+
+
+def check_search(params: dict) -> None:
+    """Refuse a ``search`` over a parameter the embedding classifier does not have, naming the documented ones
+    (the command line calls it before its cluster starts; :func:`train` before any pass)."""
+    search = params.get("search")
+    if not isinstance(search, dict):
+        return
+    known = [*SEARCHABLE, *_estimator_only()]
+    unknown = [name for name in search if name not in known]
+    if unknown:
+        raise ValueError(f"--search {', '.join(unknown)}: not a parameter the search can choose; it chooses "
+                         f"{', '.join(known)}")
 
 
 def _search_grid(search: dict) -> dict:

@@ -317,8 +317,28 @@ def from_args(args: argparse.Namespace, model: type[BaseModel] = TrainParams, *,
     if "search" in given:
         given["search"] = parse_grid(given["search"], aliases={"n-random-features": "n_random_features",
                                                                 "max-epochs": "max_epochs"}) or None
+        _check_search_values(model, given["search"] or {})
     validated(model, given)
     return given
+
+
+def _check_search_values(model: type[BaseModel], grid: dict) -> None:
+    """Each searched value of a training parameter has the parameter's type (``--search k=abc`` named at once,
+    with the option, before any work)."""
+    from pydantic import TypeAdapter
+
+    for name, values in grid.items():
+        field = model.model_fields.get(name)
+        if field is None or name == "search":
+            continue  # an estimator's own parameter: checked by the job against the estimator
+        adapter = TypeAdapter(field.annotation)
+        for value in values:
+            try:
+                adapter.validate_python(value)
+            except ValidationError as exc:
+                raise ValueError(f"--search {name}={','.join(map(str, values))}: {value!r} is not a value of "
+                                 f"{name} ({exc.errors()[0]['msg'].lower()}); e.g. --search "
+                                 f"{name}={field.default if field.default is not None else '...'}") from None
 
 
 def validated(model: type[BaseModel], given: dict) -> BaseModel:
