@@ -605,8 +605,17 @@ def test_xc_format_needs_a_header(tmp_path):
     out = str(tmp_path / "ds.zarr")
     with pytest.raises(ParseError) as info:
         ingest(str(path), out, format="xc")
-    assert str(info.value) == f"{path}, line 1: expected the XC header 'n_samples n_features n_labels': '1 1:1 8:2.5'"
+    assert str(info.value) == (f"{path}, line 1: expected the XC header 'n_samples n_features n_labels' (the file "
+                               "looks like LIBSVM: --format auto reads it): '1 1:1 8:2.5'")
     assert not exists(out)
+
+
+@pytest.mark.parametrize("fmt", ["vw", "libsvm"])
+def test_another_format_on_an_xc_file_suggests_auto(tmp_path, fmt):
+    path = write_text(tmp_path / "data.txt", ["2 6 4", "1 2:1", "0,3 1:2"])
+    with pytest.raises(ParseError, match=rf"line 1 is an XC header, not a {fmt} row \(the file looks like XC: "
+                                         r"--format auto reads it\)"):
+        ingest(str(path), str(tmp_path / "ds.zarr"), format=fmt)
 
 
 def truncated_gzip(tmp_path, fraction):

@@ -108,10 +108,15 @@ def _inspect(path: str, fmt: str) -> _Source:
         raise _read_error(path, exc) from None
     finally:
         raw.close()
-    fmt = sniff_format(path, first) if fmt == "auto" else fmt
+    looks_like = sniff_format(path, first)
+    hint = f" (the file looks like {looks_like.upper()}: --format auto reads it)"
+    if fmt != "auto" and fmt != "xc" and looks_like == "xc":
+        raise ParseError(f"line 1 is an XC header, not a {fmt} row{hint}", path=path, line=1, text=first)
+    fmt = looks_like if fmt == "auto" else fmt
     header = parse_header(first) if fmt == "xc" else None
     if fmt == "xc" and header is None:
-        raise ParseError("expected the XC header 'n_samples n_features n_labels'", path=path, line=1, text=first)
+        raise ParseError("expected the XC header 'n_samples n_features n_labels'" + hint, path=path, line=1,
+                         text=first)
     if header is not None:
         for name, value in zip(("n_features", "n_labels"), header[1:]):
             try:
