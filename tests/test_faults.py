@@ -705,3 +705,14 @@ def test_an_existing_out_is_refused_before_a_cluster_starts_and_a_text_file_gets
         assert result.returncode == 2 and "Dask dashboard" not in result.stderr, result.stderr
     result = _cli("info", files[0], cwd=tmp_path)
     assert result.returncode == 2 and "is a file, not a dataset store: ingest it first" in result.stderr
+
+
+def test_predict_on_data_of_other_features_is_refused_before_a_cluster_starts(tmp_path):
+    from xmldask.xmc import make_xmc
+
+    model, data = _centroid_model(tmp_path)  # 300 features
+    url = model.save(str(tmp_path / "model.zarr"))
+    other = make_xmc(str(tmp_path / "other.zarr"), n_samples=50, n_features=200, n_labels=60, seed=1).url
+    result = _cli("predict", url, other, "--out", str(tmp_path / "p.zarr"), cwd=tmp_path)
+    assert result.returncode == 2 and "has 200 features but the model" in result.stderr, result.stderr
+    assert "Dask dashboard" not in result.stderr

@@ -343,6 +343,7 @@ def _cmd_predict(args) -> int:
     from . import jobs
 
     _refuse_target_early(args.out, "predictions", args.overwrite, [args.model_url, args.data_url])
+    jobs.check_predict_inputs(args.model_url, args.data_url)
     with _cluster_context(args, args.data_url):
         info = jobs.predict(args.model_url, args.data_url, args.out, top_k=args.top_k, overwrite=args.overwrite,
                             progress=not args.no_progress)

@@ -345,6 +345,18 @@ def _search_grid(search: dict) -> dict:
     return grid
 
 
+def check_predict_inputs(model_url: str, data_url: str) -> None:
+    """Refuse a dataset whose features are not the model's, from the stores' attributes alone (the command line
+    calls it before its cluster starts; :func:`predict` checks again on the loaded model)."""
+    from .store.models import model_attrs
+
+    fitted = model_attrs(model_url).get("fitted") or {}
+    expected, given = fitted.get("n_features_in"), open_dataset(data_url).n_features
+    if expected is not None and int(expected) != given:
+        raise ValueError(f"{data_url} has {given} features but the model {model_url} was trained on {expected}; "
+                         "predict on data ingested like the training data")
+
+
 def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwrite: bool = False,
             progress: bool = False) -> dict:
     """Top-``top_k`` labels and scores of every row of a dataset store into a prediction store.

@@ -142,6 +142,12 @@ def _model_group(url: str):
     return open_root(url, "model")
 
 
+def model_attrs(url: str) -> dict:
+    """The root attributes of the model store at ``url`` (``params``, ``fitted``, ...), after its checks: the
+    facts of a model without reading its arrays."""
+    return dict(_model_group(url)[0].attrs)
+
+
 def model_class(url: str) -> str:
     """The estimator class recorded in the model store at ``url`` (``StoreError`` if it is not one)."""
     return str(_model_group(url)[1].get("class"))
