@@ -325,10 +325,21 @@ def test_parse_memory_limit(value, expected):
     assert parse_memory_limit(value) == expected
 
 
-@pytest.mark.parametrize("value", ["lots", "-1GB", -5, True, [1]])
+@pytest.mark.parametrize("value", ["lots", "-1GB", -5, True, [1], "2", "50MB", 1000])
 def test_parse_memory_limit_rejects(value):
     with pytest.raises(ValueError, match="memory_limit"):
         parse_memory_limit(value)
+
+
+def test_a_memory_limit_below_a_workers_own_memory_is_refused_at_once(capsys):
+    """Before: --memory-limit 2 flooded "Worker is at 6924492800% memory usage" before its error."""
+    from xmldask.cli import main
+
+    with pytest.raises(SystemExit) as info:
+        main(["train", "x.zarr", "--out", "m.zarr", "--memory-limit", "2"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "memory_limit 2 bytes is below what a Dask worker holds" in err and "Worker is at" not in err
 
 
 def test_argparse_options_round_trip(monkeypatch):

@@ -83,6 +83,9 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
+#: the smallest worker memory limit accepted (bytes): a worker holds about 100 MiB before its first task, so a
+#: smaller limit only pauses it (and floods the log with its memory warnings)
+MIN_MEMORY_LIMIT = 128 * 2**20
 #: seconds every worker may stay paused for memory before a job stops with a ``MemoryError`` (:func:`cluster`)
 PAUSE_LIMIT = 60.0
 #: seconds between two looks at the workers' status
@@ -178,6 +181,10 @@ def parse_memory_limit(value):
     if isinstance(value, float) and 0 < value <= 1:
         return value
     if isinstance(value, (int, float)) and value >= 0:
+        if 0 < value < MIN_MEMORY_LIMIT:
+            raise ValueError(f"memory_limit {int(value):,} bytes is below what a Dask worker holds before any task "
+                             f"(about 100 MiB: docs/measurements.md); give at least {MIN_MEMORY_LIMIT // 2**20} MiB, "
+                             "e.g. '2GB', or a fraction of the machine's memory such as 0.25")
         return int(value) or None
     raise ValueError(f"memory_limit must be 'auto', a size like '2GB', a number of bytes, a fraction in (0, 1] or "
                      f"None, but is {value!r}")
