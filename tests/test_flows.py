@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import uuid
 from pathlib import Path
@@ -512,8 +513,12 @@ def test_ctrl_c_in_the_pipeline_exits_130_at_once_with_one_line_and_no_child_lef
     assert not alive, [p.cmdline() for p in alive]
 
 
-def test_prefect_engine_lines_leave_the_terminal_unless_verbose():
+def test_prefect_engine_lines_leave_the_terminal_unless_verbose(monkeypatch):
     import logging
+
+    # set_verbosity sets process-wide levels and an environment variable: put them back for the other tests
+    monkeypatch.setenv("DASK_LOGGING__DISTRIBUTED", os.environ.get("DASK_LOGGING__DISTRIBUTED", "warning"))
+    saved = {name: logging.getLogger(name).level for name in ("distributed", "xmldask")}
 
     from flows.stage_flows import _EngineLines, set_verbosity
 
@@ -525,11 +530,15 @@ def test_prefect_engine_lines_leave_the_terminal_unless_verbose():
     assert not keep.filter(record("Beginning subflow run 'x' for flow 'xmldask-train'"))
     assert keep.filter(record("stage train: computing into storage/runs/x/train"))
     assert keep.filter(record("Finished in state Failed('boom')", logging.WARNING))  # a warning stays
-    set_verbosity(False)
     from prefect.logging.handlers import PrefectConsoleHandler
 
-    consoles = [h for name in ("prefect", "") for h in logging.getLogger(name).handlers
-                if isinstance(h, PrefectConsoleHandler)]
-    assert consoles and all(any(isinstance(f, _EngineLines) for f in h.filters) for h in consoles)
-    set_verbosity(True)
-    assert not any(isinstance(f, _EngineLines) for h in consoles for f in h.filters)
+    try:
+        set_verbosity(False)
+        consoles = [h for name in ("prefect", "") for h in logging.getLogger(name).handlers
+                    if isinstance(h, PrefectConsoleHandler)]
+        assert consoles and all(any(isinstance(f, _EngineLines) for f in h.filters) for h in consoles)
+        set_verbosity(True)
+        assert not any(isinstance(f, _EngineLines) for h in consoles for f in h.filters)
+    finally:
+        for name, level in saved.items():
+            logging.getLogger(name).setLevel(level)
