@@ -31,6 +31,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from pydantic import Field
 
+from xmldask.embedding.spectrum import SPECTRUM_COMPONENTS
 from xmldask.params import DEFAULTS, TrainParams, TreeParams, add_arguments, from_args
 from xmldask.store import exists
 
@@ -84,7 +85,7 @@ def synthesize(*, storage: str | None, n_samples: int, n_features: int, n_labels
 
 
 def run_downstream(train: dict, test: dict, *, storage: str | None, run_dir: str, model: TrainParams, top_k: int,
-                   spectrum_components: int | None = 50, tree: TreeParams | None = None) -> dict:
+                   spectrum_components: int | None = SPECTRUM_COMPONENTS, tree: TreeParams | None = None) -> dict:
     """spectrum -> [tree] -> train -> predict -> evaluate (stage flows) on ingested data; returns the records by
     stage. With ``tree``, the tree stage grows a spectral label tree and the train stage fits its
     candidate-restricted classifier (``model``'s ``k``, ``max_epochs`` and ``seed`` where given); the tree's
@@ -118,7 +119,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
              memory_limit: str = "auto", dashboard_address: str | None = ":8787",
              format: Format = "auto", one_based: bool = False, normalize: Normalize = "none",
              model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
-             spectrum_components: PositiveInt = 50, tree: TreeParams | None = None,
+             spectrum_components: PositiveInt = SPECTRUM_COMPONENTS, tree: TreeParams | None = None,
              synthetic_samples: PositiveInt = 20_000, synthetic_features: PositiveInt = 2_000,
              synthetic_labels: PositiveInt = 500) -> dict:
     """The whole pipeline: ingest -> spectrum -> [tree] -> train -> predict -> evaluate -> report.

@@ -26,6 +26,7 @@ from prefect import flow, get_run_logger, task
 from prefect.cache_policies import NONE
 from pydantic import Field
 
+from xmldask.embedding.spectrum import SPECTRUM_COMPONENTS
 from xmldask.params import DEFAULTS, TrainParams
 from xmldask.store import StoreBusyError, exists, is_local, open_dataset, publish, temporary_sibling
 
@@ -171,7 +172,7 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
             threads_per_worker: PositiveInt | None = None, processes: bool | None = None,
             dashboard_address: str | None = ":8787", format: Format = "auto", one_based: bool = False,
             normalize: Normalize = "none", model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
-            spectrum_components: PositiveInt | None = 50, metric: str = "P@1") -> dict:
+            spectrum_components: PositiveInt | None = SPECTRUM_COMPONENTS, metric: str = "P@1") -> dict:
     """Pick up new files, append them once, retrain, and promote the new model if it is not worse.
 
     Parameters

@@ -43,6 +43,7 @@ from pydantic import BaseModel, Field
 from typing_extensions import TypedDict
 
 from xmldask import jobs
+from xmldask.embedding.spectrum import SPECTRUM_COMPONENTS
 from xmldask.params import DEFAULTS, TrainParams, TreeParams, add_arguments, from_args
 from xmldask.progress import progress_to
 from xmldask.store import is_local, zarr_store
@@ -406,8 +407,8 @@ def spectrum_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
 
 @flow(name="xmldask-spectrum", log_prints=True)
-def spectrum_flow(train: Store, *, n_components: PositiveInt = 50, seed: int = 0, storage: str | None = None,
-                  run_dir: str | None = None, scheduler: str | None = None,
+def spectrum_flow(train: Store, *, n_components: PositiveInt = SPECTRUM_COMPONENTS, seed: int = 0,
+                  storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
                   local_cluster: LocalClusterOptions | None = None) -> dict:
     """Label statistics for the report: the top eigenvalues of ``Y^T Y`` and the label frequencies.
 
@@ -462,7 +463,7 @@ def tree_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
 #: the tree stage's defaults: ``xmldask tree``'s, but a label with no training row is left out of the tree
 #: (the pipeline's own synthetic data, and real label spaces, hold such labels)
-TREE_DEFAULTS = TreeParams(unseen_labels="ignore")
+TREE_DEFAULTS = TreeParams()
 
 
 @flow(name="xmldask-tree", log_prints=True)

@@ -738,7 +738,11 @@ def test_job_refuses_a_label_without_training_rows_before_any_pass_or_grows_with
     ingest([str(src)], data)
     out = str(tmp_path / "tree.zarr")
     with pytest.raises(ValueError, match="1 labels with no training example.*unseen_labels='ignore'"):
-        jobs.tree(data, out, depth=2, leaf_labels=2)
+        jobs.tree(data, out, depth=2, leaf_labels=2, unseen_labels="error")
+    assert jobs.tree(data, out, depth=2, leaf_labels=2)["n_unseen_labels"] == 1  # the default: counted, ignored
+    import shutil
+
+    shutil.rmtree(out)
     with pytest.raises(ValueError, match="invalid tree parameters: depth = 0: Input should be greater than 0"):
         jobs.tree(data, out, depth=0)
     with pytest.raises(ValueError, match="unseen_labels = 'drop': Input should be 'error' or 'ignore'"):

@@ -191,7 +191,10 @@ def _cmd_info(args) -> int:
 def _add_spectrum(p) -> None:
     p.add_argument("url", metavar="DATA_URL", help="dataset store")
     p.add_argument("--matrix", default="Y", choices=["Y", "X"], help="Y (labels, default) or X (features)")
-    p.add_argument("--k", type=_positive, default=100, help="eigenvalues to estimate (default 100)")
+    from .embedding.spectrum import SPECTRUM_COMPONENTS
+
+    p.add_argument("--k", type=_positive, default=SPECTRUM_COMPONENTS,
+                   help=f"eigenvalues to estimate (default {SPECTRUM_COMPONENTS})")
     p.add_argument("--oversample", type=int, default=20, help="oversampling p (default 20)")
     p.add_argument("--n-iter", type=int, default=1, help="power iterations q (default 1: two passes)")
     p.add_argument("--center", action="store_true", help="centre the columns first (covariance)")

@@ -517,9 +517,9 @@ def tree(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict
 
     ``params`` are the fields of :class:`~xmldask.params.TreeParams` (``depth``, ``leaf_labels``,
     ``routing``, ``unseen_labels``, ``seed``) and any other keyword of the tree (e.g. ``memory_budget``).
-    Bad input is refused before any pass: a parameter out of its range, an existing ``out``, a training
-    label with no example (``unseen_labels="error"``; ``"ignore"`` grows the tree without them, logs how
-    many, and no leaf ever offers them).
+    Bad input is refused before any pass: a parameter out of its range, an existing ``out``, and with
+    ``unseen_labels="error"`` a training label with no example (the default, ``"ignore"``, grows the tree
+    without them, counts them in ``n_unseen_labels`` and no leaf ever offers them, as no model predicts them).
 
     Returns
     -------

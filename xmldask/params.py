@@ -243,8 +243,8 @@ class TreeParams(BaseModel):
         "fractional", description="routing of the training rows while growing: fractional (each row down both "
                                   "sides, weighted by the erf of its margin) or deterministic (the paper's ablation)")
     unseen_labels: Literal["error", "ignore"] = Field(
-        "error", description="labels with no training example: refuse the data, or grow the tree without them "
-                             "(no leaf offers them)")
+        "ignore", description="labels with no training example: grow the tree without them (counted; no leaf "
+                              "offers them, as no model predicts them), or refuse the data")
     seed: int = Field(0, ge=0, description="seed of every random step (same seed, same tree)")
 
 

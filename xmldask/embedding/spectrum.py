@@ -63,7 +63,11 @@ class Spectrum:
                 for i, (v, s, c) in enumerate(zip(self.eigenvalues, share, cumulative))]
 
 
-def compute_spectrum(url: str, *, matrix: str = "Y", n_components: int = 100, oversample: int = 20,
+#: eigenvalues of the spectrum on every path (``xmldask spectrum``, the pipeline's and the refresh's stage)
+SPECTRUM_COMPONENTS = 100
+
+
+def compute_spectrum(url: str, *, matrix: str = "Y", n_components: int = SPECTRUM_COMPONENTS, oversample: int = 20,
                      n_iter: int = 1, center: bool = False, random_state=0) -> Spectrum:
     """Estimate the top of the spectrum of ``Y^T Y`` or ``X^T X`` of a dataset store (Algorithm 1).
 
