@@ -344,3 +344,44 @@ def test_bad_input_fails_before_any_pass():
         LEML(n_components=2).fit(_rows(X), _rows(Y), _rows(O[:, :5]))
     with pytest.raises(ValueError, match="row blocks"):
         LEML(n_components=2).fit(_rows(X), _rows(Y), _rows(O, (20, 20)))
+
+
+def _model_view(X, features, fit_intercept):
+    """The reference of what a model sees: rows scaled to unit L2 norm, then a constant column."""
+    Xd = X.toarray().astype(np.float64)
+    if features == "l2":
+        norms = np.linalg.norm(Xd, axis=1, keepdims=True)
+        Xd = Xd / np.where(norms > 0, norms, 1.0)
+    return np.hstack([Xd, np.ones((len(Xd), 1))]) if fit_intercept else Xd
+
+
+@pytest.mark.parametrize("features, fit_intercept", [("l2", False), ("raw", True), ("l2", True)])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_features_and_intercept_equal_fitting_the_transformed_rows(features, fit_intercept, dtype, tmp_path):
+    X, Y, O = _data(dtype=dtype, observed=0.5)
+    Xm = _model_view(X, features, fit_intercept)
+    opts = dict(n_components=3, loss="squared", lam=0.5, n_iter=2, tol=1e-10, max_cg_iter=500, random_state=0)
+    model = LEML(**opts, features=features, fit_intercept=fit_intercept).fit(_rows(X), _rows(Y), _rows(O))
+    plain = LEML(**opts).fit(_rows(sp.csr_matrix(Xm).astype(dtype)), _rows(Y), _rows(O))
+    assert model.n_features_in_ == X.shape[1] and model.W_.shape == (Xm.shape[1], 3)
+    np.testing.assert_allclose(model.W_, plain.W_, rtol=1e-3 if dtype == np.float32 else 1e-6, atol=1e-5)
+    S = model.decision_function(_rows(X)).compute()
+    np.testing.assert_allclose(S, Xm @ model.W_ @ model.H_.T, rtol=1e-4, atol=1e-5)
+    model.save(str(tmp_path / "m.zarr"))
+    again = LEML.load(str(tmp_path / "m.zarr"))
+    np.testing.assert_array_equal(again.decision_function(_rows(X)).compute(), S)
+    br = BinaryRelevance(lam=0.5, tol=1e-12, max_cg_iter=500, features=features, fit_intercept=fit_intercept)
+    br.fit(_rows(X), _rows(Y), _rows(O))
+    A, mask = _signs(Y, O)
+    j = 0
+    Xj = Xm[mask[:, j]]
+    ref = np.linalg.solve(Xj.T @ Xj + 0.25 * np.eye(Xm.shape[1]), Xj.T @ A[mask[:, j], j])
+    np.testing.assert_allclose(br.W_[:, j], ref, rtol=1e-5, atol=1e-6)
+
+
+def test_features_and_intercept_are_checked_before_any_pass():
+    X, Y, _ = _data()
+    with pytest.raises(ValueError, match="features must be one of 'raw', 'l2'"):
+        LEML(n_components=2, features="tfidf").fit(_rows(X), _rows(Y))
+    with pytest.raises(ValueError, match="fit_intercept must be True or False"):
+        BinaryRelevance(fit_intercept="yes").fit(_rows(X), _rows(Y))

@@ -52,6 +52,17 @@ class HeldOut:
                              chunks=(self.chunks,), meta=np.empty(0, dtype),
                              name=f"training-weights-{dask.base.tokenize(self, dtype)}")
 
+    def rows(self, A: da.Array, *, held: bool) -> da.Array:
+        """The held-out rows of ``A`` (``held=True``) or the others, lazily: ``A``'s row blocks, each keeping its
+        rows of the split (``A`` chunked by :attr:`chunks`)."""
+        if tuple(A.chunks[0]) != self.chunks:
+            raise ValueError(f"the array's row blocks {A.chunks[0]} are not the split's {self.chunks}")
+        n_held = [int(np.count_nonzero(self.mask(b))) for b in range(len(self.chunks))]
+        counts = tuple(h if held else int(c) - h for c, h in zip(self.chunks, n_held))
+        return A.map_blocks(_rows_of_split, seed=self.seed, fraction=self.fraction, held=held,
+                            chunks=(counts, *A.chunks[1:]), dtype=A.dtype, meta=A._meta,
+                            name=f"split-rows-{dask.base.tokenize(A, self, held)}")
+
 
 @dataclass
 class DecoderData:
@@ -77,6 +88,11 @@ def _training_weights(seed: int, fraction: float, out_dtype, block_info=None) ->
     info = block_info[None]
     mask = K.holdout_mask(seed, info["chunk-location"][0], info["chunk-shape"][0], fraction)
     return (~mask).astype(out_dtype)
+
+
+def _rows_of_split(Ab, seed: int, fraction: float, held: bool, block_info=None):
+    mask = K.holdout_mask(seed, block_info[0]["chunk-location"][0], Ab.shape[0], fraction)
+    return Ab[mask if held else ~mask]
 
 
 def _map_rows(func, X: da.Array, *, whole: dict, out_cols: int, dtype, token: str, static: dict | None = None):

@@ -88,6 +88,9 @@ INIT_OVERSAMPLE = 10
 
 ROWS, WHOLE = "rows", "whole"
 
+#: the input rows a LEML or binary-relevance model sees: as they are, or scaled to unit L2 norm
+FEATURES = ("raw", "l2")
+
 
 # --------------------------------------------------------------------------------------------
 # graph functions: one pass each
@@ -116,6 +119,14 @@ def _topk_kernel(Xb, W, HT, k=5):
 
 def _scores_kernel(Xb, W, HT):
     return (np.asarray(Xb @ W, dtype=np.float64) @ HT).astype(np.float32)
+
+
+def _with_constant(Xb):
+    """A row block with a constant feature 1 appended (the intercept's column)."""
+    ones = np.ones((Xb.shape[0], 1), dtype=Xb.dtype)
+    if sp.issparse(Xb):
+        return sp.hstack([sp.csr_matrix(Xb), sp.csr_matrix(ones)], format="csr")
+    return np.hstack([np.asarray(Xb), ones])
 
 
 def _nnz_pass(A: da.Array):
@@ -293,6 +304,18 @@ class _LowRankLinear(SavedModel, ParamsMixin):
                                  "observed.rechunk({0: Y.chunks[0]}) (or open both from one dataset store)")
         return X, Y, observed
 
+    def _model_rows(self, X: da.Array) -> da.Array:
+        """``X`` as the model sees it: rows scaled to unit L2 norm (``features="l2"``), then a constant feature 1
+        (``fit_intercept``: the last row of ``W_`` is the intercept's)."""
+        if _check_choice(getattr(self, "features", "raw"), "features", FEATURES) == "l2":
+            X = _graph.transform_rows(X, None)
+        if getattr(self, "fit_intercept", False):
+            X = X.map_blocks(_with_constant, chunks=(X.chunks[0], (X.shape[1] + 1,)), dtype=X.dtype, meta=X._meta)
+        return X
+
+    def _rows(self, X) -> da.Array:
+        return self._model_rows(super()._rows(X))
+
     def decision_function(self, X) -> da.Array:
         """Dense scores ``X W H^T`` of every label (float32), lazily, chunked like ``X``.
 
@@ -328,8 +351,12 @@ class _LowRankLinear(SavedModel, ParamsMixin):
         return {"n_passes": int(self.n_passes_), "task": "multilabel", "observed_fraction": self.observed_fraction_,
                 "threshold": self.threshold_, "held_out": {}, "objective": last.get("J_after_H")}
 
-    def _common_fit_state(self, X, Y, O, loss, counter: _Counter):
-        """Sizes, label encoding and threshold; with a mask, its observed fraction (one pass)."""
+    def _common_fit_state(self, X, Y, O, loss, counter: _Counter) -> da.Array:
+        """Sizes, label encoding and threshold; with a mask, its observed fraction (one pass). Returns the rows as the
+        model sees them (:meth:`_model_rows`)."""
+        if not isinstance(getattr(self, "fit_intercept", False), (bool, np.bool_)):
+            raise ValueError(f"fit_intercept must be True or False, but is {self.fit_intercept!r}")
+        rows = self._model_rows(X)  # checks features before any pass
         self.n_features_in_, self.n_labels_ = int(X.shape[1]), int(Y.shape[1])
         self.loss_ = loss
         self.full_sq_ = O is None and loss == "squared"
@@ -338,6 +365,7 @@ class _LowRankLinear(SavedModel, ParamsMixin):
         if O is not None:
             (n_obs,) = counter.compute(_nnz_pass(O))
             self.observed_fraction_ = float(n_obs) / max(X.shape[0] * Y.shape[1], 1)
+        return rows
 
 
 def _check_choice(value, name: str, choices: tuple) -> str:
@@ -384,6 +412,11 @@ class LEML(_LowRankLinear):
         with standard deviation ``init_scale / sqrt(n_features)``.
     init_scale : float, default 1.0
         Norm of each initial column of ``W`` (``random``: in expectation).
+    features : {"raw", "l2"}, default "raw"
+        The input rows as they are, or scaled to unit L2 norm (at fit and predict time).
+    fit_intercept : bool, default False
+        Append a constant feature 1 to every row (the intercept of LIBLINEAR's ``-B 1``; with ``+-1`` targets
+        most entries are irrelevant, and the constant carries each label's base rate). ``W_`` gets a last row.
     solver : {"auto", "gram", "passes"}, default "auto"
         How the full-label squared loss is solved. ``gram``: one pass for ``X^T X`` and ``X^T Y``,
         then every alternation exactly in memory (each W-step solved exactly, not by ``max_cg_iter``
@@ -395,7 +428,7 @@ class LEML(_LowRankLinear):
 
     Attributes
     ----------
-    W_ : ndarray, shape (n_features, k)
+    W_ : ndarray, shape (n_features, k), or (n_features + 1, k) with ``fit_intercept``
     H_ : ndarray, shape (n_labels, k)
     threshold_ : float
         0.5 (full-label squared loss, ``{0, 1}`` targets) or 0 (``+-1`` targets).
@@ -416,14 +449,16 @@ class LEML(_LowRankLinear):
     def from_params(cls, params, **extra) -> LEML:
         """``xmldask train --model leml``: rank ``k``, ``loss``, ``lam``, ``n_iter`` and ``seed``."""
         return cls(n_components=params.k, loss=params.loss, lam=params.lam, n_iter=params.n_iter,
-                   random_state=params.seed, **extra)
+                   features=params.features, random_state=params.seed, **extra)
 
     def __init__(self, *, n_components: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5,
                  tol: float = 1e-3, max_cg_iter: int = 20, max_newton_iter: int = 10, init: str = "spectral",
-                 init_scale: float = 1.0, solver: str = "auto", random_state=None):
+                 init_scale: float = 1.0, solver: str = "auto", features: str = "raw", fit_intercept: bool = False,
+                 random_state=None):
         self.n_components, self.loss, self.lam, self.n_iter = n_components, loss, lam, n_iter
         self.tol, self.max_cg_iter, self.max_newton_iter = tol, max_cg_iter, max_newton_iter
         self.init, self.init_scale, self.solver, self.random_state = init, init_scale, solver, random_state
+        self.features, self.fit_intercept = features, fit_intercept
 
     def __repr__(self) -> str:
         return f"LEML(n_components={self.n_components!r}, loss={self.loss!r}, lam={self.lam!r})"
@@ -470,7 +505,7 @@ class LEML(_LowRankLinear):
         if p["lam"] == 0 and not (O is None and p["loss"] == "squared"):
             raise ValueError("lam must be positive except for the full-label squared loss (the closed form of Claim 1)")
         counter = _Counter()
-        self._common_fit_state(X, Y, O, p["loss"], counter)
+        X = self._common_fit_state(X, Y, O, p["loss"], counter)
         rng = np.random.default_rng(seed_of(self.random_state))
         d, L, k = X.shape[1], Y.shape[1], p["k"]
         H = np.zeros((L, k))
@@ -632,7 +667,7 @@ class BinaryRelevance(_LowRankLinear):
     ----------
     loss : {"squared", "logistic", "sqhinge"}, default "squared"
     lam : float, default 0.1
-    tol, max_newton_iter
+    tol, max_newton_iter, features, fit_intercept
         As :class:`LEML`.
     max_cg_iter : int, default 100
         Most CG iterations of the (single, cold-started) squared-loss solve.
@@ -644,12 +679,13 @@ class BinaryRelevance(_LowRankLinear):
     @classmethod
     def from_params(cls, params, **extra) -> BinaryRelevance:
         """``xmldask train --model br``: ``loss`` and ``lam``."""
-        return cls(loss=params.loss, lam=params.lam, **extra)
+        return cls(loss=params.loss, lam=params.lam, features=params.features, **extra)
 
     def __init__(self, *, loss: str = "squared", lam: float = 0.1, tol: float = 1e-3, max_cg_iter: int = 100,
-                 max_newton_iter: int = 10):
+                 max_newton_iter: int = 10, features: str = "raw", fit_intercept: bool = False):
         self.loss, self.lam = loss, lam
         self.tol, self.max_cg_iter, self.max_newton_iter = tol, max_cg_iter, max_newton_iter
+        self.features, self.fit_intercept = features, fit_intercept
 
     def __repr__(self) -> str:
         return f"BinaryRelevance(loss={self.loss!r}, lam={self.lam!r})"
@@ -661,7 +697,7 @@ class BinaryRelevance(_LowRankLinear):
         lam = check_float(self.lam, "lam", low_open=True)
         tol = check_float(self.tol, "tol", low_open=True, high=1.0)
         counter = _Counter()
-        self._common_fit_state(X, Y, O, loss, counter)
+        X = self._common_fit_state(X, Y, O, loss, counter)
         d, L = X.shape[1], Y.shape[1]
         H = np.eye(L)
         problem = _WProblem(X, Y, O, H, lam, loss, self.full_sq_, counter)
