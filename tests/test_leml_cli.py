@@ -32,7 +32,7 @@ def test_mask_train_predict_evaluate(tmp_path, capsys, scheduler):
     assert abs(info["observed_fraction"] - 0.3) < 0.05
     model = str(tmp_path / "leml.zarr")
     assert main(["train", masked, "--out", model, "--model", "leml", "--k", "4", "--lam", "1", "--loss", "squared",
-                 "--n-iter", "2", "--json", "--scheduler", scheduler]) == 0
+                 "--n-iter", "2", "--no-search", "--json", "--scheduler", scheduler]) == 0
     trained = json.loads(capsys.readouterr().out)
     assert trained["threshold"] == 0.0 and trained["n_passes"] > 0
     pred = str(tmp_path / "pred.zarr")
@@ -50,6 +50,33 @@ def test_mask_train_predict_evaluate(tmp_path, capsys, scheduler):
     assert res["hamming_loss"] == pytest.approx(((S >= 0) != (Y.toarray() > 0)).mean(), abs=1e-9)
     br = str(tmp_path / "br.zarr")
     assert main(["train", masked, "--out", br, "--model", "br", "--lam", "1", "--scheduler", scheduler]) == 0
+
+
+@pytest.mark.slow
+def test_train_leml_and_br_choose_their_parameters_on_held_out_rows(tmp_path, capsys, scheduler):
+    """By default the family's own search: the parameters not given, by held-out P@3; the best refitted."""
+    full = str(tmp_path / "full.zarr")
+    _dataset(full, n=400)
+    model = str(tmp_path / "leml.zarr")
+    args = ["--k", "4", "--n-iter", "1", "--json", "--scheduler", scheduler]
+    assert main(["train", full, "--out", model, "--model", "leml", "--lam", "1", *args]) == 0
+    trained = json.loads(capsys.readouterr().out)
+    tried = [r["params"] for r in trained["search"]]
+    assert {name for params in tried for name in params} == {"features", "fit_intercept"}  # lam is given
+    best = max(trained["search"], key=lambda r: r["score"])  # ties: the earlier, as max keeps
+    assert {name: trained["params"][name] for name in best["params"]} == best["params"]
+    assert trained["params"]["lam"] == 1 and load_model(model).features == best["params"]["features"]
+    assert main(["train", full, "--out", str(tmp_path / "br.zarr"), "--model", "br", "--search", "lam=1,10",
+                 "--search-extensions", "0", "--json", "--scheduler", scheduler]) == 0
+    assert [r["params"] for r in json.loads(capsys.readouterr().out)["search"]] == [{"lam": 1}, {"lam": 10}]
+    assert main(["train", full, "--out", str(tmp_path / "one.zarr"), "--model", "leml", "--no-search", *args]) == 0
+    assert "search" not in json.loads(capsys.readouterr().out)
+    assert main(["train", full, "--out", str(tmp_path / "bad.zarr"), "--model", "leml", "--search", "alpha=1",
+                 *args]) == 2
+    assert "--search alpha: not a parameter of --model leml" in capsys.readouterr().err
+    assert main(["train", full, "--out", str(tmp_path / "bad.zarr"), "--model", "leml", "--time-budget", "0",
+                 *args]) == 2
+    assert "time_budget" in capsys.readouterr().err
 
 
 def test_every_model_without_a_mask_refuses_masked_data(tmp_path, capsys, scheduler):

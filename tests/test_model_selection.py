@@ -464,3 +464,117 @@ def test_train_job_lets_the_screened_decoder_win_at_the_default_epochs_with_the_
             jobs.train(train, str(root / "never.zarr"), k=8, **extra)
         assert seen[-1] is expected, extra
     assert not (root / "never.zarr").exists()
+
+
+def test_split_rows_are_each_blocks_seeded_rows():
+    import scipy.sparse as sp
+
+    from xmldask.models import _kernels as K
+    from xmldask.models._graph import HeldOut
+
+    chunks = (7, 13, 1, 15)
+    A = sp.random(sum(chunks), 6, density=0.4, format="csr", random_state=0, dtype=np.float32)
+    split = HeldOut(11, 0.3, chunks)
+    X = dask.array.from_array(A, chunks=(chunks, -1), asarray=False, fancy=False)
+    mask = np.concatenate([K.holdout_mask(11, b, n, 0.3) for b, n in enumerate(chunks)])
+    for held, rows in ((True, mask), (False, ~mask)):
+        part = split.rows(X, held=held)
+        assert sum(part.chunks[0]) == rows.sum()
+        np.testing.assert_array_equal(part.compute().toarray(), A.toarray()[rows])
+
+
+def _leml_data(root):
+    from xmldask.missing import mask_dataset
+
+    kw = dict(n_features=60, n_labels=15, seed=3, block_rows=150)
+    train = make_synthetic(str(root / "leml-train.zarr"), n_samples=700, **kw).url
+    masked = mask_dataset(train, str(root / "leml-masked.zarr"), observed=0.3, seed=0)
+    return open_dataset(train), open_dataset(masked["url"])
+
+
+@pytest.mark.slow
+def test_search_of_an_estimator_without_own_held_out_rows_scores_p_at_k_and_refits(tmp_path):
+    from xmldask.models import LEML, BinaryRelevance
+    from xmldask.models._graph import HeldOut
+
+    full, masked = _leml_data(tmp_path)
+    search = HeldOutSearch(LEML(n_components=4, n_iter=1, random_state=0),
+                           {"lam": [0.1, 10.0], "features": ["raw", "l2"]}, scoring="p@3").fit(full.X, full.Y)
+    scores = [r["score"] for r in search.results_]
+    assert search.best_score_ == max(scores) and search.best_params_ == search.results_[scores.index(max(scores))][
+        "params"]
+    # the score is P@3 of the candidate fitted on the rows not held out, on the held-out rows
+    split = HeldOut(0, 0.2, tuple(full.X.chunks[0]))
+    best = search.best_params_
+    alone = LEML(n_components=4, n_iter=1, random_state=0, **best).fit(split.rows(full.X, held=False),
+                                                                         split.rows(full.Y, held=False))
+    labels = alone.predict_topk(split.rows(full.X, held=True), k=5)[0].compute()
+    truth = split.rows(full.Y, held=True).compute()
+    from xmldask import metrics
+
+    assert search.best_score_ == pytest.approx(metrics.precision_at_k(truth, labels, k=3))
+    # the model kept is the best setting refitted on every row
+    again = LEML(n_components=4, n_iter=1, random_state=0, **best).fit(full.X, full.Y)
+    np.testing.assert_allclose(search.best_estimator_.W_, again.W_)
+    # an observed-entry mask goes to every fit; an estimator holding out rows itself takes none
+    br = HeldOutSearch(BinaryRelevance(max_cg_iter=5), {"lam": [1.0, 10.0]}, scoring="p@3", max_extensions=0).fit(
+        masked.X, masked.Y, masked.observed)
+    assert br.best_estimator_.observed_fraction_ < 0.5 and len(br.results_) == 2
+    with pytest.raises(ValueError, match="takes no observed-entry mask"):
+        HeldOutSearch(_template(), {"alpha": [1]}).fit(masked.X, masked.Y, masked.observed)
+    with pytest.raises(ValueError, match="scoring must be one of 'p@1', 'p@3', 'p@5'"):
+        HeldOutSearch(BinaryRelevance(), {"lam": [1.0]}, scoring="loss").fit(full.X, full.Y)
+
+
+class _Clock:
+    """A fake ``time.perf_counter``: fits advance it by their ``cost`` seconds."""
+
+    now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+class _Timed:
+    """A stand-in estimator whose fit 'takes' ``cost`` seconds of the fake clock and scores ``value``."""
+
+    clock = _Clock()
+
+    def __init__(self, value=0.0, cost=1.0, random_state=0):
+        self.value, self.cost, self.random_state = value, cost, random_state
+
+    def get_params(self, deep=False):
+        return {"value": self.value, "cost": self.cost, "random_state": self.random_state}
+
+    def fit(self, X, Y):
+        _Timed.clock.now += self.cost
+        return self
+
+    def predict_topk(self, X, k=5):
+        # label 0 is relevant for every row of the test data: value 1 ranks it first, value 0 last
+        labels = np.tile(np.arange(k) if self.value else np.arange(k)[::-1] + 1, (X.shape[0], 1))
+        return dask.array.from_array(labels.astype(np.int32)), None
+
+
+def test_time_budget_stops_the_search_and_keeps_the_best_so_far(monkeypatch):
+    import scipy.sparse as sp
+
+    import xmldask.model_selection as ms
+
+    monkeypatch.setattr(ms.time, "perf_counter", _Timed.clock)
+    X = dask.array.from_array(sp.csr_matrix(np.ones((50, 3))), chunks=(25, -1), asarray=False, fancy=False)
+    first = sp.csr_matrix((np.ones(50), np.zeros(50, int), np.arange(51)), shape=(50, 8))  # label 0 on every row
+    Y = dask.array.from_array(first, chunks=(25, -1), asarray=False, fancy=False)
+    grid = {"value": [0, 1, 2, 3, 4]}
+    # no budget: every value; a budget of 3.5 s: fits of 1 s each, the refit 1.25 s -> 2 fits, then stop
+    assert len(HeldOutSearch(_Timed(), grid, scoring="p@1").fit(X, Y).results_) == 5
+    search = HeldOutSearch(_Timed(), grid, scoring="p@1", time_budget=3.5).fit(X, Y)
+    assert [r["params"]["value"] for r in search.results_] == [0, 1]
+    assert [s["params"]["value"] for s in search.skipped_] == [2, 3, 4]
+    assert search.best_params_ == {"value": 1} and search.seconds_ <= 3.5
+    assert search.record()["skipped"] == search.skipped_
+    with pytest.raises(ms.BudgetError, match=r"shorter than one fit: the first .* took 1.0 s; give at least 2 s"):
+        HeldOutSearch(_Timed(), grid, scoring="p@1", time_budget=0.5).fit(X, Y)
+    for bad in (0, -1, math.inf, "10", True):
+        with pytest.raises(ValueError, match="time_budget must be a positive number"):
+            HeldOutSearch(_Timed(), grid, scoring="p@1", time_budget=bad).fit(X, Y)

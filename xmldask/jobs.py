@@ -83,7 +83,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     if p.tree is not None:
         return _train_tree_classifier(train_url, out, p, overwrite=overwrite, **extra)
     if p.model not in ("embedding", "auto"):
-        return _train_family(train_url, out, p, overwrite=overwrite, **extra)
+        return _train_family(train_url, out, p, overwrite=overwrite, given=_given(params), **extra)
     unknown = sorted(set(extra) - set(EmbeddingClassifier._get_param_names()) | set(extra) & _SET_BY_THE_JOB)
     if unknown:
         raise ValueError(f"unknown training parameter(s) {', '.join(unknown)}; known: "
@@ -213,7 +213,8 @@ def _fit_to_data(p: TrainParams, data, given=frozenset()) -> tuple[int, dict | N
     return k, search
 
 
-def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, **extra) -> dict:
+def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, given: dict | None = None,
+                  **extra) -> dict:
     """``train(..., model=NAME)``: fit and save the model family registered under ``NAME``
     (:data:`xmldask.base.FAMILIES`: LEML, binary relevance, ...) on the dataset store."""
     from . import models  # noqa: F401  (defines the families)
@@ -229,14 +230,40 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
         raise ValueError(f"--model {p.model}: {exc}; give it as a training parameter") from None
     _check_model_target(out, overwrite, [train_url], tree=False)
     data = open_dataset(train_url)
+    grid = _family_grid(cls, p, {**(given or {}), **extra})
     start = time.perf_counter()
     if hasattr(est, "memory_needed"):
         _check_memory(est, data)
-    est.fit_dataset(data)
+    fitted = None
+    if grid:
+        from .model_selection import HeldOutSearch
+
+        data = _held_in_memory(data)
+        fitted = HeldOutSearch(est, grid, scoring=cls.search_scoring, strategy=p.search_strategy,
+                               max_extensions=p.search_extensions, n_jobs=concurrent_fits(),
+                               time_budget=p.time_budget).fit(data.X, data.Y, data.observed)
+        est = fitted.best_estimator_
+    else:
+        est.fit_dataset(data)
     seconds = time.perf_counter() - start
-    est.save(out, overwrite=overwrite, meta={"train_url": train_url})
+    est.save(out, overwrite=overwrite, meta={"train_url": train_url, **({"search": fitted.record()} if grid else {})})
     return {"model": out, "train": train_url, "seconds": round(seconds, 3),
-            "params": {"model": p.model, "seed": p.seed, **_public(est.get_params(deep=False))}, **est.train_summary()}
+            "params": {"model": p.model, "seed": p.seed, **_public(est.get_params(deep=False))}, **est.train_summary(),
+            **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {})}
+
+
+def _family_grid(cls, p: TrainParams, given: dict) -> dict | None:
+    """The held-out search of a model family (its estimator's names): ``search`` as given, or for ``"auto"`` the
+    family's ``auto_search`` without the parameters given; ``None`` for no search (``--no-search``, a family
+    with no ``auto_search``, or every parameter given)."""
+    if not p.search:
+        return None
+    if p.search == "auto":
+        given = {"n_components" if name == "k" else name for name in given}
+        grid = {name: list(values) for name, values in getattr(cls, "auto_search", {}).items() if name not in given}
+        return grid or None
+    check_search({"model": p.model, "search": p.search})
+    return _search_grid(p.search)
 
 
 #: the parameters of ``model="auto"`` that only the embedding classifier takes: one of them given keeps it
@@ -327,11 +354,17 @@ def check_search(params: dict) -> None:
     search = params.get("search")
     if not isinstance(search, dict):
         return
-    known = [*SEARCHABLE, *_estimator_only()]
+    model = params.get("model") or "auto"
+    if model in ("auto", "embedding"):
+        known, what = [*SEARCHABLE, *_estimator_only()], "the search can choose; it chooses"
+    else:
+        from . import models  # noqa: F401  (defines the families)
+
+        known = list(_public(dict.fromkeys(FAMILIES[model]._get_param_names())))
+        what = f"of --model {model}; it has"
     unknown = [name for name in search if name not in known]
     if unknown:
-        raise ValueError(f"--search {', '.join(unknown)}: not a parameter the search can choose; it chooses "
-                         f"{', '.join(known)}")
+        raise ValueError(f"--search {', '.join(unknown)}: not a parameter {what} {', '.join(known)}")
 
 
 def _search_grid(search: dict) -> dict:

@@ -1,10 +1,18 @@
 """Choose an estimator's parameters on the held-out slice of the training rows.
 
-:class:`HeldOutSearch` fits one :class:`~xmldask.models.EmbeddingClassifier` per candidate setting and
-keeps the one whose held-out P@1 (or loss) is best. Every candidate holds out the same rows (the split
-is seeded by ``random_state`` and depends only on the row blocks), so the candidates are compared on
-the same data, and no test row is ever seen: this is how the benchmarks choose ``k``, the ridge
-``alpha`` and the kernel. The chosen estimator is the fitted candidate itself (no refit).
+:class:`HeldOutSearch` fits one estimator per candidate setting and keeps the one whose held-out P@1
+(or loss) is best. Every candidate holds out the same rows (the split is seeded by ``random_state`` and
+depends only on the row blocks), so the candidates are compared on the same data, and no test row is
+ever seen. An estimator that holds out rows itself (:class:`~xmldask.models.EmbeddingClassifier`'s
+``validation_fraction``: its decoder early-stops on them) is scored by its own held-out figures, and the
+chosen estimator is the fitted candidate itself (no refit). Any other estimator with ``fit`` and
+``predict_topk`` (LEML, binary relevance) is fitted on the rows the search does not hold out
+(``validation_fraction`` of every row block, seeded) and scored by P@k on the held-out ones; the best
+setting is then fitted again on all rows (``refit``).
+
+A ``time_budget`` (seconds) stops the search when the next fit would not end within it (judged by the
+fits so far) and keeps the best model found: the first fit always runs, so a budget shorter than one fit
+is refused with the time that fit took.
 
 Two strategies:
 
@@ -51,18 +59,28 @@ import math
 import numbers
 import time
 
+import dask
 import numpy as np
 
 from .models import kept_epoch
+from .models._graph import HeldOut
 from .params import parse_grid
 from .scheduling import thread_map
 
-__all__ = ["HeldOutSearch", "held_out_score", "kept_epoch", "parse_grid"]
+__all__ = ["BudgetError", "HeldOutSearch", "held_out_score", "kept_epoch", "parse_grid"]
 
 logger = logging.getLogger("xmldask.model_selection")
 
-_SCORINGS = ("p@1", "loss")
+_SCORINGS = ("p@1", "p@3", "p@5", "loss")
+#: the scorings of an estimator scored by its own held-out figures (``kept_epoch``)
+_OWN_SCORINGS = ("p@1", "loss")
+
+
+class BudgetError(ValueError):
+    """A time budget shorter than the one fit a search cannot do without."""
 _STRATEGIES = ("coordinate", "grid")
+#: the held-out figures a result records
+_FIGURES = ("val_p@1", "val_p@3", "val_p@5", "val_loss")
 
 
 def _seed(random_state) -> int:
@@ -84,16 +102,17 @@ class HeldOutSearch:
 
     Parameters
     ----------
-    estimator : EmbeddingClassifier
-        The template; candidates are ``clone(estimator).set_params(**setting)``. Needs
-        ``validation_fraction > 0``.
+    estimator : estimator
+        The template; candidates are ``clone(estimator).set_params(**setting)``. An estimator with a
+        ``validation_fraction`` parameter (the embedding classifier) must hold out rows itself
+        (``validation_fraction > 0``).
     param_grid : dict
         Parameter name to the list of values to try (in order: under ``"coordinate"`` the first
         value of each is where the search starts).
     strategy : {"coordinate", "grid"}, default "coordinate"
-    scoring : {"p@1", "loss"}, default "p@1"
-        Held-out P@1 (larger is better) or held-out loss (smaller is better) of each candidate's
-        kept decoder. Ties keep the earlier candidate.
+    scoring : {"p@1", "p@3", "p@5", "loss"}, default "p@1"
+        Held-out P@k (larger is better) or, for an estimator holding out rows itself, held-out loss (smaller
+        is better) of each candidate's kept decoder (P@1 or loss only). Ties keep the earlier candidate.
     max_extensions : int, default 2
         Most geometric steps past either end of a numeric grid under ``"coordinate"`` (0: none).
     screen : dict, optional
@@ -115,6 +134,15 @@ class HeldOutSearch:
     n_jobs : int or None
         Fits of one step (a coordinate's values, or the whole grid) made at once, in threads of this
         process (None: one at a time). The results, and the model kept, are the same either way.
+    validation_fraction : float, default 0.2
+        For an estimator that holds out no rows itself: the share of every row block the search holds out
+        (seeded by the estimator's ``random_state``).
+    refit : bool, default True
+        For such an estimator: fit the best setting again on all rows (``False``: keep the candidate fitted
+        on the others).
+    time_budget : float or None
+        Seconds the search may take, its final refit included (None: no limit).
+
     Attributes
     ----------
     best_estimator_ : the fitted candidate with the best score
@@ -124,20 +152,33 @@ class HeldOutSearch:
     results_ : list of dict
         One per fitted candidate, in fitting order: ``params``, ``score``, ``val_p@1``,
         ``val_loss``, ``seconds``, and ``screened`` (fitted with ``screen``'s overrides).
+    skipped_ : list of dict
+        The settings the ``time_budget`` left unfitted.
+    seconds_ : float
+        The search's time, its refit included.
     """
 
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
                  max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1,
-                 screen_finalist: bool = False, n_jobs: int | None = None):
+                 screen_finalist: bool = False, n_jobs: int | None = None, validation_fraction: float = 0.2,
+                 refit: bool = True, time_budget: float | None = None):
         self.estimator, self.param_grid, self.strategy, self.scoring = estimator, param_grid, strategy, scoring
         self.max_extensions, self.screen, self.screen_repeats = max_extensions, screen, screen_repeats
         self.screen_finalist, self.n_jobs = screen_finalist, n_jobs
+        self.validation_fraction, self.refit, self.time_budget = validation_fraction, refit, time_budget
+
+    def _holds_out_itself(self) -> bool:
+        return "validation_fraction" in self.estimator.get_params(deep=False)
 
     def _validated(self) -> dict[str, list]:
         if self.strategy not in _STRATEGIES:
             raise ValueError(f"strategy must be one of {', '.join(map(repr, _STRATEGIES))}, but is {self.strategy!r}")
-        if self.scoring not in _SCORINGS:
-            raise ValueError(f"scoring must be one of {', '.join(map(repr, _SCORINGS))}, but is {self.scoring!r}")
+        scorings = _OWN_SCORINGS if self._holds_out_itself() else _SCORINGS[:-1]
+        if self.scoring not in scorings:
+            raise ValueError(f"scoring must be one of {', '.join(map(repr, scorings))}, but is {self.scoring!r}")
+        if self.time_budget is not None and (isinstance(self.time_budget, bool) or not isinstance(
+                self.time_budget, numbers.Real) or not self.time_budget > 0 or not math.isfinite(self.time_budget)):
+            raise ValueError(f"time_budget must be a positive number of seconds, but is {self.time_budget!r}")
         if not isinstance(self.param_grid, dict) or not self.param_grid:
             raise ValueError("param_grid must be a non-empty dict of parameter name to a list of values")
         known = set(self.estimator.get_params(deep=False))
@@ -154,8 +195,10 @@ class HeldOutSearch:
             raise ValueError(f"n_jobs must be a positive integer or None, but is {self.n_jobs!r}")
         if isinstance(self.max_extensions, bool) or not isinstance(self.max_extensions, int) or self.max_extensions < 0:
             raise ValueError(f"max_extensions must be an integer >= 0, but is {self.max_extensions!r}")
-        if not self.estimator.get_params(deep=False).get("validation_fraction"):
+        if self._holds_out_itself() and not self.estimator.get_params(deep=False).get("validation_fraction"):
             raise ValueError("the estimator holds out no rows (validation_fraction=0): nothing to choose by")
+        if not self._holds_out_itself() and not 0 < self.validation_fraction < 1:
+            raise ValueError(f"validation_fraction must be between 0 and 1, but is {self.validation_fraction!r}")
         if self.screen is not None:
             if not isinstance(self.screen, dict) or set(self.screen) - known:
                 raise ValueError(f"screen must be a dict of the estimator's parameters to cheap values, but is "
@@ -232,11 +275,30 @@ class HeldOutSearch:
         return setting, key, repeats, by_statistics
 
     def _fits(self, repeats: list[dict], X, Y) -> tuple[object, list[dict], float]:
-        """Fit every repeat: the first one's model, the kept epoch of each, and the seconds it took."""
+        """Fit every repeat: the first one's model, the held-out figures of each, and the seconds it took."""
         start = time.perf_counter()
-        model = type(self.estimator)(**repeats[0]).fit(X, Y)
-        kept = [kept_epoch(model)] + [kept_epoch(type(self.estimator)(**repeat).fit(X, Y)) for repeat in repeats[1:]]
-        return model, kept, time.perf_counter() - start
+        fitted = [self._fit_scored(repeat, X, Y) for repeat in repeats]
+        return fitted[0][0], [figures for _, figures in fitted], time.perf_counter() - start
+
+    def _fit_scored(self, params: dict, X, Y) -> tuple[object, dict]:
+        """A candidate fitted on the rows it may see, and its held-out figures."""
+        model = type(self.estimator)(**params)
+        if self._split is None:
+            model.fit(X, Y)
+            return model, kept_epoch(model)
+        model.fit(*self._split["fit"])
+        return model, self._held_out_figures(model)
+
+    def _held_out_figures(self, model) -> dict:
+        """P@1, P@3, P@5 of ``model`` on the rows the search holds out (``val_p@k``; ``val_loss`` is NaN)."""
+        from . import metrics
+
+        Xv, Yv = self._split["held"][:2]
+        k = min(5, int(Yv.shape[1]))
+        labels, _ = model.predict_topk(Xv, k=k)
+        labels, truth = dask.compute(labels, Yv)
+        return {"val_loss": math.nan, **{f"val_p@{j}": metrics.precision_at_k(truth, labels, k=j)
+                                         for j in (1, 3, 5) if j <= k}}
 
     def _fit_many(self, settings: list[dict], X, Y, overrides: dict | None = None) -> list[float]:
         """The held-out score of each setting (:meth:`_fit_one`); the fits not yet made run in up to ``n_jobs``
@@ -248,13 +310,13 @@ class HeldOutSearch:
                 _, key, repeats, by_statistics = self._prepare(setting, overrides)
                 if key not in self._done and not by_statistics:
                     todo.setdefault(key, repeats)
-            if len(todo) > 1:
+            if len(todo) > 1 and not self._over_budget(math.ceil(len(todo) / self.n_jobs)):
                 fits = dict(zip(todo, thread_map(lambda repeats: self._fits(repeats, X, Y), list(todo.values()),
                                                  self.n_jobs)))
         return [self._fit_one(setting, X, Y, overrides, fits)[0] for setting in settings]
 
     def _score(self, figures: dict) -> float:
-        return float(figures["val_p@1"]) if self.scoring == "p@1" else -float(figures["val_loss"])
+        return -float(figures["val_loss"]) if self.scoring == "loss" else float(figures[f"val_{self.scoring}"])
 
     def _fit_one(self, setting: dict, X, Y, overrides: dict | None = None,
                  fits: dict | None = None) -> tuple[float, object]:
@@ -263,27 +325,57 @@ class HeldOutSearch:
         setting, key, repeats, by_statistics = self._prepare(setting, overrides)
         if key in self._done:
             return self._done[key]
+        if not by_statistics and key not in (fits or {}) and self._over_budget():
+            self.skipped_.append({"params": dict(setting), "screened": bool(overrides)})
+            logger.info("held-out search: %s not fitted, the time budget of %g s would be spent", setting,
+                        self.time_budget)
+            self._done[key] = (-math.inf, None)
+            return self._done[key]
         if by_statistics:
             start = time.perf_counter()
             model, kept = None, [self._screener.score(repeat) for repeat in repeats]
             seconds = time.perf_counter() - start
         else:
             model, kept, seconds = (fits or {}).get(key) or self._fits(repeats, X, Y)
-        figures = {key: float(np.mean([k[key] for k in kept])) for key in ("val_p@1", "val_loss")}
+        figures = {key: float(np.mean([k[key] for k in kept])) for key in kept[0] if key in _FIGURES}
         score = self._score(figures)
         self._first[key] = self._score(kept[0])  # on the rows a full fit holds out (the template's seed)
         self.results_.append({"params": dict(setting), "score": score, **figures,
                               "seconds": round(seconds, 3), "screened": bool(overrides)})
-        logger.info("held-out search%s: %s -> %s %.4f (%.1f s)", " (screening)" if overrides else "", setting,
-                    self.scoring, abs(score), self.results_[-1]["seconds"])
+        logger.info("held-out search%s: %s -> %s %.4f (%.1f s%s)", " (screening)" if overrides else "", setting,
+                    self.scoring, abs(score), self.results_[-1]["seconds"], self._budget_used())
+        if not by_statistics:
+            self._fit_seconds.append(seconds / len(repeats))
+            self._check_first_fit(setting, seconds)
         # keep only the best fitted model in memory (a screened fit is never the one kept)
         if not overrides and (self._best is None or score > self._best[0]):
             self._best = (score, model, dict(setting))
         self._done[key] = (score, None)
         return score, model
 
-    def fit(self, X, Y) -> HeldOutSearch:
-        """Fit the candidates on ``X``, ``Y`` (row blocks, as for the estimator) and keep the best.
+    def _over_budget(self, n_fits: int = 1) -> bool:
+        """Whether ``n_fits`` more fits (each as long as the longest so far), and the refit, would end past the time
+        budget; never before the first fit."""
+        if self.time_budget is None or not self._fit_seconds:
+            return False
+        longest = max(self._fit_seconds)
+        refit = longest / (1 - self.validation_fraction) if self._split is not None and self.refit else 0.0
+        return time.perf_counter() - self._start + n_fits * longest + refit > self.time_budget
+
+    def _budget_used(self) -> str:
+        if self.time_budget is None:
+            return ""
+        return f"; {time.perf_counter() - self._start:.1f} s of the {self.time_budget:g} s budget"
+
+    def _check_first_fit(self, setting: dict, seconds: float) -> None:
+        """Refuse a time budget that the first fit alone exceeded, naming its time."""
+        if self.time_budget is not None and len(self._fit_seconds) == 1 and seconds > self.time_budget:
+            raise BudgetError(f"a time budget of {self.time_budget:g} s is shorter than one fit: the first ({setting}) "
+                              f"took {seconds:.1f} s; give at least {math.ceil(seconds * 1.5)} s, or no budget")
+
+    def fit(self, X, Y, observed=None) -> HeldOutSearch:
+        """Fit the candidates on ``X``, ``Y`` (row blocks, as for the estimator; ``observed``: the observed-entry
+        mask of an estimator that takes one) and keep the best.
 
         Returns
         -------
@@ -291,7 +383,20 @@ class HeldOutSearch:
             ``self``, with ``best_estimator_``, ``best_params_``, ``best_score_``, ``results_``.
         """
         grid = self._validated()
+        self._start, self._fit_seconds, self.skipped_ = time.perf_counter(), [], []
         self.results_, self._done, self._first, self._best = [], {}, {}, None
+        self._split = None
+        if not self._holds_out_itself():
+            split = HeldOut(_seed(self.estimator.get_params(deep=False).get("random_state")),
+                            float(self.validation_fraction), tuple(int(c) for c in X.chunks[0]))
+            arrays = (X, Y) if observed is None else (X, Y, observed)
+            self._split = {part: tuple(split.rows(A, held=held) for A in arrays)
+                           for part, held in (("fit", False), ("held", True))}
+            if split.n_train() == 0 or split.n_train() == X.shape[0]:
+                raise ValueError(f"holding out {self.validation_fraction:g} of {X.shape[0]} rows leaves no rows to "
+                                 "fit or none to score: the search needs more rows")
+        elif observed is not None:
+            raise ValueError(f"{type(self.estimator).__name__} takes no observed-entry mask")
         screen = dict(self.screen or {})
         # screened settings from statistics every candidate shares, where the estimator offers it
         self._screener = self.estimator.screener(X, Y) if screen and hasattr(self.estimator, "screener") else None
@@ -311,8 +416,15 @@ class HeldOutSearch:
             if self.screen_finalist and cheap:
                 self._screened_finalist(best, screen, X, Y)
         score, model, setting = self._best
+        if self._split is not None and self.refit:
+            start = time.perf_counter()
+            model = type(self.estimator)(**{**self.estimator.get_params(deep=False), **setting})
+            model.fit(X, Y) if observed is None else model.fit(X, Y, observed)
+            logger.info("held-out search: %s refitted on all %d rows (%.1f s%s)", setting, X.shape[0],
+                        time.perf_counter() - start, self._budget_used())
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
-        del self._done, self._first, self._best, self._screener
+        self.seconds_ = time.perf_counter() - self._start
+        del self._done, self._first, self._best, self._screener, self._split
         return self
 
     def _screened_finalist(self, setting: dict, overrides: dict, X, Y) -> None:
@@ -373,7 +485,9 @@ class HeldOutSearch:
         return self._check_fitted().save(url, overwrite=overwrite, meta={**(meta or {}), "search": self.record()})
 
     def record(self) -> dict:
-        """The search as JSON: ``strategy``, ``scoring``, ``screen``, ``best_params``, ``best_score``, ``results``."""
+        """The search as JSON: ``strategy``, ``scoring``, ``screen``, ``best_params``, ``best_score``, ``results``,
+        ``time_budget``, ``skipped`` (the settings the budget left unfitted) and ``seconds``."""
         self._check_fitted()
         return {"strategy": self.strategy, "scoring": self.scoring, "screen": self.screen,
-                "best_params": self.best_params_, "best_score": self.best_score_, "results": self.results_}
+                "best_params": self.best_params_, "best_score": self.best_score_, "results": self.results_,
+                "time_budget": self.time_budget, "skipped": self.skipped_, "seconds": round(self.seconds_, 3)}

@@ -75,9 +75,9 @@ AUTO_ESTIMATORS = 3
 #: :class:`~xmldask.models.tree_classifier.TreeClassifier` default (the reference code trains 200-250)
 TREE_PASSES = 200
 #: the parameters that apply with ``tree=`` and with ``model="leml"|"br"``
-_SEARCH_PARAMS = {"search", "search_strategy", "search_extensions", "search_screen", "search_repeats"}
+_SEARCH_PARAMS = {"search", "search_strategy", "search_extensions", "search_screen", "search_repeats", "time_budget"}
 _TREE_PARAMS = {"model", "tree", "tree_form", "k", "max_epochs", "seed", *_SEARCH_PARAMS}
-_LOW_RANK_PARAMS = {"model", "k", "loss", "lam", "n_iter", "seed", *_SEARCH_PARAMS}
+_LOW_RANK_PARAMS = {"model", "k", "loss", "lam", "n_iter", "features", "seed", *_SEARCH_PARAMS}
 #: the model families of multiclass boosting, and the parameters that apply to them
 BOOSTING_MODELS = ("gradfac", "gfen", "mll", "ovr")
 _BOOSTING_PARAMS = {"model", "rounds", "learning_rate", "depth", "seed", *_SEARCH_PARAMS}
@@ -85,17 +85,17 @@ _BOOSTING_PARAMS = {"model", "rounds", "learning_rate", "depth", "seed", *_SEARC
 _CENTROID_PARAMS = {"model", "features", "seed", *_SEARCH_PARAMS}
 
 
-def _resolve_for(cls, data: dict, what: str, applicable: set) -> dict:
-    """``data`` without a search or an ensemble, after refusing the parameters given (not at their defaults) that
-    do not apply."""
+def _resolve_for(cls, data: dict, what: str, applicable: set, *, searched: bool = False) -> dict:
+    """``data`` without an ensemble (and, unless the family is ``searched`` by the job, without a search), after
+    refusing the parameters given (not at their defaults) that do not apply."""
     fields = cls.model_fields
     ignored = sorted(name for name, value in data.items()
                      if name in fields and name not in applicable and value != fields[name].default
                      and not (name == "n_estimators" and value == 1))  # 1: what "auto" resolves to here
-    if ignored or data.get("search") not in (None, "auto"):
+    if ignored or (not searched and data.get("search") not in (None, "auto")):
         raise ValueError(f"{', '.join(ignored) or 'search'} do(es) not apply with {what} (it takes "
                          f"{', '.join(sorted(applicable - _SEARCH_PARAMS))})")
-    return {**data, "search": None, "n_estimators": 1}
+    return {**data, "n_estimators": 1} if searched else {**data, "search": None, "n_estimators": 1}
 
 
 class TrainParams(BaseModel):
@@ -138,6 +138,10 @@ class TrainParams(BaseModel):
     search_extensions: Annotated[int, Field(ge=0)] = Field(
         2, description="coordinate search: at most N geometric steps past a numeric grid's winning end (0: the "
                        "listed values only)")
+    time_budget: Annotated[float, Field(gt=0)] | None = Field(
+        None, description="seconds the training may take: the search stops when its next fit would not end in "
+                          "time, the ensemble keeps the members that fit, and the best model so far is saved "
+                          "(a budget shorter than one fit is refused with that fit's time); none: no limit")
     model: Literal["auto", "embedding", "centroid", "leml", "br", "gradfac", "gfen", "mll", "ovr"] = Field(
         "auto", description="auto: centroid when it scores fewer labels a row than a flat model (more than about "
                             "2,000 labels: xmldask.jobs.choose_model), else embedding, unless an option of one of "
@@ -149,7 +153,8 @@ class TrainParams(BaseModel):
                                  "gradfac (one tree a round, the factorised gradient), gfen (its Elastic-Net "
                                  "factorisation), mll (one tree per class a round), ovr (one-vs-rest)")
     loss: Literal["squared", "logistic", "sqhinge"] = Field("squared", description="leml and br: the loss")
-    lam: Annotated[float, Field(gt=0)] = Field(0.1, description="leml and br: the regulariser lam of eq. (4)")
+    lam: Annotated[float, Field(gt=0)] = Field(0.1, description="leml and br: the regulariser lam of eq. (4); "
+                                                                 "chosen on held-out rows unless given (search auto)")
     n_iter: PositiveInt = Field(5, description="leml: alternations of the H- and W-steps")
     rounds: PositiveInt = Field(1000, description="boosting: rounds at most (early-stopped on held-out training "
                                                   "rows); a round grows 1 tree (gradfac, gfen) or one per class")
@@ -183,7 +188,7 @@ class TrainParams(BaseModel):
         if only_boosting:
             raise ValueError(f"{', '.join(only_boosting)} apply only with model={'|'.join(BOOSTING_MODELS)}")
         if model not in ("embedding", "auto"):
-            return _resolve_for(cls, data, f"model={model}", _LOW_RANK_PARAMS)
+            return _resolve_for(cls, data, f"model={model}", _LOW_RANK_PARAMS, searched=True)
         if data.get("tree"):
             return _resolve_for(cls, {"max_epochs": TREE_PASSES, **data}, "tree=", _TREE_PARAMS)
         if data.get("tree_form", "low_rank") != "low_rank":

@@ -442,6 +442,10 @@ class LEML(_LowRankLinear):
 
 
     family = "leml"
+    #: ``xmldask train --model leml`` chooses these by held-out P@3 unless given (coordinate search, from the first
+    #: values; the lam grid extended past a winning end): decades of lam, rows scaled or not, a constant feature
+    auto_search = {"features": ["l2", "raw"], "fit_intercept": [True, False], "lam": [1.0, 10.0, 100.0]}
+    search_scoring = "p@3"
     #: parameters saved under another name by earlier versions
     _FORMER_PARAMS = {"k": "n_components"}
 
@@ -675,6 +679,8 @@ class BinaryRelevance(_LowRankLinear):
 
 
     family = "br"
+    auto_search = LEML.auto_search
+    search_scoring = LEML.search_scoring
 
     @classmethod
     def from_params(cls, params, **extra) -> BinaryRelevance:
