@@ -14,7 +14,11 @@ Systems:
   (``xmldask.jobs.train`` with no parameters: its own default held-out search, ``search="auto"``).
 - ``xmldask-chosen``: one fit of the setting ``xmldask-default`` chose in the same run (its ``params``), without the
   search and the ensemble (``search=None, n_estimators=1``): what the model the defaults pick costs on its own,
-  to tell the search's share of the default's time from the model's. Needs ``xmldask-default`` before it.
+  to tell the search's share of the default's time from the model's. Needs ``xmldask-default`` before it; the
+  default's row then gets ``train s / chosen``, its time over this one fit.
+- ``xmldask-budget``: ``xmldask train TRAIN --out MODEL --time-budget B`` with ``B`` = ``--budget-factor`` (default
+  3) times the fastest peer's train seconds in the same run: the best model that time buys. Needs a peer before it
+  (it is listed last); its row gets ``train s / budget``.
 - ``xmldask``: the text files are ingested into stores once (``xmldask.io.ingest``, no row transform;
   reused from ``storage/bench/peers/DATASET``), then ``xmldask.jobs.train`` (Rembrandt embedding) on
   the default local cluster and ``xmldask.jobs.predict``. The parameters are chosen by
@@ -82,7 +86,7 @@ DATASETS = ("yeast", "bibtex", "delicious", "lshtc1-dryrun-task2", "aloi")
 ALIASES = {"lshtc1": "lshtc1-dryrun-task2", "lshtc1-dryrun": "lshtc1-dryrun-task2"}
 QUICK = ("yeast", "bibtex")
 SYSTEMS = ("xmldask", "xmldask-default", "xmldask-chosen", "omikuji-parabel", "omikuji-bonsai", "napkinxc-plt",
-           "pecos-xrlinear")
+           "pecos-xrlinear", "xmldask-budget")
 #: xmldask's held-out search (coordinate-wise, in this order; the same for every dataset)
 SEARCH = ("features=raw,tfidf", "alpha=0.001,0.03,1", "k=50,150,400", "kernel=none,gaussian", "bandwidth_scale=1,4")
 #: members of xmldask's ensemble (EnsembleClassifier): Omikuji grows 3 trees by default
@@ -144,6 +148,8 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
         params = {}
     elif spec["system"] == "xmldask-chosen":  # the default's chosen setting alone: no search, one model
         params = {**spec["chosen"], "search": None, "n_estimators": 1}
+    elif spec["system"] == "xmldask-budget":  # the defaults with a deadline
+        params = {"time_budget": spec["budget"]}
     else:
         n_labels = open_dataset(spec["train_url"]).n_labels
         search = {name: sorted({min(v, n_labels) for v in values}) if name == "k" else values
@@ -238,6 +244,7 @@ def _child_napkinxc(spec: dict, out: Path) -> dict:
 
 
 CHILDREN = {"xmldask": _child_xmldask, "xmldask-default": _child_xmldask, "xmldask-chosen": _child_xmldask,
+            "xmldask-budget": _child_xmldask,
             "omikuji-parabel": _child_omikuji,
             "omikuji-bonsai": _child_omikuji, "napkinxc-plt": _child_napkinxc}
 
@@ -381,7 +388,7 @@ def _fmt(value) -> str:
 def print_table(name: str, rows: list[dict], meta: dict) -> None:
     keys = ["system", "P@1 %", "P@3 %", "P@5 %", "nDCG@5 %", "PSP@5 %", "train s", "predict rows/s",
             "peak RSS MB", "model MB", "P@1 / xmldask", "train s / xmldask", "rows/s / xmldask",
-            "train s / fastest peer"]
+            "train s / fastest peer", "train s / chosen", "budget s", "train s / budget"]
     print(f"\n### {name} ({meta['n_train']:,} train, {meta['n_test']:,} test rows, {meta['n_features']:,} features, "
           f"{meta['n_labels']:,} labels; {meta['task']})\n")
     print("| " + " | ".join(keys) + " |")
@@ -418,11 +425,15 @@ def run_dataset(name: str, args, work_root: Path, pecos: tuple[Path | None, str]
     for system in args.systems:
         out = work / system
         shutil.rmtree(out, ignore_errors=True)
+        peer_times = [r["train s"] for r in rows if not r["system"].startswith("xmldask") and "error" not in r]
+        budget = args.budget_factor * min(peer_times) if peer_times else None
         spec = {"system": system, "out": str(out), "top_k": args.top_k, "search": args.xmldask_search,
-                "n_estimators": args.xmldask_estimators, "chosen": chosen, **urls}
-        if system == "xmldask-chosen" and chosen is None:
-            rows.append({"system": system, "error": "xmldask-default did not run before it"})
-            print(f"{name} {system}: skipped (xmldask-default did not run before it)", file=sys.stderr, flush=True)
+                "n_estimators": args.xmldask_estimators, "chosen": chosen, "budget": budget, **urls}
+        missing = {"xmldask-chosen": (chosen, "xmldask-default did not run before it"),
+                   "xmldask-budget": (budget, "no peer ran before it")}.get(system, (True, ""))
+        if missing[0] is None:
+            rows.append({"system": system, "error": missing[1]})
+            print(f"{name} {system}: skipped ({missing[1]})", file=sys.stderr, flush=True)
             continue
         if system == "pecos-xrlinear":
             if pecos[0] is None:
@@ -446,13 +457,18 @@ def run_dataset(name: str, args, work_root: Path, pecos: tuple[Path | None, str]
         rows.append(row)
         if system == "xmldask-default":
             chosen = fig["params"]
+        if system == "xmldask-budget":
+            row.update({"budget s": round(budget, 2), "train s / budget": _ratio(row["train s"], budget)})
         print(f"{name} {system}: P@1 {row['P@1 %']} %, train {row['train s']} s", file=sys.stderr, flush=True)
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
     base = next((r for r in rows if r["system"] == "xmldask" and "error" not in r), None)
     peers = [r for r in rows if not r["system"].startswith("xmldask") and "error" not in r]
     fastest = min((r["train s"] for r in peers), default=None)
+    one_fit = next((r["train s"] for r in rows if r["system"] == "xmldask-chosen" and "error" not in r), None)
     for row in rows:
+        if row["system"] == "xmldask-default" and one_fit and "error" not in row:
+            row["train s / chosen"] = _ratio(row["train s"], one_fit)
         if base and "error" not in row:
             row["P@1 / xmldask"] = _ratio(row["P@1 %"], base["P@1 %"])
             row["train s / xmldask"] = _ratio(row["train s"], base["train s"])
@@ -515,6 +531,8 @@ def main(argv=None) -> None:
     parser.add_argument("--xmldask-estimators", type=int, default=ESTIMATORS, metavar="N",
                         help=f"xmldask: an ensemble of N models with the searched parameters and different seeds "
                              f"(default {ESTIMATORS}, as Omikuji's 3 trees; 1: the searched model alone)")
+    parser.add_argument("--budget-factor", type=float, default=3.0, metavar="X",
+                        help="xmldask-budget: --time-budget of X times the fastest peer's train seconds (default 3)")
     parser.add_argument("--pecos-venv", default=str(ROOT / "storage" / "bench" / "pecos-venv"), metavar="DIR",
                         help="virtualenv with libpecos (created on first use; default storage/bench/pecos-venv)")
     parser.add_argument("--pecos-install-timeout", type=float, default=1800.0, metavar="S")

@@ -573,7 +573,8 @@ def test_time_budget_stops_the_search_and_keeps_the_best_so_far(monkeypatch):
     assert [s["params"]["value"] for s in search.skipped_] == [2, 3, 4]
     assert search.best_params_ == {"value": 1} and search.seconds_ <= 3.5
     assert search.record()["skipped"] == search.skipped_
-    with pytest.raises(ms.BudgetError, match=r"shorter than one fit: the first .* took 1.0 s; give at least 2 s"):
+    with pytest.raises(ms.BudgetError, match=r"shorter than one fit: the first model .* was ready after 1.0 s; give "
+                                             r"at least 2 s"):
         HeldOutSearch(_Timed(), grid, scoring="p@1", time_budget=0.5).fit(X, Y)
     for bad in (0, -1, math.inf, "10", True):
         with pytest.raises(ValueError, match="time_budget must be a positive number"):

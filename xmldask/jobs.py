@@ -93,13 +93,13 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     check_fully_observed(data, "the embedding classifier")
     check_search(params)
     k, search = _fit_to_data(p, data, set(_given(params)))
+    start = time.perf_counter()
     if search or p.n_estimators != 1:
         data = _held_in_memory(data)
     model = EmbeddingClassifier(embedding=p.embedding, n_components=k, kernel=p.kernel, features=p.features,
                                 alpha=p.alpha, n_random_features=p.n_random_features, max_epochs=p.max_epochs,
                                 random_state=p.seed, **extra)
     grid = _search_grid(search) if search else None
-    start = time.perf_counter()
     chosen = {}
     if grid:
         from .model_selection import HeldOutSearch
@@ -109,16 +109,19 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
                                screen={name: values[0] for name, values in screen.items()} if screen else None,
                                screen_repeats=_screen_repeats(p, model, data),
                                screen_finalist=_screened_decoder_may_win(p, search),
-                               n_jobs=concurrent_fits()).fit(data.X, data.Y)
+                               n_jobs=concurrent_fits(), time_budget=p.time_budget).fit(data.X, data.Y,
+                                                                                       started=start)
         model = fitted.best_estimator_
         chosen = _public(fitted.best_params_)
     else:
         model.fit(data.X, data.Y)
+        _check_one_fit(p.time_budget, time.perf_counter() - start)
     single = model
-    if p.n_estimators != 1:
+    n_estimators = _members_in_budget(p, fitted if grid else None, start)
+    if n_estimators != 1:
         from .models import EnsembleClassifier
 
-        model = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=p.n_estimators,
+        model = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
                                    random_state=p.seed, n_jobs=concurrent_fits()).fit(data.X, data.Y, fitted=[single])
     seconds = time.perf_counter() - start
     meta = {"train_url": train_url, **({"search": fitted.record()} if grid else {})}
@@ -136,10 +139,35 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         "n_passes": int(sum(getattr(m, "n_passes_", 0) for m in getattr(model, "estimators_", [model]))),
         "task": getattr(model, "task_", None),
         "params": {name: value for name, value in {**used, "k": k, **extra, **chosen}.items() if name not in ignored}
-        | ({"n_estimators": p.n_estimators} if p.n_estimators != 1 else {}),
+        | ({"n_estimators": n_estimators} if n_estimators != 1 else {}),
+        **({"time_budget": {"seconds": p.time_budget, "used": round(seconds, 3), "n_estimators_asked": p.n_estimators,
+                            "skipped": fitted.skipped_ if grid else []}} if p.time_budget else {}),
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
         **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {}),
     }
+
+
+def _check_one_fit(budget: float | None, seconds: float) -> None:
+    """Refuse a time budget that the one fit asked for (no search) exceeded, naming its time (nothing is saved)."""
+    if budget is not None and seconds > budget:
+        from .model_selection import BudgetError
+
+        raise BudgetError(f"a time budget of {budget:g} s is shorter than one fit, which took {seconds:.1f} s; give at "
+                          f"least {math.ceil(seconds * 1.5)} s, or no budget")
+
+
+def _members_in_budget(p: TrainParams, search, start: float) -> int:
+    """The ensemble's members: ``n_estimators``, or with a ``time_budget`` as many as its time left allows (member 0
+    is fitted; each other costs what member 0's fit cost)."""
+    if p.n_estimators == 1 or p.time_budget is None:
+        return p.n_estimators
+    elapsed = time.perf_counter() - start
+    member = search.best_fit_seconds_ if search is not None else elapsed
+    affordable = 1 + max(0, int((p.time_budget - elapsed) // max(member, 1e-9)))
+    if affordable < p.n_estimators:
+        logger.info("time budget: %d of the %d ensemble members fit in the %.1f s left (a member takes about %.1f s)",
+                    min(affordable, p.n_estimators), p.n_estimators, p.time_budget - elapsed, member)
+    return min(affordable, p.n_estimators)
 
 
 #: a search's or an ensemble's fits, a tree's growth and its classifier's epochs read the training rows from the
@@ -241,7 +269,7 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
         data = _held_in_memory(data)
         fitted = HeldOutSearch(est, grid, scoring=cls.search_scoring, strategy=p.search_strategy,
                                max_extensions=p.search_extensions, n_jobs=concurrent_fits(),
-                               time_budget=p.time_budget).fit(data.X, data.Y, data.observed)
+                               time_budget=p.time_budget).fit(data.X, data.Y, data.observed, started=start)
         est = fitted.best_estimator_
     else:
         est.fit_dataset(data)

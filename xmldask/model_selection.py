@@ -156,6 +156,8 @@ class HeldOutSearch:
         The settings the ``time_budget`` left unfitted.
     seconds_ : float
         The search's time, its refit included.
+    best_fit_seconds_ : float
+        The time of the fit that made ``best_estimator_`` (the cost of one more model of its setting).
     """
 
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
@@ -310,7 +312,7 @@ class HeldOutSearch:
                 _, key, repeats, by_statistics = self._prepare(setting, overrides)
                 if key not in self._done and not by_statistics:
                     todo.setdefault(key, repeats)
-            if len(todo) > 1 and not self._over_budget(math.ceil(len(todo) / self.n_jobs)):
+            if len(todo) > 1 and not self._over_budget(math.ceil(len(todo) / self.n_jobs), screened=bool(overrides)):
                 fits = dict(zip(todo, thread_map(lambda repeats: self._fits(repeats, X, Y), list(todo.values()),
                                                  self.n_jobs)))
         return [self._fit_one(setting, X, Y, overrides, fits)[0] for setting in settings]
@@ -325,7 +327,7 @@ class HeldOutSearch:
         setting, key, repeats, by_statistics = self._prepare(setting, overrides)
         if key in self._done:
             return self._done[key]
-        if not by_statistics and key not in (fits or {}) and self._over_budget():
+        if key not in (fits or {}) and self._over_budget(screened=bool(overrides)):
             self.skipped_.append({"params": dict(setting), "screened": bool(overrides)})
             logger.info("held-out search: %s not fitted, the time budget of %g s would be spent", setting,
                         self.time_budget)
@@ -344,38 +346,45 @@ class HeldOutSearch:
                               "seconds": round(seconds, 3), "screened": bool(overrides)})
         logger.info("held-out search%s: %s -> %s %.4f (%.1f s%s)", " (screening)" if overrides else "", setting,
                     self.scoring, abs(score), self.results_[-1]["seconds"], self._budget_used())
-        if not by_statistics:
-            self._fit_seconds.append(seconds / len(repeats))
-            self._check_first_fit(setting, seconds)
+        self._fit_seconds[bool(overrides)].append(seconds)
+        if not overrides and self._best is None:
+            self._check_first_model(setting)
         # keep only the best fitted model in memory (a screened fit is never the one kept)
         if not overrides and (self._best is None or score > self._best[0]):
-            self._best = (score, model, dict(setting))
+            self._best, self.best_fit_seconds_ = (score, model, dict(setting)), seconds / len(repeats)
         self._done[key] = (score, None)
         return score, model
 
-    def _over_budget(self, n_fits: int = 1) -> bool:
-        """Whether ``n_fits`` more fits (each as long as the longest so far), and the refit, would end past the time
-        budget; never before the first fit."""
-        if self.time_budget is None or not self._fit_seconds:
+    def _over_budget(self, n_fits: int = 1, *, screened: bool = False) -> bool:
+        """Whether ``n_fits`` more fits (``screened`` or full; each as long as the longest of its kind so far, else of
+        the other kind), and the refit, would end past the time budget; never before the first fit, nor before the
+        first full fit (a model is always made)."""
+        if self.time_budget is None or (not screened and self._best is None):
             return False
-        longest = max(self._fit_seconds)
-        refit = longest / (1 - self.validation_fraction) if self._split is not None and self.refit else 0.0
-        return time.perf_counter() - self._start + n_fits * longest + refit > self.time_budget
+        seconds = self._fit_seconds[screened] or self._fit_seconds[not screened]
+        if not seconds:
+            return False
+        full = self._fit_seconds[False] or seconds
+        refit = max(full) / (1 - self.validation_fraction) if self._split is not None and self.refit else 0.0
+        return time.perf_counter() - self._start + n_fits * max(seconds) + refit > self.time_budget
 
     def _budget_used(self) -> str:
         if self.time_budget is None:
             return ""
         return f"; {time.perf_counter() - self._start:.1f} s of the {self.time_budget:g} s budget"
 
-    def _check_first_fit(self, setting: dict, seconds: float) -> None:
-        """Refuse a time budget that the first fit alone exceeded, naming its time."""
-        if self.time_budget is not None and len(self._fit_seconds) == 1 and seconds > self.time_budget:
-            raise BudgetError(f"a time budget of {self.time_budget:g} s is shorter than one fit: the first ({setting}) "
-                              f"took {seconds:.1f} s; give at least {math.ceil(seconds * 1.5)} s, or no budget")
+    def _check_first_model(self, setting: dict) -> None:
+        """Refuse a time budget that was spent before the first model (full fit) was made, naming when it was."""
+        elapsed = time.perf_counter() - self._start
+        if self.time_budget is not None and elapsed > self.time_budget:
+            raise BudgetError(f"a time budget of {self.time_budget:g} s is shorter than one fit: the first model "
+                              f"({setting}) was ready after {elapsed:.1f} s; give at least {math.ceil(elapsed * 1.5)} "
+                              "s, or no budget")
 
-    def fit(self, X, Y, observed=None) -> HeldOutSearch:
+    def fit(self, X, Y, observed=None, *, started: float | None = None) -> HeldOutSearch:
         """Fit the candidates on ``X``, ``Y`` (row blocks, as for the estimator; ``observed``: the observed-entry
-        mask of an estimator that takes one) and keep the best.
+        mask of an estimator that takes one) and keep the best. ``started``: when the ``time_budget`` began
+        (a ``time.perf_counter()`` value; default: now).
 
         Returns
         -------
@@ -383,7 +392,8 @@ class HeldOutSearch:
             ``self``, with ``best_estimator_``, ``best_params_``, ``best_score_``, ``results_``.
         """
         grid = self._validated()
-        self._start, self._fit_seconds, self.skipped_ = time.perf_counter(), [], []
+        self._start = time.perf_counter() if started is None else started
+        self._fit_seconds, self.skipped_ = {True: [], False: []}, []
         self.results_, self._done, self._first, self._best = [], {}, {}, None
         self._split = None
         if not self._holds_out_itself():
@@ -412,14 +422,20 @@ class HeldOutSearch:
                          if conditions.get(name, (None,))[0] in full})
             cheap = {name: values for name, values in cheap.items() if name not in full}
             best = self._search(cheap, X, Y, overrides=screen) if cheap else {}
+            # with a time budget the screen's best, as screened, is the first model: the full fits follow while
+            # the budget lasts, each kept if it beats it
+            finalist_first = self.screen_finalist and cheap and self.time_budget is not None
+            if finalist_first:
+                self._screened_finalist(best, screen, X, Y)
             self._search(full or {}, X, Y, start=best)
-            if self.screen_finalist and cheap:
+            if self.screen_finalist and cheap and not finalist_first:
                 self._screened_finalist(best, screen, X, Y)
         score, model, setting = self._best
         if self._split is not None and self.refit:
             start = time.perf_counter()
             model = type(self.estimator)(**{**self.estimator.get_params(deep=False), **setting})
             model.fit(X, Y) if observed is None else model.fit(X, Y, observed)
+            self.best_fit_seconds_ = time.perf_counter() - start
             logger.info("held-out search: %s refitted on all %d rows (%.1f s%s)", setting, X.shape[0],
                         time.perf_counter() - start, self._budget_used())
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
@@ -429,16 +445,22 @@ class HeldOutSearch:
 
     def _screened_finalist(self, setting: dict, overrides: dict, X, Y) -> None:
         """Keep the best screened ``setting`` as screened (``overrides`` on top), fitted in full, if on the full
-        fits' held-out rows it scores higher than the best of them."""
+        fits' held-out rows it scores higher than the best of them (or if there is no full fit yet)."""
         setting, key, repeats, _ = self._prepare(setting, overrides)
-        score, full = self._first[key], self._best[0]
-        if score <= full:
+        score, full = self._first.get(key, -math.inf), self._best[0] if self._best else -math.inf
+        if self._best is not None and score <= full:
             return
         start = time.perf_counter()
         model = type(self.estimator)(**repeats[0]).fit(X, Y)
         self._best = (held_out_score(model, self.scoring), model, dict(setting))
-        logger.info("held-out search: the screened %s beats the full fits (%s %.4f against %.4f; fitted in %.1f s)",
-                    setting, self.scoring, abs(score), abs(full), time.perf_counter() - start)
+        self.best_fit_seconds_ = time.perf_counter() - start
+        if full > -math.inf:
+            logger.info("held-out search: the screened %s beats the full fits (%s %.4f against %.4f; fitted in %.1f "
+                        "s)", setting, self.scoring, abs(score), abs(full), time.perf_counter() - start)
+        else:
+            logger.info("held-out search: the screened %s fitted as the first model (%s %.4f; %.1f s%s)", setting,
+                        self.scoring, abs(self._best[0]), time.perf_counter() - start, self._budget_used())
+            self._check_first_model(setting)
 
     def _search(self, grid: dict, X, Y, *, overrides: dict | None = None, start: dict | None = None) -> dict:
         """Search ``grid`` from the setting ``start`` (fitted with ``overrides``); the best setting found."""
