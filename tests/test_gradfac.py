@@ -323,3 +323,30 @@ def test_histogram_subtraction_gives_the_full_histograms():
     parent = BK.histograms(bins, T, features=F[:, :2], borders=B[:, :2], n_bins=7).reshape(2, 3, 4, 4, 7)
     right = BK.histograms(bins, T, features=F, borders=B, n_bins=7, right_only=True).reshape(2, 3, 4, 4, 7)
     np.testing.assert_allclose(BK.children(parent, right), full, atol=1e-9)
+
+
+def test_time_budget_stops_the_rounds_and_keeps_the_rounds_made(monkeypatch):
+    from xmldask.base import BudgetError
+
+    class Clock:
+        """Every reading one second later: a round takes 2 s (its start and its end are read)."""
+
+        now = 0.0
+
+        def perf_counter(self):
+            self.now += 1.0
+            return self.now
+
+    monkeypatch.setattr(gradfac_module, "time", Clock())
+    X, y = _data(n=300, seed=5)
+    opts = dict(rounds=30, learning_rate=0.3, validation_fraction=0.3, n_iter_no_change=100, random_state=0)
+    full = GradFac(**opts).fit(X, y)
+    cut = GradFac(**opts, time_budget=20).fit(X, y)
+    assert cut.history_[-1]["stopped"] == "time_budget" and len(cut.history_) < len(full.history_)
+    assert 0 < cut.rounds_ <= len(cut.history_)
+    n = min(len(cut.values_), len(full.values_))
+    np.testing.assert_array_equal(cut.values_[:n], full.values_[:n])  # the same rounds, fewer of them
+    with pytest.raises(BudgetError, match="ended before the first round"):
+        GradFac(**opts, time_budget=0.5).fit(X, y)
+    with pytest.raises(ValueError, match="time_budget"):
+        GradFac(**opts, time_budget=-1).fit(X, y)

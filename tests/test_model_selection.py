@@ -307,9 +307,9 @@ def test_train_job_holds_small_training_rows_in_memory_for_its_fits(data, monkey
     from_store = []
     search_fit = HeldOutSearch.fit
 
-    def fit(self, X, Y):
+    def fit(self, X, Y, **kw):
         from_store.append(block_reader(X) is not None)
-        return search_fit(self, X, Y)
+        return search_fit(self, X, Y, **kw)
 
     monkeypatch.setattr(HeldOutSearch, "fit", fit)
     kw = dict(k=8, kernel="none", seed=3, max_epochs=1, n_estimators=2, search={"alpha": [1e-3, 10.0]},
@@ -451,7 +451,7 @@ def test_train_job_lets_the_screened_decoder_win_at_the_default_epochs_with_the_
 
     seen = []
 
-    def fit(self, X, Y):
+    def fit(self, X, Y, **kw):
         seen.append(self.screen_finalist)
         raise Started
 

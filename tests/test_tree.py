@@ -840,3 +840,30 @@ def test_tree_classifier_that_diverges_at_every_step_size_stops_with_the_numbers
     monkeypatch.setattr(TC, "DIVERGENCE_FACTOR", 0.0)  # every pass "diverges"
     with pytest.raises(FloatingPointError, match=r"diverged: pass 11's training loss .* after 10 halvings"):
         TC.TreeClassifier(tree, n_components=6, n_epochs=30, random_state=0).fit(X, Y)
+
+
+def test_tree_classifier_time_budget_stops_the_passes(monkeypatch):
+    """No pass starts that would end past the budget (judged by the longest pass so far); the passes made are the
+    unbudgeted fit's first ones."""
+    from types import SimpleNamespace
+
+    from xmldask.models import tree_classifier as TC
+
+    Xd, Yd = _clustered(seed=4)
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
+    clock = SimpleNamespace(now=0.0)
+
+    def tick():  # every reading one second later
+        clock.now += 1.0
+        return clock.now
+
+    monkeypatch.setattr(TC, "time", SimpleNamespace(perf_counter=tick))
+    full = TC.TreeClassifier(tree, n_components=6, n_epochs=12, random_state=0).fit(X, Y)
+    cut = TC.TreeClassifier(tree, n_components=6, n_epochs=12, random_state=0, time_budget=12).fit(X, Y)
+    assert cut.history_[-1]["stopped"] == "time_budget" and 1 <= len(cut.history_) < len(full.history_)
+    assert [h["loss"] for h in cut.history_] == [h["loss"] for h in full.history_[:len(cut.history_)]]
+    one = TC.TreeClassifier(tree, n_components=6, n_epochs=12, random_state=0, time_budget=0.1).fit(X, Y)
+    assert len(one.history_) == 1  # at least one pass
+    with pytest.raises(ValueError, match="time_budget"):
+        TC.TreeClassifier(tree, time_budget=0).fit(X, Y)

@@ -19,6 +19,10 @@ class NotFittedError(ValueError, AttributeError):
     """The estimator is used before ``fit``."""
 
 
+class BudgetError(ValueError):
+    """A time budget shorter than the one fit (or round) that a model cannot do without."""
+
+
 def as_rows(A, name: str, block_rows: int | None = None) -> da.Array:
     """A Dask array of row blocks (an in-memory matrix is split into blocks of ``block_rows``; a sparse one
     first put in canonical form, on a copy when it is not)."""

@@ -273,6 +273,8 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
         est = fitted.best_estimator_
     else:
         est.fit_dataset(data)
+        if "time_budget" not in est.get_params(deep=False):  # a model that cannot stop early: its one fit
+            _check_one_fit(p.time_budget, time.perf_counter() - start)
     seconds = time.perf_counter() - start
     est.save(out, overwrite=overwrite, meta={"train_url": train_url, **({"search": fitted.record()} if grid else {})})
     return {"model": out, "train": train_url, "seconds": round(seconds, 3),
@@ -653,7 +655,7 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
     data = open_dataset(train_url)
     check_fully_observed(data, "the tree classifier")
     model = TreeClassifier(p.tree, n_components=p.k, form=p.tree_form, n_epochs=p.max_epochs, random_state=p.seed,
-                           **extra)
+                           time_budget=p.time_budget, **extra)
     start = time.perf_counter()
     rows = _held_in_memory(data)  # a pass per epoch
     model.fit(rows.X, rows.Y)

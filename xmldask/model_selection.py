@@ -62,8 +62,8 @@ import time
 import dask
 import numpy as np
 
-from .models import kept_epoch
-from .models._graph import HeldOut
+from .base import BudgetError
+from .models import HeldOut, kept_epoch
 from .params import parse_grid
 from .scheduling import thread_map
 
@@ -75,9 +75,6 @@ _SCORINGS = ("p@1", "p@3", "p@5", "loss")
 #: the scorings of an estimator scored by its own held-out figures (``kept_epoch``)
 _OWN_SCORINGS = ("p@1", "loss")
 
-
-class BudgetError(ValueError):
-    """A time budget shorter than the one fit a search cannot do without."""
 _STRATEGIES = ("coordinate", "grid")
 #: the held-out figures a result records
 _FIGURES = ("val_p@1", "val_p@3", "val_p@5", "val_loss")

@@ -13,6 +13,7 @@ multiclass gradient boosting of oblivious trees (GradFac: one tree a round for a
 """
 
 from ..base import MODEL_CLASSES, NotFittedError, kept_epoch
+from ._graph import HeldOut
 from .centroid import CENTROID_VERSION, LabelCentroidClassifier
 from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier
 from .ensemble import ENSEMBLE_VERSION, EnsembleClassifier
@@ -20,7 +21,7 @@ from .gradfac import BOOSTING_VERSION, GradFac, GradFacEN, MultinomialBoosting, 
 from .leml import LEML, LEML_VERSION, BinaryRelevance
 
 __all__ = ["BOOSTING_VERSION", "CENTROID_VERSION", "ENSEMBLE_VERSION", "LEML", "LEML_VERSION", "MODEL_VERSION",
-           "BinaryRelevance", "EmbeddingClassifier", "EnsembleClassifier", "GradFac", "GradFacEN",
+           "BinaryRelevance", "EmbeddingClassifier", "EnsembleClassifier", "GradFac", "GradFacEN", "HeldOut",
            "LabelCentroidClassifier", "MultinomialBoosting", "NotFittedError", "OneVsRestBoosting", "kept_epoch",
            "load_model"]
 

@@ -51,7 +51,7 @@ import numpy as np
 import scipy.sparse as sp
 import zarr
 
-from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
+from ..base import BudgetError, NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg import dense_operand
 from ..linalg.passes import ROWS, WHOLE, block_sum, per_block, per_block_objects
 from ..store import remove, zarr_store
@@ -174,14 +174,15 @@ class _Boosting(SavedModel, ParamsMixin):
     def from_params(cls, params, **extra):
         """``xmldask train --model NAME``: ``rounds``, ``learning_rate``, ``depth`` and ``seed``."""
         return cls(rounds=params.rounds, learning_rate=params.learning_rate, max_depth=params.depth,
-                   random_state=params.seed, **extra)
+                   time_budget=params.time_budget, random_state=params.seed, **extra)
 
     def __init__(self, *, rounds: int = 1000, learning_rate: float = 0.3, max_depth: int = 6, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
                  block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
-                 random_state=None):
+                 time_budget: float | None = None, random_state=None):
         self.rounds, self.learning_rate, self.max_depth, self.max_bins = rounds, learning_rate, max_depth, max_bins
+        self.time_budget = time_budget
         self.l2_leaf_reg, self.leaf_estimation = l2_leaf_reg, leaf_estimation
         self.validation_fraction, self.n_iter_no_change = validation_fraction, n_iter_no_change
         self.block_rows, self.backend, self.scratch, self.random_state = block_rows, backend, scratch, random_state
@@ -202,7 +203,9 @@ class _Boosting(SavedModel, ParamsMixin):
                     validation_fraction=check_float(self.validation_fraction, "validation_fraction", high=0.5),
                     n_iter_no_change=check_int(self.n_iter_no_change, "n_iter_no_change", 1),
                     block_rows=check_int(self.block_rows, "block_rows", 1),
-                    scratch=None if self.scratch is None else str(self.scratch))
+                    scratch=None if self.scratch is None else str(self.scratch),
+                    time_budget=None if getattr(self, "time_budget", None) is None else
+                    check_float(self.time_budget, "time_budget", low_open=True))
 
     # ---------------------------------------------------------------- inputs
 
@@ -295,7 +298,7 @@ class _Boosting(SavedModel, ParamsMixin):
         rows, n_bins = self._state(X, Y, p, seed_of(self.random_state))
         self.n_bins_ = n_bins
         try:
-            trees, history, best = self._boost(rows, p, extra)
+            trees, history, best = self._boost(rows, p, extra, start)
         finally:
             rows.close()
         K, D = self.n_labels_, p["max_depth"]
@@ -314,9 +317,12 @@ class _Boosting(SavedModel, ParamsMixin):
         self.fit_seconds_ = time.perf_counter() - start
         return self
 
-    def _boost(self, rows, p: dict, extra: dict) -> tuple[list, list, int]:
+    def _boost(self, rows, p: dict, extra: dict, start: float) -> tuple[list, list, int]:
         """The rounds: per round its trees (features, borders, values, outputs); the history; the best
-        round by held-out loss (the last without held-out rows)."""
+        round by held-out loss (the last without held-out rows). With a ``time_budget`` (from ``start``), no round
+        starts that would end past it (as long as the longest round so far)."""
+        deadline = start + p["time_budget"] if p["time_budget"] is not None else math.inf
+        longest = 0.0
         K, D, n_bins = self.n_labels_, p["max_depth"], self.n_bins_
         factor = self._trees == "factor"
         exact = factor and K <= EXACT_GRAM_CLASSES
@@ -339,6 +345,14 @@ class _Boosting(SavedModel, ParamsMixin):
                 stale += 1
             if t == p["rounds"] or stale >= p["n_iter_no_change"]:
                 break
+            if time.perf_counter() + longest > deadline:
+                entry["stopped"] = "time_budget"
+                if not trees:
+                    raise BudgetError(f"a time budget of {p['time_budget']:g} s ended before the first round: "
+                                      f"preparing the rows took {time.perf_counter() - start:.1f} s; give more, or no "
+                                      "budget")
+                logger.info("time budget of %g s: boosting stops after %d rounds", p["time_budget"], t)
+                break
             round_start = time.perf_counter()
             if factor:
                 v, entry["factor_error"] = self._factor(rows, st[:-5], v, extra)
@@ -353,6 +367,7 @@ class _Boosting(SavedModel, ParamsMixin):
             trees.append((F, B, V, outputs))
             rows.update("S", BK.apply_trees, ("bins", "S"), K, np.float32, features=F, borders=B, values=V, **outputs)
             entry["seconds"] = time.perf_counter() - round_start
+            longest = max(longest, entry["seconds"])
             logger.debug("round %d: train loss %.4f, held-out loss %s", t, entry["train_loss"], entry["val_loss"])
         return trees, history, best if validate else len(trees)
 
@@ -498,6 +513,10 @@ class GradFac(_Boosting):
         Where the boosting state lives: ``local`` in this process (a Dask ``X`` is read into it once),
         ``dask`` in row blocks on the scheduler's workers (out of core), ``auto`` local for an
         in-memory ``X`` or a state up to :data:`LOCAL_STATE_BYTES`, else ``dask``.
+    time_budget : float, optional
+        Seconds the fit may take: no round starts that would end past it (judged by the longest round so far);
+        the best round so far is kept. A budget that ends before the first round raises
+        :class:`~xmldask.base.BudgetError`.
     random_state : int, optional
         Seed of the row sample of the borders and of the held-out rows.
 
@@ -517,12 +536,12 @@ class GradFac(_Boosting):
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
                  power_iter: int = 1, block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
-                 random_state=None):
+                 time_budget: float | None = None, random_state=None):
         super().__init__(rounds=rounds, learning_rate=learning_rate, max_depth=max_depth, max_bins=max_bins,
                          l2_leaf_reg=l2_leaf_reg, leaf_estimation=leaf_estimation,
                          validation_fraction=validation_fraction,
                          n_iter_no_change=n_iter_no_change, block_rows=block_rows, backend=backend,
-                         scratch=scratch, random_state=random_state)
+                         scratch=scratch, time_budget=time_budget, random_state=random_state)
         self.power_iter = power_iter
 
     def _validated_extra(self) -> dict:
@@ -572,12 +591,12 @@ class GradFacEN(GradFac):
                  n_iter_no_change: int = 20,
                  power_iter: int = 1, en_l1_u: float = 0.05, en_l2_u: float = 0.0, en_l1_v: float = 0.05,
                  en_l2_v: float = 0.0, en_iter: int = 1, block_rows: int = 8192, backend: str = "auto",
-                 scratch: str | None = None, random_state=None):
+                 scratch: str | None = None, time_budget: float | None = None, random_state=None):
         super().__init__(rounds=rounds, learning_rate=learning_rate, max_depth=max_depth, max_bins=max_bins,
                          l2_leaf_reg=l2_leaf_reg, leaf_estimation=leaf_estimation,
                          validation_fraction=validation_fraction,
                          n_iter_no_change=n_iter_no_change, power_iter=power_iter, block_rows=block_rows,
-                         backend=backend, scratch=scratch, random_state=random_state)
+                         backend=backend, scratch=scratch, time_budget=time_budget, random_state=random_state)
         self.en_l1_u, self.en_l2_u, self.en_l1_v, self.en_l2_v = en_l1_u, en_l2_u, en_l1_v, en_l2_v
         self.en_iter = en_iter
 

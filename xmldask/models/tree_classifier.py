@@ -23,6 +23,7 @@ code pmineiro/xlst ``aloi/runaloi.m`` (preconditioner, momentum, step schedule) 
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 import dask
@@ -32,7 +33,7 @@ import scipy.linalg
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from ..base import NotFittedError, ParamsMixin, as_rows
+from ..base import NotFittedError, ParamsMixin, as_rows, check_float
 from ..linalg.passes import ROWS, WHOLE, gram, per_block, whole_operand
 from ..store.models import SavedModel
 from ..tree import leaf_of, route_pairs, rows_by_node
@@ -108,6 +109,9 @@ class TreeClassifier(SavedModel, ParamsMixin):
         ``lambda`` of the preconditioner ``(0.5 X^T X + lambda tr(X^T X)/d I)^-1``.
     task : {"auto", "multiclass", "multilabel"}, default "auto"
         ``auto`` takes the tree's.
+    time_budget : float, optional
+        Seconds the fit may take (growing the tree, if it is a specification, included): no pass starts that
+        would end past it (judged by the longest pass so far); at least one pass is made.
     random_state : int or None, default 0
 
     Attributes
@@ -137,8 +141,10 @@ class TreeClassifier(SavedModel, ParamsMixin):
 
     def __init__(self, tree=None, *, n_components: int = 50, form: str = "low_rank", per_leaf: bool = True,
                  routing: str = "randomized", n_epochs: int = 200, learning_rate="auto", decay="auto",
-                 momentum="auto", ridge: float = 1e-2, task: str = "auto", random_state=0):
+                 momentum="auto", ridge: float = 1e-2, task: str = "auto", time_budget: float | None = None,
+                 random_state=0):
         self.tree, self.n_components, self.form = tree, n_components, form
+        self.time_budget = time_budget
         self.per_leaf, self.routing = per_leaf, routing
         self.n_epochs, self.learning_rate, self.decay, self.momentum = n_epochs, learning_rate, decay, momentum
         self.ridge, self.task, self.random_state = ridge, task, random_state
@@ -161,6 +167,8 @@ class TreeClassifier(SavedModel, ParamsMixin):
             raise ValueError(f"routing must be 'randomized' or 'deterministic', but is {self.routing!r}")
         if self.form not in FORMS:
             raise ValueError(f"form must be one of {', '.join(map(repr, FORMS))}, but is {self.form!r}")
+        if self.time_budget is not None:
+            check_float(self.time_budget, "time_budget", low_open=True)
         for name in SCHEDULES[self.form]:
             value = getattr(self, name)
             if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
@@ -175,6 +183,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
     def fit(self, X, Y) -> TreeClassifier:
         """Train on row blocks ``X`` (n_samples, n_features) and labels ``Y`` (n_samples, n_labels)."""
         tree = self._check_params()
+        deadline = math.inf if self.time_budget is None else time.perf_counter() + float(self.time_budget)
         X = as_rows(X, "X")
         Y = as_rows(Y, "Y", X.chunks[0][0])
         if getattr(tree, "table_", None) is None:  # a specification: grown on these rows (a copy: params unchanged)
@@ -204,14 +213,14 @@ class TreeClassifier(SavedModel, ParamsMixin):
         # the steps multiply small matrices: one BLAS thread (a pool of spinning threads is far slower on such
         # products on a busy machine: docs/measurements.md)
         with threadpool_limits(limits=1):
-            U, V, b = self._epochs(rounds, tree, U, V, b, precond, rng, start)
+            U, V, b = self._epochs(rounds, tree, U, V, b, precond, rng, start, deadline)
         self.U_ = None if U is None else U.astype(np.float32)
         self.V_, self.b_ = V.astype(np.float32), b.astype(np.float32)
         self.n_features_in_, self.n_labels_ = d, tree.n_labels_
         self.fit_seconds_ = time.perf_counter() - start
         return self
 
-    def _epochs(self, rounds, tree, U, V, b, precond, rng, start):
+    def _epochs(self, rounds, tree, U, V, b, precond, rng, start, deadline=math.inf):
         """The passes of :meth:`fit` (the heavy-ball steps, leaf by leaf, round by round).
 
         A leaf holds a few rows (ALOI: about 6), so a step is a handful of small dense products: the
@@ -231,8 +240,9 @@ class TreeClassifier(SavedModel, ParamsMixin):
         mV, mb = np.zeros_like(V), np.zeros_like(b)
         W = routing_routers(self.W_)
         best = {"loss": np.inf, "epoch": 1, "weights": None}
-        backoffs = 0
+        backoffs, longest = 0, 0.0
         for epoch in range(int(self.n_epochs)):
+            epoch_start = time.perf_counter()
             # a pass's loss is that of the weights it starts from, moved by the steps before each leaf's
             weights = _copies(None if per_label else steps.result(), V, b)
             loss_sum = rows_used = rows_seen = 0
@@ -304,6 +314,12 @@ class TreeClassifier(SavedModel, ParamsMixin):
             elif rows_used and loss < best["loss"]:
                 best = {"loss": loss, "epoch": epoch + 1, "weights": weights}
             eta *= decay
+            longest = max(longest, time.perf_counter() - epoch_start)
+            if epoch + 1 < int(self.n_epochs) and time.perf_counter() + longest > deadline:
+                self.history_[-1]["stopped"] = "time_budget"
+                logger.info("time budget of %g s: the tree classifier stops after %d passes", self.time_budget,
+                            epoch + 1)
+                break
         return (None if per_label else steps.result()), V, b
 
     def _slots(self, node) -> tuple[np.ndarray, np.ndarray]:
