@@ -145,3 +145,22 @@ def test_auto_ensemble_follows_the_search():
     assert TrainParams(**from_args(parser.parse_args(["train", "d", "--out", "m", "--no-search"]))).n_estimators == 1
     with pytest.raises(ValueError, match="n_estimators"):
         TrainParams(model="leml", n_estimators=3)
+
+
+def test_tree_defaults_are_one_value_on_every_path():
+    """The tree's depth and leaf budget and the tree classifier's passes: the same default in the schema, the
+    estimators and the growth function (each reads the constant of xmldask.params)."""
+    import inspect
+
+    from xmldask.models.tree_classifier import TreeClassifier
+    from xmldask.params import TREE_PASSES, TrainParams, TreeParams
+    from xmldask.tree import SpectralLabelTree
+    from xmldask.tree.growth import grow_tree
+
+    fields = TreeParams.model_fields
+    for func in (SpectralLabelTree, grow_tree):
+        params = inspect.signature(func).parameters
+        assert params["max_depth"].default == fields["depth"].default
+        assert params["leaf_labels"].default == fields["leaf_labels"].default
+    assert inspect.signature(TreeClassifier).parameters["n_epochs"].default == TREE_PASSES
+    assert TrainParams(tree="t.zarr").max_epochs == TREE_PASSES

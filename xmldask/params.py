@@ -74,6 +74,9 @@ AUTO_ESTIMATORS = 3
 #: passes of the tree classifier (``tree=``) unless ``max_epochs`` is given: its
 #: :class:`~xmldask.models.tree_classifier.TreeClassifier` default (the reference code trains 200-250)
 TREE_PASSES = 200
+#: a spectral label tree's maximum depth and leaf label budget: the defaults of :class:`TreeParams`,
+#: :class:`~xmldask.tree.SpectralLabelTree` and :func:`~xmldask.tree.growth.grow_tree` (the reference code's)
+TREE_DEPTH, TREE_LEAF_LABELS = 14, 25
 #: the parameters that apply with ``tree=`` and with ``model="leml"|"br"``
 _SEARCH_PARAMS = {"search", "search_strategy", "search_extensions", "search_screen", "search_repeats", "time_budget"}
 _TREE_PARAMS = {"model", "tree", "tree_form", "k", "max_epochs", "seed", *_SEARCH_PARAMS}
@@ -241,9 +244,10 @@ class TreeParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    depth: PositiveInt = Field(14, description="maximum depth (the reference code's 14; the paper's 12)")
-    leaf_labels: PositiveInt = Field(25, description="a leaf's label budget S: the node stops splitting when its "
-                                                     "labels with mass fit it, and offers at most S candidates")
+    depth: PositiveInt = Field(TREE_DEPTH, description="maximum depth (the reference code's 14; the paper's 12)")
+    leaf_labels: PositiveInt = Field(
+        TREE_LEAF_LABELS, description="a leaf's label budget S: the node stops splitting when its labels with mass fit "
+                                      "it, and offers at most S candidates")
     routing: Literal["fractional", "deterministic"] = Field(
         "fractional", description="routing of the training rows while growing: fractional (each row down both "
                                   "sides, weighted by the erf of its margin) or deterministic (the paper's ablation)")

@@ -35,6 +35,7 @@ from threadpoolctl import threadpool_limits
 
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float
 from ..linalg.passes import ROWS, WHOLE, gram, per_block, whole_operand
+from ..params import TREE_PASSES
 from ..store.models import SavedModel
 from ..tree import leaf_of, route_pairs, rows_by_node
 from ..tree.growth import router_operand, routing_routers
@@ -140,7 +141,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
                 "preconditioner")
 
     def __init__(self, tree=None, *, n_components: int = 50, form: str = "low_rank", per_leaf: bool = True,
-                 routing: str = "randomized", n_epochs: int = 200, learning_rate="auto", decay="auto",
+                 routing: str = "randomized", n_epochs: int = TREE_PASSES, learning_rate="auto", decay="auto",
                  momentum="auto", ridge: float = 1e-2, task: str = "auto", time_budget: float | None = None,
                  random_state=0):
         self.tree, self.n_components, self.form = tree, n_components, form

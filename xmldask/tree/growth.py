@@ -38,6 +38,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, check_x, dense_operand, per_block, whole_operand
+from ..params import TREE_DEPTH, TREE_LEAF_LABELS
 from ..scheduling import worker_memory_limit
 from . import _kernels as K
 
@@ -290,7 +291,7 @@ def _max_row_norm(X: da.Array) -> float:
     return float(parts.max().compute())
 
 
-def grow_tree(X, Y, *, max_depth: int = 14, leaf_labels: int = 25, recall: float = 0.999,
+def grow_tree(X, Y, *, max_depth: int = TREE_DEPTH, leaf_labels: int = TREE_LEAF_LABELS, recall: float = 0.999,
               routing: str = "fractional", sigma: str = "code", task: str = "auto", block_size: int = 10,
               n_power_iter: int = 1, cg_max_iter: int = 20, orphan_repair: bool = True, cutoff: float = K.CUTOFF,
               memory_budget: int | None = None, split_every: int = 8, random_state=None) -> GrownTree:

@@ -9,6 +9,7 @@ import scipy.sparse as sp
 
 from ..base import NotFittedError, ParamsMixin, as_rows
 from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, dense_operand, per_block
+from ..params import TREE_DEPTH, TREE_LEAF_LABELS
 from ..store.models import SavedModel
 from . import _kernels as K
 from .growth import grow_tree, router_operand
@@ -76,7 +77,7 @@ class SpectralLabelTree(SavedModel, ParamsMixin):
                "root_label_mass", "top_labels")
     _SCALARS = ("task", "n_passes", "n_orphans", "fit_seconds", "levels", "n_features_in", "n_labels")
 
-    def __init__(self, *, max_depth: int = 14, leaf_labels: int = 25, recall: float = 0.999,
+    def __init__(self, *, max_depth: int = TREE_DEPTH, leaf_labels: int = TREE_LEAF_LABELS, recall: float = 0.999,
                  routing: str = "fractional", sigma: str = "code", task: str = "auto", block_size: int = 10,
                  n_power_iter: int = 1, cg_max_iter: int = 20, orphan_repair: bool = True,
                  memory_budget: int | None = None, random_state=0):
