@@ -611,3 +611,31 @@ def test_inverse_from_cholesky_is_the_inverse(lower):
     P = inverse_from_cholesky(scipy.linalg.cho_factor(H, lower=lower))
     np.testing.assert_allclose(P, np.linalg.inv(H), rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(P, P.T)
+
+
+def test_time_budget_stops_the_decoder_epochs(multiclass, monkeypatch):
+    """No epoch starts that would end past the budget (each clock reading one second later here); the epochs made
+    are the unbudgeted fit's first ones, and a budget spent before them keeps the ridge decoder."""
+    from types import SimpleNamespace
+
+    from xmldask.models import embedding_classifier as EC
+
+    X, Y = multiclass
+    clock = SimpleNamespace(now=0.0)
+
+    def tick():
+        clock.now += 1.0
+        return clock.now
+
+    monkeypatch.setattr(EC, "time", SimpleNamespace(perf_counter=tick))
+    kw = dict(embedding=_cs_embedding(Y.shape[1], 8), kernel="none", max_epochs=6, n_iter_no_change=10,
+              random_state=5)
+    full = EmbeddingClassifier(**kw).fit(X, Y)
+    cut = EmbeddingClassifier(**kw, time_budget=12).fit(X, Y)
+    assert cut.history_[-1]["stopped"] == "time_budget" and 1 < len(cut.history_) < len(full.history_)
+    assert [h["train_loss"] for h in cut.history_[1:]] == [h["train_loss"] for h in full.history_[1:len(cut.history_)]]
+    ridge = EmbeddingClassifier(**{**kw, "max_epochs": 0}).fit(X, Y)
+    none = EmbeddingClassifier(**kw, time_budget=0.5).fit(X, Y)
+    assert len(none.history_) == 1 and np.array_equal(none.Q_, ridge.Q_)
+    with pytest.raises(ValueError, match="time_budget"):
+        EmbeddingClassifier(**kw, time_budget=-3).fit(X, Y)

@@ -98,7 +98,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         data = _held_in_memory(data)
     model = EmbeddingClassifier(embedding=p.embedding, n_components=k, kernel=p.kernel, features=p.features,
                                 alpha=p.alpha, n_random_features=p.n_random_features, max_epochs=p.max_epochs,
-                                random_state=p.seed, **extra)
+                                time_budget=p.time_budget, random_state=p.seed, **extra)
     grid = _search_grid(search) if search else None
     chosen = {}
     if grid:

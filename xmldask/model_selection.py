@@ -280,13 +280,20 @@ class HeldOutSearch:
         return fitted[0][0], [figures for _, figures in fitted], time.perf_counter() - start
 
     def _fit_scored(self, params: dict, X, Y) -> tuple[object, dict]:
-        """A candidate fitted on the rows it may see, and its held-out figures."""
-        model = type(self.estimator)(**params)
+        """A candidate fitted on the rows it may see, and its held-out figures (an estimator that takes a
+        ``time_budget`` gets the search's time left)."""
+        model = type(self.estimator)(**self._with_time_left(params))
         if self._split is None:
             model.fit(X, Y)
             return model, kept_epoch(model)
         model.fit(*self._split["fit"])
         return model, self._held_out_figures(model)
+
+    def _with_time_left(self, params: dict) -> dict:
+        if self.time_budget is None or "time_budget" not in params:
+            return params
+        left = self.time_budget - (time.perf_counter() - self._start)
+        return {**params, "time_budget": max(left, 1e-3)}
 
     def _held_out_figures(self, model) -> dict:
         """P@1, P@3, P@5 of ``model`` on the rows the search holds out (``val_p@k``; ``val_loss`` is NaN)."""
@@ -309,7 +316,10 @@ class HeldOutSearch:
                 _, key, repeats, by_statistics = self._prepare(setting, overrides)
                 if key not in self._done and not by_statistics:
                     todo.setdefault(key, repeats)
-            if len(todo) > 1 and not self._over_budget(math.ceil(len(todo) / self.n_jobs), screened=bool(overrides)):
+            # with a time budget, fits of a kind run at once only when one of that kind was timed
+            timed = self.time_budget is None or bool(self._fit_seconds[bool(overrides)])
+            if len(todo) > 1 and timed and not self._over_budget(math.ceil(len(todo) / self.n_jobs),
+                                                                 screened=bool(overrides)):
                 fits = dict(zip(todo, thread_map(lambda repeats: self._fits(repeats, X, Y), list(todo.values()),
                                                  self.n_jobs)))
         return [self._fit_one(setting, X, Y, overrides, fits)[0] for setting in settings]
@@ -430,7 +440,7 @@ class HeldOutSearch:
         score, model, setting = self._best
         if self._split is not None and self.refit:
             start = time.perf_counter()
-            model = type(self.estimator)(**{**self.estimator.get_params(deep=False), **setting})
+            model = type(self.estimator)(**self._with_time_left({**self.estimator.get_params(deep=False), **setting}))
             model.fit(X, Y) if observed is None else model.fit(X, Y, observed)
             self.best_fit_seconds_ = time.perf_counter() - start
             logger.info("held-out search: %s refitted on all %d rows (%.1f s%s)", setting, X.shape[0],

@@ -169,6 +169,10 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         Rows sampled for the median heuristic.
     dtype : numpy dtype, default float32
         dtype of the features, ``W``, ``Q`` (Cholesky factorisations run in float64).
+    time_budget : float, optional
+        Seconds the fit may take: no decoder epoch starts that would end past it (judged by the longest epoch so
+        far; none when the steps before them spent it: the ridge decoder is kept). The embedding and the ridge
+        maps are always fitted.
     random_state : int, SeedSequence, Generator or None
         Seeds the held-out split, the random features, the bandwidth sample and the SGD order.
 
@@ -229,7 +233,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
                  learning_rate: float = 4.0, momentum: float = 0.9, l2: float = 0.0, sgd_chains="auto",
                  validation_fraction: float = 0.1, max_validation_rows: int = 10000, n_iter_no_change: int = 2,
                  early_stopping: str = "loss", bandwidth_sample: int = 2000, dtype=np.float32,
-                 random_state=None):
+                 time_budget: float | None = None, random_state=None):
         self.embedding, self.n_components, self.features = embedding, n_components, features
         self.kernel, self.n_random_features, self.bandwidth_scale = kernel, n_random_features, bandwidth_scale
         self.alpha, self.decoder_alpha, self.task = alpha, decoder_alpha, task
@@ -238,6 +242,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         self.validation_fraction, self.max_validation_rows = validation_fraction, max_validation_rows
         self.n_iter_no_change, self.early_stopping = n_iter_no_change, early_stopping
         self.bandwidth_sample, self.dtype, self.random_state = bandwidth_sample, dtype, random_state
+        self.time_budget = time_budget
 
     #: parameters that matter only for some values of another: name -> (other, its values that use it);
     #: :class:`~xmldask.model_selection.HeldOutSearch` searches them together and skips ignored ones
@@ -301,6 +306,8 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             n_iter_no_change=check_int(self.n_iter_no_change, "n_iter_no_change", 1),
             bandwidth_sample=check_int(self.bandwidth_sample, "bandwidth_sample", 2),
             dtype=dtype,
+            time_budget=None if getattr(self, "time_budget", None) is None else
+            check_float(self.time_budget, "time_budget", low_open=True),
         )
 
     def _check_fitted(self) -> None:
@@ -680,7 +687,14 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         V = np.zeros_like(Q)
         bad = 0
         n_epochs = 0
+        deadline = d.t_start + p["time_budget"] if p["time_budget"] is not None else math.inf
+        longest = 0.0
         for epoch in range(1, p["max_epochs"] + 1):
+            if time.perf_counter() + longest > deadline:
+                d.history[-1]["stopped"] = "time_budget"
+                logger.info("time budget of %g s: the decoder stops after %d epochs", p["time_budget"], n_epochs)
+                break
+            epoch_start = time.perf_counter()
             n_epochs += 1
             order = rng.permutation(d.X.numblocks[0])
             seed = rng.integers(2**62)
@@ -698,6 +712,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
                 val = self._evaluate(d.Fh, d.Yh, Q, d.loss_fn)
             d.history.append({"epoch": epoch, "learning_rate": lr, "train_loss": total_loss / max(total_rows, 1),
                             **val, "seconds": time.perf_counter() - d.t_start})
+            longest = max(longest, time.perf_counter() - epoch_start)
             logger.info("epoch %d: lr %.3g, train loss %.5g, held-out loss %.5g, P@1 %.4f (%.1f s)", epoch, lr,
                         d.history[-1]["train_loss"], val["val_loss"], val["val_p@1"], d.history[-1]["seconds"])
             if d.Fh is None:
