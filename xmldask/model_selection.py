@@ -318,8 +318,9 @@ class HeldOutSearch:
                     todo.setdefault(key, repeats)
             # with a time budget, fits of a kind run at once only when one of that kind was timed
             timed = self.time_budget is None or bool(self._fit_seconds[bool(overrides)])
+            costliest = max(todo.values(), key=lambda repeats: self._cost(repeats[0]), default=[{}])[0]
             if len(todo) > 1 and timed and not self._over_budget(math.ceil(len(todo) / self.n_jobs),
-                                                                 screened=bool(overrides)):
+                                                                 screened=bool(overrides), params=costliest):
                 fits = dict(zip(todo, thread_map(lambda repeats: self._fits(repeats, X, Y), list(todo.values()),
                                                  self.n_jobs)))
         return [self._fit_one(setting, X, Y, overrides, fits)[0] for setting in settings]
@@ -334,7 +335,7 @@ class HeldOutSearch:
         setting, key, repeats, by_statistics = self._prepare(setting, overrides)
         if key in self._done:
             return self._done[key]
-        if key not in (fits or {}) and self._over_budget(screened=bool(overrides)):
+        if key not in (fits or {}) and self._over_budget(screened=bool(overrides), params=repeats[0]):
             self.skipped_.append({"params": dict(setting), "screened": bool(overrides)})
             logger.info("held-out search: %s not fitted, the time budget of %g s would be spent", setting,
                         self.time_budget)
@@ -353,7 +354,7 @@ class HeldOutSearch:
                               "seconds": round(seconds, 3), "screened": bool(overrides)})
         logger.info("held-out search%s: %s -> %s %.4f (%.1f s%s)", " (screening)" if overrides else "", setting,
                     self.scoring, abs(score), self.results_[-1]["seconds"], self._budget_used())
-        self._fit_seconds[bool(overrides)].append(seconds)
+        self._fit_seconds[bool(overrides)].append(seconds / self._cost(repeats[0]))
         if not overrides and self._best is None:
             self._check_first_model(setting)
         # keep only the best fitted model in memory (a screened fit is never the one kept)
@@ -362,18 +363,25 @@ class HeldOutSearch:
         self._done[key] = (score, None)
         return score, model
 
-    def _over_budget(self, n_fits: int = 1, *, screened: bool = False) -> bool:
-        """Whether ``n_fits`` more fits (``screened`` or full; each as long as the longest of its kind so far, else of
-        the other kind), and the refit, would end past the time budget; never before the first fit, nor before the
-        first full fit (a model is always made)."""
+    def _cost(self, params: dict) -> float:
+        """The relative cost of fitting ``params`` (the estimator's ``relative_cost``, e.g. the width of the embedding
+        classifier's decoder; 1 for an estimator without one)."""
+        cost = getattr(self.estimator, "relative_cost", None)
+        return max(float(cost(params)), 1e-9) if cost is not None and params else 1.0
+
+    def _over_budget(self, n_fits: int = 1, *, screened: bool = False, params: dict | None = None) -> bool:
+        """Whether ``n_fits`` more fits of ``params`` (``screened`` or full: at the highest time per unit of
+        :meth:`_cost` of the fits of its kind so far, else of the other kind), and the refit, would end past the time
+        budget; never before the first fit, nor before the first full fit (a model is always made)."""
         if self.time_budget is None or (not screened and self._best is None):
             return False
-        seconds = self._fit_seconds[screened] or self._fit_seconds[not screened]
-        if not seconds:
+        rates = self._fit_seconds[screened] or self._fit_seconds[not screened]
+        if not rates:
             return False
-        full = self._fit_seconds[False] or seconds
-        refit = max(full) / (1 - self.validation_fraction) if self._split is not None and self.refit else 0.0
-        return time.perf_counter() - self._start + n_fits * max(seconds) + refit > self.time_budget
+        full = self._fit_seconds[False] or rates
+        cost = self._cost(params or {})
+        refit = max(full) * cost / (1 - self.validation_fraction) if self._split is not None and self.refit else 0.0
+        return time.perf_counter() - self._start + n_fits * max(rates) * cost + refit > self.time_budget
 
     def _budget_used(self) -> str:
         if self.time_budget is None:

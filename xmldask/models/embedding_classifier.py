@@ -244,6 +244,13 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         self.bandwidth_sample, self.dtype, self.random_state = bandwidth_sample, dtype, random_state
         self.time_budget = time_budget
 
+    @staticmethod
+    def relative_cost(params: dict) -> float:
+        """How the cost of a fit with ``params`` compares with others' (for a time budget): the width of the decoder
+        its epochs train, the random features of a kernel or the embedding size of the linear map."""
+        kernel = kernel_name(params.get("kernel", "gaussian"))
+        return float(params.get("n_random_features", 2000) if kernel != "none" else params.get("n_components", 50))
+
     #: parameters that matter only for some values of another: name -> (other, its values that use it);
     #: :class:`~xmldask.model_selection.HeldOutSearch` searches them together and skips ignored ones
     conditional_params = {name: ("kernel", ("gaussian", "laplacian"))
