@@ -287,6 +287,8 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel] = Trai
             options = [a for a in typing.get_args(annotation) if a is not type(None)]
             words = tuple(w for a in options if typing.get_origin(a) is Literal for w in typing.get_args(a))
             annotation = next(a for a in options if typing.get_origin(a) is not Literal)
+            if typing.get_origin(annotation) is Annotated and not words:  # X | None: the constraint is pydantic's
+                annotation = typing.get_args(annotation)[0]
         help_text = f"{field.description} (default {field.default})" if field.default is not None else \
             field.description
         kwargs = {"default": None, "help": help_text}
