@@ -159,7 +159,7 @@ def test_one_estimator_base_with_the_scikit_learn_contract(tmp_path):
     from xmldask.embedding import Rembrandt
     from xmldask.models import EmbeddingClassifier, EnsembleClassifier, load_model
 
-    names = set(MODEL_CLASSES)
+    names = {cls.__name__ for cls in MODEL_CLASSES.values()}
     assert {"EmbeddingClassifier", "EnsembleClassifier", "LEML", "BinaryRelevance", "Rembrandt"} <= names
     assert all(issubclass(cls, ParamsMixin) for cls in MODEL_CLASSES.values())
     member = EmbeddingClassifier(n_components=7, kernel="none")
@@ -215,7 +215,8 @@ def _estimators():
              "LEML": {"n_components": 3, "n_iter": 2}, "BinaryRelevance": {},
              "GradFac": {"rounds": 3}, "GradFacEN": {"rounds": 3}, "MultinomialBoosting": {"rounds": 3},
              "OneVsRestBoosting": {"rounds": 3}}
-    return [(name, MODEL_CLASSES[name], small[name]) for name in sorted(small)]
+    by_name = {cls.__name__: cls for cls in MODEL_CLASSES.values()}
+    return [(name, by_name[name], small[name]) for name in sorted(small)]
 
 
 @pytest.mark.parametrize("name, cls, params", _estimators(), ids=lambda v: v if isinstance(v, str) else "")
@@ -260,5 +261,46 @@ def test_the_registry_holds_the_public_classes_only():
     from xmldask.models import _tree_classes
 
     _tree_classes()
-    assert not [name for name in MODEL_CLASSES if name.startswith("_")]
+    assert not [cls for cls in MODEL_CLASSES.values() if cls.__name__.startswith("_")]
     assert set(FAMILIES.values()) <= set(MODEL_CLASSES.values())
+    # keyed by module-qualified name, each key the class's own module and name
+    assert all(name == f"{cls.__module__}.{cls.__qualname__}" for name, cls in MODEL_CLASSES.items())
+
+
+def test_stores_record_the_qualified_class_and_older_stores_still_load(tmp_path):
+    """A model store records its class by module-qualified name; a store that records a bare name (written before)
+    loads as that class; a store naming a module outside xmldask is refused without importing it."""
+    import sys
+
+    import dask.array as da
+    import numpy as np
+    import scipy.sparse as sp
+    import zarr
+
+    import xmldask
+    from xmldask.models import LEML
+    from xmldask.store import StoreError
+    from xmldask.store.integrity import commit_attrs
+    from xmldask.store.models import model_class, model_qualname
+
+    rng = np.random.default_rng(0)
+    X = da.from_array(sp.random(40, 6, density=0.5, format="csr", random_state=rng), chunks=(20, -1),
+                      asarray=False, fancy=False)
+    Y = da.from_array(sp.csr_matrix((rng.random((40, 4)) < 0.3).astype(np.float32)), chunks=(20, -1),
+                      asarray=False, fancy=False)
+    url = str(tmp_path / "leml.zarr")
+    LEML(n_components=2, n_iter=1).fit(X, Y).save(url)
+    assert model_qualname(url) == "xmldask.models.leml.LEML" and model_class(url) == "LEML"
+    group = zarr.open_group(url, mode="r+")
+
+    def recorded_as(name):
+        attrs = dict(group.attrs)
+        commit_attrs(group, url, {**attrs, "xmldask": {**attrs["xmldask"], "class": name}})
+
+    recorded_as("LEML")  # as stores written before recorded it
+    assert type(xmldask.load_model(url)) is LEML
+    recorded_as("antigravity.LEML")
+    assert type(xmldask.load_model(url)) is LEML and "antigravity" not in sys.modules  # found by its name only
+    recorded_as("xmldask.models.leml.Nothing")
+    with pytest.raises(StoreError, match="holds a xmldask.models.leml.Nothing model, which this xmldask cannot"):
+        xmldask.load_model(url)

@@ -82,9 +82,23 @@ def seed_of(random_state) -> int:
                      f"but is {random_state!r}")
 
 
-#: every estimator class by name, as its saved stores record it (filled as the classes are defined):
-#: what :func:`xmldask.models.load_model` reads
+#: every public estimator class by its module-qualified name (``xmldask.models.leml.LEML``), as its saved stores
+#: record it (filled as the classes are defined): what :func:`xmldask.models.load_model` reads
 MODEL_CLASSES: dict[str, type] = {}
+
+
+def qualified_name(cls: type) -> str:
+    """``module.QualName`` of a class: its key in :data:`MODEL_CLASSES` and the class its stores record."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def registered_class(name: str) -> type | None:
+    """The registered class of a store's recorded ``name``: a qualified name, or (stores written before) a bare
+    class name."""
+    if name in MODEL_CLASSES:
+        return MODEL_CLASSES[name]
+    bare = [cls for cls in MODEL_CLASSES.values() if cls.__name__ == name]
+    return bare[0] if len(bare) == 1 else None
 #: the model families of ``xmldask train --model NAME`` (:class:`~xmldask.params.TrainParams`'s ``model``):
 #: the classes that set ``family = NAME``, trained by :func:`xmldask.jobs.train` through their
 #: :meth:`ParamsMixin.from_params` and :meth:`ParamsMixin.fit_dataset`
@@ -103,7 +117,7 @@ class ParamsMixin:
     """scikit-learn's estimator contract: the constructor only stores its parameters; ``get_params`` /
     ``set_params`` over them (``deep`` and ``name__param`` for nested estimators, so
     ``sklearn.base.clone`` works); and ``predict`` from ``predict_topk`` for a classifier with
-    ``n_labels_``. Every subclass is registered in :data:`MODEL_CLASSES` by its name.
+    ``n_labels_``. Every public subclass is registered in :data:`MODEL_CLASSES` by its qualified name.
 
     The parameters are the keyword arguments of ``__init__``; a class may name them in ``_param_names``
     instead.
@@ -117,7 +131,7 @@ class ParamsMixin:
         super().__init_subclass__(**kwargs)
         if cls.__name__.startswith("_"):  # a private base (shared code of public classes) is no model
             return
-        MODEL_CLASSES[cls.__name__] = cls
+        MODEL_CLASSES[qualified_name(cls)] = cls
         if cls.__dict__.get("family"):
             FAMILIES[cls.family] = cls
 

@@ -20,7 +20,7 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from ..base import MODEL_CLASSES, NotFittedError, ParamsMixin
+from ..base import NotFittedError, ParamsMixin, registered_class
 from ..store.layout import StoreError
 from ..store.models import SavedModel, open_model_store
 
@@ -61,7 +61,7 @@ class EmbeddingModel(SavedModel, ParamsMixin):
 def load_model(url: str) -> EmbeddingModel:
     """The embedding model saved at ``url``, whatever its class (:func:`xmldask.models.load_model` opens any model)."""
     group, meta = open_model_store(url, model_version=MODEL_VERSION)
-    cls = MODEL_CLASSES.get(meta.get("class"))
+    cls = registered_class(str(meta.get("class")))
     if cls is None or not issubclass(cls, EmbeddingModel):
         raise StoreError(f"{url} holds a {meta.get('class')!r} model, which is not an embedding model of this "
                          f"xmldask")

@@ -12,7 +12,7 @@ multiclass gradient boosting of oblivious trees (GradFac: one tree a round for a
 :func:`load_model` reads any of them.
 """
 
-from ..base import MODEL_CLASSES, NotFittedError, kept_epoch
+from ..base import MODEL_CLASSES, NotFittedError, kept_epoch, registered_class
 from ._graph import HeldOut
 from .centroid import CENTROID_VERSION, LabelCentroidClassifier
 from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier
@@ -36,16 +36,27 @@ def load_model(url: str):
     StoreError
         No model at ``url``, an incomplete or newer store, or a class this xmldask does not know.
     """
-    from ..store.layout import StoreError
-    from ..store.models import model_class
+    import importlib
 
-    name = model_class(url)
-    _tree_classes()  # registered as they are defined (xmldask.base.MODEL_CLASSES)
-    classes = {name: cls for name, cls in MODEL_CLASSES.items() if hasattr(cls, "load") and hasattr(cls, "fit")}
-    if name not in classes:
+    from ..store.layout import StoreError
+    from ..store.models import model_qualname
+
+    name = model_qualname(url)
+    module, _, attr = name.rpartition(".")
+    cls = None
+    if module.split(".")[0] == "xmldask":  # only this package's modules, whatever a store names
+        try:
+            cls = getattr(importlib.import_module(module), attr, None)
+        except ImportError:
+            cls = None  # moved since: found by its class name below
+    if cls not in MODEL_CLASSES.values():  # a store written before classes were recorded by qualified name
+        _tree_classes()
+        cls = registered_class(attr)
+    if cls is None or not (hasattr(cls, "load") and hasattr(cls, "fit")):
+        readable = sorted(c.__name__ for c in MODEL_CLASSES.values() if hasattr(c, "load") and hasattr(c, "fit"))
         raise StoreError(f"{url} holds a {name} model, which this xmldask cannot read (it reads "
-                         f"{', '.join(classes)})")
-    return classes[name].load(url)
+                         f"{', '.join(readable)})")
+    return cls.load(url)
 
 
 def _tree_classes() -> None:

@@ -21,7 +21,7 @@ from . import _fs
 from .integrity import commit_attrs, open_root
 from .layout import ATTR, LAYOUT_VERSION, StoreError, compressors, read_checked
 
-__all__ = ["SavedModel", "jsonable", "model_class", "open_model_store", "write_model_store"]
+__all__ = ["SavedModel", "jsonable", "model_class", "model_qualname", "open_model_store", "write_model_store"]
 
 #: largest chunk side of a model array
 MODEL_CHUNK = 1 << 16
@@ -149,7 +149,14 @@ def model_attrs(url: str) -> dict:
 
 
 def model_class(url: str) -> str:
-    """The estimator class recorded in the model store at ``url`` (``StoreError`` if it is not one)."""
+    """The name of the estimator class recorded in the model store at ``url`` (``StoreError`` if it is not one):
+    ``"LEML"``, whether the store records it qualified (``xmldask.models.leml.LEML``) or, written before, bare."""
+    return model_qualname(url).rpartition(".")[2]
+
+
+def model_qualname(url: str) -> str:
+    """The estimator class as the model store at ``url`` records it: its module-qualified name (a bare class name
+    in stores written before)."""
     return str(_model_group(url)[1].get("class"))
 
 
@@ -165,9 +172,9 @@ def open_model_store(url: str, *, model_version: int | tuple[int, ...], class_na
         The ``xmldask`` attribute.
     """
     group, meta = _model_group(url)
-    if class_name is not None and meta.get("class") != class_name:
-        raise StoreError(f"{url} holds a {meta.get('class')} model, not a {class_name}; load it with "
-                         f"{meta.get('class')}.load(url){hint}")
+    held = str(meta.get("class")).rpartition(".")[2]
+    if class_name is not None and held != class_name.rpartition(".")[2]:
+        raise StoreError(f"{url} holds a {held} model, not a {class_name}; load it with {held}.load(url){hint}")
     versions = (model_version,) if isinstance(model_version, int) else tuple(model_version)
     if meta.get("model_version") not in versions:
         raise StoreError(f"{url} has model version {meta.get('model_version')}; this xmldask reads "
@@ -212,7 +219,8 @@ class SavedModel:
             ``url``.
         """
         params, fitted, arrays = self._parts()
-        return write_model_store(url, class_name=type(self).__name__, model_version=self._MODEL_VERSION,
+        return write_model_store(url, class_name=f"{type(self).__module__}.{type(self).__qualname__}",
+                                 model_version=self._MODEL_VERSION,
                                  params=params, fitted=fitted, arrays=arrays, meta=meta, overwrite=overwrite)
 
     def _parts(self) -> tuple[dict, dict, dict]:
