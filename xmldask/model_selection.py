@@ -147,8 +147,9 @@ class HeldOutSearch:
     best_score_ : float
         Its held-out score (P@1, or minus the loss).
     results_ : list of dict
-        One per fitted candidate, in fitting order: ``params``, ``score``, ``val_p@1``,
-        ``val_loss``, ``seconds``, and ``screened`` (fitted with ``screen``'s overrides).
+        One per fitted candidate, in fitting order: ``params``, ``score``, ``val_p@1`` and ``val_loss`` (an
+        estimator holding out rows itself) or ``val_p@1``, ``val_p@3``, ``val_p@5`` (the rows the search holds
+        out), ``seconds``, and ``screened`` (fitted with ``screen``'s overrides).
     skipped_ : list of dict
         The settings the ``time_budget`` left unfitted.
     seconds_ : float
@@ -296,15 +297,14 @@ class HeldOutSearch:
         return {**params, "time_budget": max(left, 1e-3)}
 
     def _held_out_figures(self, model) -> dict:
-        """P@1, P@3, P@5 of ``model`` on the rows the search holds out (``val_p@k``; ``val_loss`` is NaN)."""
+        """P@1, P@3, P@5 of ``model`` on the rows the search holds out (``val_p@k``)."""
         from . import metrics
 
         Xv, Yv = self._split["held"][:2]
         k = min(5, int(Yv.shape[1]))
         labels, _ = model.predict_topk(Xv, k=k)
         labels, truth = dask.compute(labels, Yv)
-        return {"val_loss": math.nan, **{f"val_p@{j}": metrics.precision_at_k(truth, labels, k=j)
-                                         for j in (1, 3, 5) if j <= k}}
+        return {f"val_p@{j}": metrics.precision_at_k(truth, labels, k=j) for j in (1, 3, 5) if j <= k}
 
     def _fit_many(self, settings: list[dict], X, Y, overrides: dict | None = None) -> list[float]:
         """The held-out score of each setting (:meth:`_fit_one`); the fits not yet made run in up to ``n_jobs``
