@@ -33,7 +33,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .base import FAMILIES, check_fully_observed
+from .base import FAMILIES, ParamsMixin, check_fully_observed
 from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, kernel_name, validated
 from .scheduling import concurrent_fits, memory_for_data, release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
@@ -266,10 +266,14 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
     if grid:
         from .model_selection import HeldOutSearch
 
+        reads_mask = cls.fit_dataset is not ParamsMixin.fit_dataset  # LEML, BR: the observed entries
+        if not reads_mask:
+            check_fully_observed(data, cls.__name__)
         data = _held_in_memory(data)
         fitted = HeldOutSearch(est, grid, scoring=cls.search_scoring, strategy=p.search_strategy,
                                max_extensions=p.search_extensions, n_jobs=concurrent_fits(),
-                               time_budget=p.time_budget).fit(data.X, data.Y, data.observed, started=start)
+                               time_budget=p.time_budget).fit(data.X, data.Y, data.observed if reads_mask else None,
+                                                              started=start)
         est = fitted.best_estimator_
     else:
         est.fit_dataset(data)
@@ -289,7 +293,7 @@ def _family_grid(cls, p: TrainParams, given: dict) -> dict | None:
     if not p.search:
         return None
     if p.search == "auto":
-        given = {"n_components" if name == "k" else name for name in given}
+        given = {_ESTIMATOR_NAMES.get(name, name) for name in given}
         grid = {name: list(values) for name, values in getattr(cls, "auto_search", {}).items() if name not in given}
         return grid or None
     check_search({"model": p.model, "search": p.search})
@@ -369,9 +373,14 @@ def _check_memory(est, data) -> None:
     return need
 
 
+#: estimator parameters under their training parameters' names (:class:`~xmldask.params.TrainParams`)
+_ESTIMATOR_NAMES = {"k": "n_components", "depth": "max_depth"}
+
+
 def _public(params: dict) -> dict:
-    """Classifier parameters in the job's names: ``n_components`` as ``k``."""
-    return {("k" if name == "n_components" else name): value for name, value in params.items()}
+    """Estimator parameters in the job's names: ``n_components`` as ``k``, ``max_depth`` as ``depth``."""
+    public = {estimator: job for job, estimator in _ESTIMATOR_NAMES.items()}
+    return {public.get(name, name): value for name, value in params.items()}
 
 
 #: the training parameters a search may choose (besides the embedding classifier's own, :func:`_estimator_only`)
@@ -403,8 +412,7 @@ def _search_grid(search: dict) -> dict:
     grid = {}
     for name, values in search.items():
         values = list(values) if isinstance(values, (list, tuple)) else [values]
-        grid["n_components" if name == "k" else name] = [kernel_name(v) for v in values] if name == "kernel" \
-            else values
+        grid[_ESTIMATOR_NAMES.get(name, name)] = [kernel_name(v) for v in values] if name == "kernel" else values
     return grid
 
 

@@ -185,7 +185,7 @@ class TrainParams(BaseModel):
         if model == "centroid":
             return _resolve_for(cls, data, "model=centroid", _CENTROID_PARAMS)
         if model in BOOSTING_MODELS:
-            return _resolve_for(cls, data, f"model={model}", _BOOSTING_PARAMS)
+            return _resolve_for(cls, data, f"model={model}", _BOOSTING_PARAMS, searched=True)
         only_boosting = sorted(name for name in ("rounds", "learning_rate", "depth")
                                if name in data and data[name] != cls.model_fields[name].default)
         if only_boosting:

@@ -162,6 +162,11 @@ class _DaskRows:
 # the estimators
 
 
+#: the deepest trees a search extends its grid to: a level doubles a tree's leaves and its histograms (the cost of a
+#: round), so past this the rounds' cost, not the held-out loss, decides (docs/measurements.md)
+MAX_SEARCHED_DEPTH = 12
+
+
 class _Boosting(SavedModel, ParamsMixin):
     """What the four boosting models share: inputs, binning, the round loop, prediction and storage."""
 
@@ -169,6 +174,14 @@ class _Boosting(SavedModel, ParamsMixin):
     _trees = "per_class"
     #: the link of the scores: "softmax" (multinomial) or "sigmoid" (one-vs-rest)
     _link = "softmax"
+    #: ``xmldask train --model NAME`` chooses the trees' depth by held-out loss unless given (the rounds early-stop
+    #: on the same held-out rows; a grid whose deepest value wins is extended, at most to :data:`MAX_SEARCHED_DEPTH`)
+    auto_search = {"max_depth": [6, 10]}
+    search_scoring = "loss"
+
+    def search_bounds(self, X, Y) -> dict[str, tuple]:
+        """``max_depth`` is 1 to :data:`MAX_SEARCHED_DEPTH`."""
+        return {"max_depth": (1, MAX_SEARCHED_DEPTH)}
 
     @classmethod
     def from_params(cls, params, **extra):
