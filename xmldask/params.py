@@ -53,8 +53,7 @@ def kernel_name(value) -> str:
 #: where it is not given, in this order: the input features, the embedding size ``k`` (400 is lowered to
 #: the number of labels), the ridge ``alpha`` (grids extended past a winning end), then the decoder's
 #: feature map, linear or Gaussian random features. The first three are screened by the ridge decoder on
-#: the linear map (:data:`SCREEN`); the kernels are full fits. Measured on bibtex, test P@1: the former
-#: default (kernel only) 57.3, this search 64.0 (see docs/benchmarks.md)
+#: the linear map (:data:`SCREEN`); the kernels are full fits (its measurements: docs/measurements.md)
 AUTO_SEARCH = {"features": ("raw", "tfidf"), "k": (50, 400), "alpha": (1e-3, 0.1, 3.0), "kernel": ("none", "gaussian")}
 #: how a search screens its candidates (``search_screen``): no decoder epochs (the ridge decoder alone)
 #: and the linear feature map; the searched kernels and the winner get full fits. The screen's winner is a
@@ -67,9 +66,8 @@ SCREEN_ROWS = 1000
 #: ``search_repeats="auto"``: at most this many splits per screened setting
 MAX_SCREEN_REPEATS = 5
 #: ``n_estimators="auto"`` after a search: the chosen setting is fitted this many times with other seeds (each
-#: holding out its own rows) and the probabilities averaged, as Omikuji's default averages 3 trees. Measured
-#: (test P@1, one model -> 3): yeast 75.35 -> 76.12, bibtex 64.49 -> 65.92, delicious 68.76 -> 68.70
-#: (P@3 62.10 -> 62.27), for two more fits of the chosen setting. Without a search (``--no-search``): 1
+#: holding out its own rows) and the probabilities averaged, as Omikuji's default averages 3 trees (its
+#: measurements: docs/measurements.md). Without a search (``--no-search``): 1
 AUTO_ESTIMATORS = 3
 #: passes of the tree classifier (``tree=``) unless ``max_epochs`` is given: its
 #: :class:`~xmldask.models.tree_classifier.TreeClassifier` default (the reference code trains 200-250)
