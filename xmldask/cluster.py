@@ -31,9 +31,8 @@ the cores among processes.
 e.g. a dataset store's :attr:`~xmldask.store.Dataset.nbytes`) and takes at most
 :data:`IN_PROCESS_MEMORY_SHARE` of the machine's memory, the workers are threads of this process: no
 process start-up, no pickling of row blocks and results between a worker and this process (where the
-decoder's SGD epochs and the searches run), and no limit to enforce that the data could reach. Measured
-here (``xmldask train`` defaults, one worker of two threads, while a CI run used the machine): yeast
-7.5-11.4 s with a worker process, 3.7-5.7 s with threads; bibtex 28-30 s and 15-20 s.
+decoder's SGD epochs and the searches run), and no limit to enforce that the data could reach
+(docs/measurements.md).
 
 Examples
 --------
@@ -272,9 +271,8 @@ class MallocThresholds(WorkerPlugin):
     ``memory_limit / 512`` between 128 KiB and 32 MiB (glibc's own adaptive maximum on 64-bit systems),
     and the trim threshold to twice that, as glibc's adaptive rule pairs them: a worker of the machine's
     24 GB gets 32 MiB, one of 1 GiB 2 MiB, one of 256 MiB 512 KiB. What the heap keeps grows with the
-    threshold, so it is bounded by the worker's limit. Measured (``X^T (X Q)``, k = 64, 1.2 M rows in 19
-    blocks, one worker of two threads, median of 4 passes, peak RSS): Dask's setting 6.9 s / 370 MB,
-    8 MiB 4.7 s / 531 MB, 32 MiB 4.3 s / 646 MB. A no-op where the C library is not glibc. Teardown puts
+    threshold, so it is bounded by the worker's limit (docs/measurements.md). A no-op where the C library is
+    not glibc. Teardown puts
     back what a process started with ``MALLOC_TRIM_THRESHOLD_`` had (a nanny's worker: 128 KiB and that
     trim threshold); a process started without it (workers that are threads of the client's process)
     keeps these thresholds, near where glibc's adaptive rule had taken it (mallopt cannot turn that rule

@@ -178,9 +178,8 @@ IN_MEMORY_SHARE = 1 / 8
 
 def _held_in_memory(data):
     """``data`` with ``X`` and ``Y`` persisted in the workers' memory when they are small enough
-    (:data:`IN_MEMORY_SHARE`), so that many passes read the store once (yeast's search and ensemble: about
-    1.4x faster, ALOI's deterministic tree 1.6x); as it is otherwise, each pass then reading its blocks from
-    the store."""
+    (:data:`IN_MEMORY_SHARE`), so that many passes read the store once (docs/measurements.md); as it is
+    otherwise, each pass then reading its blocks from the store."""
     if data.nbytes > IN_MEMORY_SHARE * memory_for_data():
         return data
     logger.info("holding the training rows in memory for the fits (%.1f MB)", data.nbytes / 1e6)

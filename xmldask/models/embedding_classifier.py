@@ -338,8 +338,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         directions, else ``None``. A label embedding of every direction is an orthonormal basis of all of them, and
         the ridge map, the decoder (its ridge, the SGD steps and their preconditioner) and the random features'
         distribution are the same in any orthonormal basis: the identity gives the predictions Rembrandt's (or
-        CS's, or PLST's) basis gives, without its decomposition (lshtc1's default training, k = 1,139: 109 s
-        -> 87 s)."""
+        CS's, or PLST's) basis gives, without its decomposition (docs/measurements.md)."""
         name = self.embedding.lower() if isinstance(self.embedding, str) else None
         if name in _EMBEDDING_CLASSES and name != "pca" and p["n_components"] >= n_labels:
             return np.eye(n_labels, dtype=p["dtype"])
