@@ -33,7 +33,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .base import FAMILIES, ParamsMixin, check_fully_observed
+from .base import FAMILIES, BudgetError, ParamsMixin, check_fully_observed
 from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, kernel_name, validated
 from .scheduling import concurrent_fits, memory_for_data, release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
@@ -150,8 +150,6 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
 def _check_one_fit(budget: float | None, seconds: float) -> None:
     """Refuse a time budget that the one fit asked for (no search) exceeded, naming its time (nothing is saved)."""
     if budget is not None and seconds > budget:
-        from .model_selection import BudgetError
-
         raise BudgetError(f"a time budget of {budget:g} s is shorter than one fit, which took {seconds:.1f} s; give at "
                           f"least {math.ceil(seconds * 1.5)} s, or no budget")
 
