@@ -62,11 +62,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import os
+    import signal
+    import sys
+
+    from prefect.settings import get_current_settings
+
     from .stage_flows import parse_command_line
 
     args, model, given = parse_command_line(build_parser(), argv, skip=("cron", "name"))
+    if not get_current_settings().api.url:
+        # a temporary server keeps no schedule, and the terminal's Ctrl-C would stop it under the runner
+        print("python -m flows.deploy: a schedule needs a Prefect server: run `prefect server start` and "
+              "`export PREFECT_API_URL=http://127.0.0.1:4200/api` first", file=sys.stderr)
+        return 2
     parameters = {name: value for name, value in given.items() if value is not None}
+
+    def interrupted(signum, frame):
+        if interrupted.seen:
+            os._exit(130)
+        interrupted.seen = True
+        raise KeyboardInterrupt  # the runner pauses the deployment and stops
+
+    interrupted.seen = False
+    signal.signal(signal.SIGINT, interrupted)
     serve(cron=args.cron, name=args.name, **parameters, **({"model": model} if model else {}))
+    if interrupted.seen:
+        print(f"python -m flows.deploy: interrupted; the deployment {args.name!r} is paused until it is served "
+              "again", file=sys.stderr)
+        return 130
     return 0
 
 

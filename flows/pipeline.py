@@ -24,6 +24,7 @@ The last line printed is the run directory.
 
 
 import argparse
+import signal
 import sys
 from typing import Annotated
 
@@ -43,7 +44,9 @@ from .stage_flows import (
     add_command_line_options,
     dask_client,
     evaluate_flow,
+    exit_on_interrupt,
     ingest_flow,
+    interruptible,
     new_run_dir,
     output,
     parse_command_line,
@@ -113,6 +116,7 @@ def summary(stages: dict[str, dict]) -> dict[str, dict]:
 
 
 @flow(name="xmldask-pipeline", log_prints=True)
+@interruptible
 def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, storage: str | None = None,
              scheduler: str | None = None, n_workers: PositiveInt | None = None,
              threads_per_worker: PositiveInt | None = None, processes: bool | None = None,
@@ -211,37 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def stop_on_interrupt(what: str) -> None:
-    """Ctrl-C (SIGINT) ends this command at once with status 130: one line saying what was interrupted, this
-    process's children (the temporary Prefect server, the local Dask workers) stopped, no traceback. The stages
-    write into temporary directories published whole, so nothing half-written stays; a second Ctrl-C during the
-    stop exits without waiting. (Without it, Prefect retries its dead temporary server for minutes.)"""
-    import os
-    import signal
-
-    def interrupted(signum, frame):
-        if getattr(interrupted, "once", False):
-            os._exit(130)
-        interrupted.once = True
-        print(f"{what}: interrupted; the stages that finished are kept, nothing else was written", file=sys.stderr,
-              flush=True)
-        try:
-            import psutil
-
-            children = psutil.Process().children(recursive=True)
-            for child in children:
-                child.terminate()
-            _, alive = psutil.wait_procs(children, timeout=3)
-            for child in alive:
-                child.kill()
-        finally:
-            os._exit(130)
-
-    signal.signal(signal.SIGINT, interrupted)
-
-
 def main(argv: list[str] | None = None) -> int:
-    stop_on_interrupt("python -m flows.pipeline")
+    signal.signal(signal.SIGINT, exit_on_interrupt("python -m flows.pipeline"))
     args, model, given = parse_command_line(
         build_parser(), argv, skip=("grow_tree", *(f"tree_{name}" for name in TreeParams.model_fields)))
     if args.grow_tree:

@@ -39,6 +39,7 @@ from .stage_flows import (
     dask_client,
     evaluate_flow,
     ingest_flow,
+    interruptible,
     new_run_dir,
     output,
     predict_flow,
@@ -167,6 +168,7 @@ def _decide(new: dict, current: dict | None, metric: str) -> tuple[bool, str]:
 
 
 @flow(name="xmldask-refresh", log_prints=True)
+@interruptible
 def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None = None,
             storage: str | None = None, scheduler: str | None = None, n_workers: PositiveInt | None = None,
             threads_per_worker: PositiveInt | None = None, processes: bool | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -511,6 +512,76 @@ def test_ctrl_c_in_the_pipeline_exits_130_at_once_with_one_line_and_no_child_lef
     assert "interrupted; the stages that finished are kept" in rest and "Traceback" not in rest, rest[-3000:]
     _, alive = psutil.wait_procs(children, timeout=10)
     assert not alive, [p.cmdline() for p in alive]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_ctrl_c_in_a_stage_flow_run_from_a_script_exits_130_at_once(tmp_path):
+    """The terminal's Ctrl-C (SIGINT to the whole process group, the temporary Prefect server included) while
+    `train_flow` computes in a user's script: before, about 74 s of Prefect retrying its dead server, 150 lines
+    ending in an `httpx.ConnectError` traceback, exit 1."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    from xmldask.datasets import make_synthetic
+
+    make_synthetic(str(tmp_path / "train.zarr"), n_samples=20_000, n_features=2_000, n_labels=200, seed=0)
+    script = tmp_path / "train.py"
+    script.write_text("from flows.stage_flows import train_flow\n"
+                      f"train_flow({str(tmp_path / 'train.zarr')!r}, storage={str(tmp_path / 'storage')!r})\n")
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    root = Path(__file__).resolve().parents[1]
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"), PYTHONPATH=str(root))
+    proc = subprocess.Popen([sys.executable, str(script)], cwd=root, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "held-out search" in line:  # the train stage computes
+            break
+    assert proc.poll() is None, "".join(seen[-30:])
+    children = psutil.Process(proc.pid).children(recursive=True)
+    assert children  # the temporary Prefect server at least
+    os.killpg(proc.pid, signal.SIGINT)  # as a terminal does
+    rest = proc.communicate(timeout=30)[0]
+    assert proc.returncode == 130, rest[-3000:]
+    assert "train_flow: interrupted; the stages that finished are kept" in rest, rest[-3000:]
+    assert "Traceback" not in rest, rest[-3000:]
+    _, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive, [p.cmdline() for p in alive]
+
+
+def test_a_flow_takes_ctrl_c_only_where_it_is_python_s_default(monkeypatch):
+    import signal
+
+    from flows.stage_flows import interruptible
+
+    seen = []
+
+    @interruptible
+    def work():
+        seen.append(signal.getsignal(signal.SIGINT))
+        return 7
+
+    monkeypatch.delitem(sys.modules, "IPython", raising=False)  # pytest may have imported it
+    monkeypatch.delattr(sys, "ps1", raising=False)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    assert work() == 7 and seen[-1] is not signal.default_int_handler and seen[-1].__name__ == "interrupted"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+    def mine(signum, frame):
+        pass
+
+    signal.signal(signal.SIGINT, mine)  # the program's own handler is left alone
+    try:
+        assert work() == 7 and seen[-1] is mine
+    finally:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    monkeypatch.setattr(sys, "ps1", ">>> ", raising=False)  # an interactive session keeps KeyboardInterrupt
+    assert work() == 7 and seen[-1] is signal.default_int_handler
 
 
 def test_prefect_engine_lines_leave_the_terminal_unless_verbose(monkeypatch):

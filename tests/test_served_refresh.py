@@ -85,7 +85,7 @@ def served(tmp_path_factory):
                                   capture_output=True).returncode == 0
 
         _wait("python -m flows.deploy", registered, REGISTER, deploy, logs["deploy"])
-        yield {"env": env, "root": root, "storage": root / "storage", "logs": logs}
+        yield {"env": env, "root": root, "storage": root / "storage", "logs": logs, "procs": procs}
     finally:
         for proc in reversed(procs):
             _stop(proc)
@@ -135,3 +135,23 @@ def test_served_refresh_ingests_promotes_and_quarantines(served):
     assert sorted(e["status"] for e in ledger["files"].values()) == ["ingested", "quarantined"]
     assert json.loads((storage / "refresh" / "current.json").read_text()) == current  # nothing new: unchanged
     shutil.rmtree(incoming)
+
+
+def test_ctrl_c_stops_serving_with_status_130_and_one_line(served):
+    """Last in this module: it stops the served deployment (Prefect pauses it)."""
+    deploy = served["procs"][-1]
+    log = served["logs"]["deploy"]
+    before = len(log.read_text())
+    os.killpg(deploy.pid, signal.SIGINT)  # as a terminal does
+    assert deploy.wait(timeout=10) == 130
+    said = log.read_text()[before:]
+    assert "interrupted; the deployment 'xmldask-refresh' is paused" in said and "Traceback" not in said, said
+
+
+def test_serving_without_a_prefect_server_is_refused(tmp_path):
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PREFECT_")}
+    env.update(PREFECT_HOME=str(tmp_path / "prefect-home"))
+    done = subprocess.run([sys.executable, "-m", "flows.deploy", "--test", str(tmp_path / "test.zarr")], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    assert "a schedule needs a Prefect server: run `prefect server start`" in done.stderr, done.stderr
