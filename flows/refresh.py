@@ -177,6 +177,8 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
             spectrum_components: PositiveInt | None = SPECTRUM_COMPONENTS, metric: str = "P@1") -> dict:
     """Pick up new files, append them once, retrain, and promote the new model if it is not worse.
 
+    The parameters not listed here are those of :func:`flows.pipeline.pipeline`.
+
     Parameters
     ----------
     test : list of str
@@ -187,7 +189,6 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
         The training dataset store to grow (default ``<storage>/refresh/train.zarr``).
     metric : str, default "P@1"
         The held-out metric of the promotion rule (larger is better).
-    Other parameters as :func:`flows.pipeline.pipeline`.
 
     Returns
     -------

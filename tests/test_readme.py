@@ -101,3 +101,25 @@ def test_the_readme_is_short_and_every_link_of_the_pages_resolves():
         for target in re.findall(r"\]\(([^)#]+?)(?:#[^)]*)?\)", page.read_text()):
             if "://" not in target:
                 assert (page.parent / target).exists(), f"{page.name} links to {target}, which does not exist"
+
+
+def test_the_api_reference_covers_every_public_module():
+    """Each public module (no ``_`` in its dotted name) is on docs/api.md, or everything it exports is exported by a
+    module that is (a package re-exporting its modules' classes)."""
+    import importlib
+
+    listed = re.findall(r"^::: ([\w.]+)$", (REPO / "docs" / "api.md").read_text(), flags=re.M)
+    exported = {id(getattr(importlib.import_module(name), attr))
+                for name in listed for attr in getattr(importlib.import_module(name), "__all__", ())}
+    missing = []
+    for package in ("xmldask", "flows"):
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            parts = parts[:-1] if parts[-1] == "__init__" else parts
+            name = ".".join(parts)
+            if any(part.startswith("_") for part in parts) or name in listed or name in ("xmldask.cli", "flows"):
+                continue
+            module = importlib.import_module(name)
+            if not {id(getattr(module, attr)) for attr in getattr(module, "__all__", ())} <= exported - {None}:
+                missing.append(name)
+    assert not missing, f"public modules on no page of docs/api.md: {missing}"

@@ -263,50 +263,9 @@ def _chunk(model: _Model, p: dict, rng: np.random.Generator, n: int) -> tuple[sp
 # --------------------------------------------------------------------------------------------------
 # public API
 
-_KNOB_DOC = """n_samples : int
-        Number of rows.
-    n_features : int
-        Number of feature columns (at most 2**31 - 1).
-    n_labels : int
-        Number of label columns (at most 2**31 - 1).
-    multiclass : bool, default False
-        Exactly one label per row (drawn from the row's dominant topic) instead of a label set.
-    rank : int, optional
-        Number of latent topics, the rank of the planted feature-label relation; default 32, or
-        ``min(n_features, n_labels)`` if smaller. At most ``n_features`` and ``n_labels``.
-    avg_features : float, default 20.0
-        Mean number of feature tokens per row (``max(1, Poisson(avg_features))``); repeated tokens
-        add up, so the mean number of nonzeros per row is somewhat smaller.
-    avg_labels : float, default 3.0
-        Mean number of label draws per row (``1 + Poisson(avg_labels - 1)``), at least 1; repeated
-        draws collapse, so the mean number of distinct labels is somewhat smaller. Ignored when
-        ``multiclass``.
-    feature_exponent : float, default 1.1
-        Zipf exponent of the feature frequencies (0 gives uniform frequencies).
-    label_exponent : float, default 1.1
-        Zipf exponent of the label frequencies within a topic.
-    topic_exponent : float, default 1.0
-        Zipf exponent of the topic popularity. It shapes the head of the label frequencies, and how
-        much better than predicting the most frequent labels a model can do: flatter (e.g. 0.5)
-        makes the most frequent labels rarer and the data harder to guess without the features.
-    background : float, default 0.3
-        Probability that a feature token is background (drawn from the global Zipf law over all
-        features, independent of the topics), in [0, 1].
-    seed : int, default 0
-        Seed of the model and the rows; the same seed and arguments give the same output.
-    split : str, default "train"
-        Name of the split: splits drawn with the same seed share the model (the feature-label
-        relation) but have independent rows."""
 
 
-def _document_knobs(func):
-    """Put the shared parameter documentation in place of ``{knobs}`` in the docstring of ``func``."""
-    if func.__doc__:  # None under python -OO
-        func.__doc__ = func.__doc__.replace("{knobs}", _KNOB_DOC)
-    return func
 
-
-@_document_knobs
 def iter_synthetic(*, n_samples: int, n_features: int, n_labels: int, multiclass: bool = False, rank: int | None = None,
                    avg_features: float = 20.0, avg_labels: float = 3.0, feature_exponent: float = 1.1,
                    label_exponent: float = 1.1, topic_exponent: float = 1.0, background: float = 0.3,
@@ -318,7 +277,9 @@ def iter_synthetic(*, n_samples: int, n_features: int, n_labels: int, multiclass
 
     Parameters
     ----------
-    {knobs}
+    n_samples, n_features, n_labels, multiclass, rank, avg_features, avg_labels, feature_exponent, \
+label_exponent, topic_exponent, background, seed, split
+        As :func:`make_synthetic`.
 
     Yields
     ------
@@ -351,7 +312,6 @@ def _iter_chunks(p: dict) -> Iterator[tuple[sp.csr_matrix, sp.csr_matrix]]:
         yield _chunk(model, p, rng, min(CHUNK_ROWS, p["n_samples"] - start))
 
 
-@_document_knobs
 def make_synthetic(out: str, *, n_samples: int, n_features: int, n_labels: int, multiclass: bool = False,
                    rank: int | None = None, avg_features: float = 20.0, avg_labels: float = 3.0,
                    feature_exponent: float = 1.1, label_exponent: float = 1.1, topic_exponent: float = 1.0,
@@ -367,7 +327,40 @@ def make_synthetic(out: str, *, n_samples: int, n_features: int, n_labels: int, 
     ----------
     out : str
         Path or fsspec URL of the new store.
-    {knobs}
+    n_samples : int
+        Number of rows.
+    n_features : int
+        Number of feature columns (at most 2**31 - 1).
+    n_labels : int
+        Number of label columns (at most 2**31 - 1).
+    multiclass : bool, default False
+        Exactly one label per row (drawn from the row's dominant topic) instead of a label set.
+    rank : int, optional
+        Number of latent topics, the rank of the planted feature-label relation; default 32, or
+        ``min(n_features, n_labels)`` if smaller. At most ``n_features`` and ``n_labels``.
+    avg_features : float, default 20.0
+        Mean number of feature tokens per row (``max(1, Poisson(avg_features))``); repeated tokens
+        add up, so the mean number of nonzeros per row is somewhat smaller.
+    avg_labels : float, default 3.0
+        Mean number of label draws per row (``1 + Poisson(avg_labels - 1)``), at least 1; repeated
+        draws collapse, so the mean number of distinct labels is somewhat smaller. Ignored when
+        ``multiclass``.
+    feature_exponent : float, default 1.1
+        Zipf exponent of the feature frequencies (0 gives uniform frequencies).
+    label_exponent : float, default 1.1
+        Zipf exponent of the label frequencies within a topic.
+    topic_exponent : float, default 1.0
+        Zipf exponent of the topic popularity. It shapes the head of the label frequencies, and how
+        much better than predicting the most frequent labels a model can do: flatter (e.g. 0.5)
+        makes the most frequent labels rarer and the data harder to guess without the features.
+    background : float, default 0.3
+        Probability that a feature token is background (drawn from the global Zipf law over all
+        features, independent of the topics), in [0, 1].
+    seed : int, default 0
+        Seed of the model and the rows; the same seed and arguments give the same output.
+    split : str, default "train"
+        Name of the split: splits drawn with the same seed share the model (the feature-label
+        relation) but have independent rows.
     block_rows : int, default BLOCK_ROWS
         Rows per row block of the store (one Dask task each); does not change the data.
     normalize : {"none", "l2", "l1", "sqrt"}, default "none"
@@ -410,7 +403,6 @@ def make_synthetic(out: str, *, n_samples: int, n_features: int, n_labels: int, 
 
 
 
-@_document_knobs
 def write_synthetic_text(path: str, *, n_samples: int, n_features: int, n_labels: int, multiclass: bool = False,
                          rank: int | None = None, avg_features: float = 20.0, avg_labels: float = 3.0,
                          feature_exponent: float = 1.1, label_exponent: float = 1.1,
@@ -423,7 +415,9 @@ def write_synthetic_text(path: str, *, n_samples: int, n_features: int, n_labels
     path : str
         Path or fsspec URL of the file, gzip-compressed if it ends with ``.gz``. An existing file is
         replaced; the file appears only once complete.
-    {knobs}
+    n_samples, n_features, n_labels, multiclass, rank, avg_features, avg_labels, feature_exponent, \
+label_exponent, topic_exponent, background, seed, split
+        As :func:`make_synthetic`.
 
     Returns
     -------
