@@ -162,6 +162,34 @@ def test_beam_restricts_candidates_to_the_best_clusters(small):
     assert p1 > 0.3
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("budget", [None, 3, 0])  # default; a budget of 3 dense columns; no dense column
+def test_dense_summary_columns_give_the_sparse_product(dtype, budget, monkeypatch):
+    """The summaries split into dense shared columns and a sparse rest score every row as ``X @ M.T`` does, and
+    the best clusters are the same, on rows of uneven lengths."""
+    from xmldask.models import centroid as C
+
+    if budget is not None:
+        monkeypatch.setattr(C, "DENSE_BUDGET", budget * 16)
+    rng = np.random.default_rng(3)
+    M = sp.hstack([rng.random((16, 12)).astype(np.float32),  # 12 features in every summary
+                   sp.random(16, 288, density=0.05, random_state=4, dtype=np.float32)], format="csr")
+    M = C._unit_rows(M)
+    X = sp.hstack([np.ones((37, 1), dtype), sp.random(37, 299, density=0.08, random_state=5, dtype=dtype)],
+                  format="csr")  # every row has a shared feature
+    MT, MH, head = C._split_summaries(M)
+    shared = np.flatnonzero(np.bincount(M.indices, minlength=300) >= 4)  # in a quarter of the 16 clusters
+    assert set(range(12)) <= set(shared) and set(head) <= set(shared)
+    assert len(head) == (len(shared) if budget is None else budget) and MH.shape == (len(head), 16)
+    assert MT[head].nnz == 0 and MT.nnz + np.count_nonzero(MH) == M.nnz
+    reference = (sp.csr_matrix(X, dtype=np.float64) @ sp.csr_matrix(M, dtype=np.float64).T).toarray()
+    np.testing.assert_allclose((X @ MT).toarray() + C._head_columns(X, head) @ MH, reference, rtol=1e-5, atol=1e-6)
+    for b in (1, 4):
+        best = np.sort(C._best_clusters(X, MT, b, (MH, head)), axis=1)
+        expected = np.sort(np.argpartition(-reference, b - 1, axis=1)[:, :b], axis=1)
+        assert (best == expected).mean() > 0.99  # up to float32 ties
+
+
 def test_beam_auto_is_chosen_on_held_out_rows(small, tmp_path):
     """``beam="auto"``: each of AUTO_BEAMS (at most the clusters) scored on held-out training rows left out of the
     centroids; the best kept (ties: the smaller), recorded, saved and used."""

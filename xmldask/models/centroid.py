@@ -51,6 +51,12 @@ HELD_OUT_ROWS = 2000
 SUMMARY_BUDGET = 1 << 22
 #: bytes of one stored sparse entry (float32 value, int32 column id), as in the partial sums
 _ENTRY_BYTES = 8
+#: a feature's summary column is kept dense when at least this share of the clusters have the feature: a row's
+#: frequent words are in most summaries (the head of a Zipf vocabulary), and a sparse-times-dense product walks
+#: such a column far faster than a sparse product, which accumulates each entry through a hash of columns
+DENSE_SHARE = 1 / 4
+#: dense summary cells at most (float32: 128 MiB), the columns in most clusters first
+DENSE_BUDGET = 1 << 25
 
 
 # --------------------------------------------------------------------------------------------------
@@ -134,10 +140,11 @@ def balanced_clusters(W: sp.csr_matrix, labels: np.ndarray, leaf_labels: int, rn
     return order, offsets
 
 
-def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, *, beam: int, k: int):
+def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, MH=None, head=None, *, beam: int, k: int):
     """Top-``k`` labels and cosines of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
 
-    ``MT``: the cluster summaries transposed (``d x n_clusters``); ``W``: the label centroids in cluster order.
+    ``MT``: the cluster summaries transposed (``d x n_clusters``), without the rows of the features ``head`` whose
+    columns ``MH`` holds dense (:func:`_split_summaries`); ``W``: the label centroids in cluster order.
     A row scores the summaries (in batches whose dense ``rows x n_clusters`` scores hold at most
     :data:`SUMMARY_BUDGET` entries), then the labels of its ``beam`` best clusters, one product per cluster for
     all the block's rows that chose it; slots left over (fewer candidates than ``k``) get the ``fallback`` labels
@@ -145,6 +152,7 @@ def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, *, beam: int, k: 
     """
     MT, W = _unwrap(MT), _unwrap(W)
     Xb = _rows_block(Xb, idf)
+    dense = (MH, head) if MH is not None and head is not None and len(head) else None
     n = Xb.shape[0]
     n_clusters = len(offsets) - 1
     labels = np.full((n, k), -1, np.int64)
@@ -152,7 +160,7 @@ def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, *, beam: int, k: 
     if n and n_clusters:
         b = min(beam, n_clusters)
         step = max(1, SUMMARY_BUDGET // n_clusters)
-        best = np.vstack([_best_clusters(Xb[i:i + step], MT, b) for i in range(0, n, step)])
+        best = np.vstack([_best_clusters(Xb[i:i + step], MT, b, dense) for i in range(0, n, step)])
         rows = np.repeat(np.arange(n), b)
         clusters = best.ravel()
         by_cluster = np.argsort(clusters, kind="stable")
@@ -186,13 +194,49 @@ def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, *, beam: int, k: 
     return np.hstack([labels.astype(np.float64), scores])
 
 
-def _best_clusters(Xb, MT, b: int) -> np.ndarray:
-    """The ``b`` clusters of highest summary cosine of each row (unordered), shape ``(n_rows, b)``."""
+def _best_clusters(Xb, MT, b: int, dense=None) -> np.ndarray:
+    """The ``b`` clusters of highest summary cosine of each row (unordered), shape ``(n_rows, b)``; ``dense``: the
+    summaries' dense columns and their feature ids (:func:`_split_summaries`), the rest in ``MT``."""
     S = (Xb @ MT).toarray() if sp.issparse(MT) else np.asarray(Xb @ MT)
+    if dense is not None:
+        MH, head = dense
+        S += _head_columns(sp.csr_matrix(Xb), head) @ MH
     n_clusters = S.shape[1]
     if b < n_clusters:
         return np.argpartition(-S, b - 1, axis=1)[:, :b]
     return np.broadcast_to(np.arange(n_clusters), (S.shape[0], n_clusters))
+
+
+def _head_columns(Xb: sp.csr_matrix, head: np.ndarray) -> sp.csr_matrix:
+    """The columns ``head`` (sorted feature ids) of ``Xb``, renumbered ``0..len(head)-1`` (one pass over its
+    entries)."""
+    if not len(head):
+        return sp.csr_matrix((Xb.shape[0], 0), dtype=Xb.dtype)
+    pos = np.minimum(np.searchsorted(head, Xb.indices), len(head) - 1)
+    hit = head[pos] == Xb.indices
+    rows = np.repeat(np.arange(Xb.shape[0]), np.diff(Xb.indptr))[hit]
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=Xb.shape[0]))])
+    return sp.csr_matrix((Xb.data[hit], pos[hit], indptr), shape=(Xb.shape[0], len(head)))
+
+
+def _split_summaries(M: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
+    """The summaries ``M`` (``n_clusters x d``) as the prediction reads them: ``(MT, MH, head)``, ``head`` the
+    features in at least :data:`DENSE_SHARE` of the clusters (at most :data:`DENSE_BUDGET` cells, the most shared
+    first), ``MH`` their columns dense (``len(head) x n_clusters``, float32) and ``MT`` the other columns transposed
+    (``d x n_clusters`` CSR, the rows of ``head`` empty). ``X @ M.T == X[:, head] @ MH + X @ MT``."""
+    n_clusters, d = M.shape
+    counts = np.bincount(M.indices, minlength=d)
+    head = np.flatnonzero(counts >= max(1.0, DENSE_SHARE * n_clusters))
+    limit = DENSE_BUDGET // max(n_clusters, 1)
+    if len(head) > limit:
+        head = np.sort(head[np.argsort(-counts[head], kind="stable")[:limit]])
+    MT = sp.csr_matrix(M.T, dtype=np.float32)
+    MH = MT[head].toarray()
+    tail = np.ones(d, np.float32)
+    tail[head] = 0.0
+    MT = sp.csr_matrix(sp.diags(tail) @ MT)
+    MT.eliminate_zeros()
+    return MT, MH, head.astype(np.int64)
 
 
 def _unwrap(A):
@@ -396,10 +440,11 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         W = _unit_rows(P - (Y_held.T @ X_held).tocsr())[self.order_]
         rest = counts - np.asarray(Y_held.sum(axis=0)).ravel()
         fallback = np.argsort(-rest, kind="stable")[:1]
-        MT = sp.csr_matrix(_summaries(W, self.offsets_).T)
+        MT, MH, head = _split_summaries(_summaries(W, self.offsets_))
         p1 = {}
         for b in beams:
-            top = _topk_block(X_held, MT, W, self.order_, self.offsets_, fallback, beam=b, k=1)[:, 0].astype(np.int64)
+            top = _topk_block(X_held, MT, W, self.order_, self.offsets_, fallback, MH=MH, head=head, beam=b,
+                              k=1)[:, 0].astype(np.int64)
             p1[b] = float(np.asarray(Y_held[np.arange(len(top)), top]).mean())
         best = max(beams, key=lambda b: (p1[b], -b))
         return int(best), {"p@1": p1[best], "rows": int(X_held.shape[0]), "p@1 by beam": p1}
@@ -413,8 +458,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         X = self._rows(X)
         k = self._checked_k(k)
         fallback = np.argsort(-self.label_counts_, kind="stable")[:k]
-        whole = {"MT": sp.csr_matrix(self.M_.T), "W": self.W_, "order": self.order_, "offsets": self.offsets_,
-                 "fallback": fallback, "idf": self.idf_}
+        MT, MH, head = _split_summaries(self.M_)
+        whole = {"MT": MT, "W": self.W_, "order": self.order_, "offsets": self.offsets_,
+                 "fallback": fallback, "idf": self.idf_, "MH": MH, "head": head}
         operands = [("Xb", X, ROWS)] + [(name, whole_operand(value, name=f"centroid-{name}"), WHOLE)
                                         for name, value in whole.items() if value is not None]
         packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="centroid-topk",
