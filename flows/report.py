@@ -135,7 +135,8 @@ def model_lines(result: dict) -> list[str]:
     lines += [f"| {name} | {value} |" for name, value in sorted(params.items())]
     figures = {**{f"held-out {k}": v for k, v in (result.get("held_out") or {}).items()},
                **{f"training {k}": v for k, v in (result.get("training") or {}).items()},
-               **{k: result[k] for k in ("n_clusters", "beam", "n_unseen_labels", "backoffs") if k in result}}
+               **{k: result[k] for k in ("n_clusters", "beam", "n_unseen_labels", "backoffs", "best_epoch")
+                  if k in result}}
     figures = {k: v for k, v in figures.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     if figures:
         lines += ["", "| figure | value |", "|---|---:|"]

@@ -141,8 +141,8 @@ def test_train_predict_evaluate(tmp_path, capsys, scheduler):
 
 
 def test_train_summary_names_training_figures_as_training():
-    """The tree classifier has no held-out rows: its last pass's loss is a training figure, and step-size backoffs
-    are counted; the embedding classifier's held-out figures keep their name."""
+    """The tree classifier's last pass's loss is a training figure, its held-out P@1 that of the pass it kept, and
+    step-size backoffs are counted; the embedding classifier's held-out figures keep their name."""
     from xmldask.cli import _train_text
 
     tree = {"model": "m.zarr", "seconds": 3.0, "task": "multilabel", "n_passes": 36,
@@ -150,6 +150,9 @@ def test_train_summary_names_training_figures_as_training():
     text = _train_text(tree)
     assert text.endswith("36 passes, 1 step-size backoffs; last pass: training loss 6, skipped 0.2143)")
     assert "held out" not in text
+    tree.update(held_out={"p@1": 0.4375, "rows": 480}, best_epoch=25)
+    assert _train_text(tree).endswith("36 passes, 1 step-size backoffs, kept pass 25; held out: p@1 0.4375; "
+                                      "last pass: training loss 6, skipped 0.2143)")
     flat = {"model": "m.zarr", "seconds": 3.0, "task": "multilabel", "n_passes": 4, "held_out": {"val_p@1": 0.61}}
     assert _train_text(flat).endswith("4 passes; held out: val_p@1 0.61)")
 

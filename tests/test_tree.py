@@ -506,7 +506,7 @@ def test_tree_classifier_joins_row_blocks_into_one_round_of_leaf_steps(monkeypat
     one = tuple(da.from_array(sp.csr_matrix(a.astype(np.float32)), chunks=(len(Xd), -1), asarray=False)
                 for a in (Xd, Yd))
     tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
-    kw = dict(n_components=6, n_epochs=3, random_state=0)
+    kw = dict(n_components=6, n_epochs=3, random_state=0, validation_fraction=0)  # every row, as in one block
     joined, single = TC.TreeClassifier(tree, **kw).fit(X, Y), TC.TreeClassifier(tree, **kw).fit(*one)
     for name in ("U_", "V_", "b_"):
         np.testing.assert_allclose(getattr(joined, name), getattr(single, name), rtol=1e-5, atol=1e-6)
@@ -569,7 +569,7 @@ def test_tree_classifier_per_label_form_matches_a_numpy_reference(multilabel):
     kw = dict(epochs=3, eta=0.5, momentum=0.9, decay=0.95, multilabel=multilabel)
     model = TreeClassifier(tree, form="per_label", routing="deterministic", n_epochs=kw["epochs"],
                            learning_rate=kw["eta"], momentum=kw["momentum"], decay=kw["decay"],
-                           random_state=0).fit(X, Y)
+                           validation_fraction=0, random_state=0).fit(X, Y)
     assert model.U_ is None and model.V_.shape == (Xd.shape[1], Yd.shape[1])
     assert model.preconditioner_ == "feature_scale"
     V, b = _per_label_reference(Xd, Yd, X.chunks[0], tree.route(X).compute(), tree, **kw)
@@ -816,7 +816,7 @@ def test_tree_classifier_backs_off_a_diverging_step_and_converges(caplog):
     tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
     with caplog.at_level("WARNING", logger="xmldask.models.tree_classifier"):
         model = TC.TreeClassifier(tree, n_components=6, n_epochs=25, learning_rate=40.0, momentum=0.9,
-                                  random_state=0).fit(X, Y)
+                                  validation_fraction=0, random_state=0).fit(X, Y)  # every pass: the back-offs
     losses = [h["loss"] for h in model.history_]
     backoffs = [h["epoch"] for h in model.history_ if h.get("backoff")]
     assert backoffs, losses  # the step diverged at first ...
@@ -867,3 +867,36 @@ def test_tree_classifier_time_budget_stops_the_passes(monkeypatch):
     assert len(one.history_) == 1  # at least one pass
     with pytest.raises(ValueError, match="time_budget"):
         TC.TreeClassifier(tree, time_budget=0).fit(X, Y)
+
+
+def test_tree_classifier_early_stops_on_held_out_rows_and_keeps_the_best_pass():
+    """The passes stop after n_iter_no_change without a better held-out P@1; the weights kept are the best pass's
+    (its P@1 recomputed on the same held-out rows by predict_topk); no held-out row is trained on."""
+    from xmldask.models import tree_classifier as TC
+    from xmldask.models._graph import HeldOut
+
+    Xd, Yd = _clustered(seed=4)
+    X, Y = _dask(Xd, Yd)
+    tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
+    model = TC.TreeClassifier(tree, n_components=6, n_epochs=60, n_iter_no_change=3, validation_fraction=0.2,
+                              random_state=0).fit(X, Y)
+    scores = [h["val_p@1"] for h in model.history_]
+    assert model.history_[-1]["stopped"] == "n_iter_no_change" and len(scores) < 60
+    best = int(np.argmax(scores))  # the first of the best
+    assert model.best_epoch_ == best + 1 and len(scores) == best + 1 + 3
+    assert model.held_out_["p@1"] == scores[best] and model.held_out_["rows"] > 0
+    split = HeldOut(0, 0.2, tuple(X.chunks[0]))
+    held = np.concatenate([split.mask(i) for i in range(X.numblocks[0])])
+    assert held.sum() == model.held_out_["rows"]
+    labels, _ = (a.compute() for a in model.predict_topk(Xd[held].astype(np.float32), k=1))
+    assert np.mean(Yd[held][np.arange(held.sum()), labels[:, 0]] > 0) == pytest.approx(scores[best])
+    # the held-out rows are not trained on: other labels there change the held-out scores, not the passes
+    Yd2 = Yd.copy()
+    Yd2[held] = np.roll(Yd2[held], 1, axis=1)
+    kw = dict(n_components=6, n_epochs=4, n_iter_no_change=10, validation_fraction=0.2, random_state=0)
+    other = TC.TreeClassifier(tree, **kw).fit(*_dask(Xd, Yd2))
+    same = TC.TreeClassifier(tree, **kw).fit(X, Y)
+    assert [h["loss"] for h in other.history_] == pytest.approx([h["loss"] for h in same.history_], rel=1e-6)
+    assert [h["val_p@1"] for h in other.history_] != [h["val_p@1"] for h in same.history_]
+    with pytest.raises(ValueError, match="validation_fraction"):
+        TC.TreeClassifier(tree, validation_fraction=0.9).fit(X, Y)

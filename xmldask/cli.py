@@ -299,6 +299,7 @@ def _train_text(info: dict) -> str:
     chosen = f"chose {info['params']}; " if "search" in info else ""
     clusters = f", {info['n_clusters']:,} label clusters" if "n_clusters" in info else ""
     backoffs = f", {info['backoffs']} step-size backoffs" if info.get("backoffs") else ""
+    backoffs += f", kept pass {info['best_epoch']}" if "best_epoch" in info else ""
     return (f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, {info['n_passes']} passes"
             f"{clusters}{backoffs}{'; held out: ' + held if held else ''}"
             f"{'; last pass: training ' + training if training else ''})")

@@ -647,7 +647,7 @@ def tree_info(tree_url: str, data_url: str) -> dict:
 
 def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrite: bool, **extra) -> dict:
     """``train(..., tree=URL)``: the candidate-restricted classifier of that tree (rank ``k``, ``max_epochs``
-    passes)."""
+    passes at most, early-stopped on held-out training rows: the kept pass is ``best_epoch``)."""
     from .models.tree_classifier import TreeClassifier
 
     unknown = sorted(set(extra) - set(TreeClassifier._get_param_names())
@@ -670,4 +670,5 @@ def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrit
             "n_passes": int(model.n_passes_), "task": model.task_,
             "params": {"k": p.k, "tree_form": p.tree_form, "max_epochs": p.max_epochs, "seed": p.seed, **extra},
             "training": {key: model.history_[-1][key] for key in ("loss", "skipped")},
+            "held_out": dict(model.held_out_), "best_epoch": int(model.best_epoch_),
             "backoffs": sum(bool(h.get("backoff")) for h in model.history_)}

@@ -163,7 +163,8 @@ class TrainParams(BaseModel):
     depth: Annotated[int, Field(ge=1, le=16)] = Field(6, description="boosting: depth of the oblivious trees")
     tree: str | None = Field(
         None, description="a spectral label tree store (xmldask tree): train its candidate-restricted classifier "
-                          f"instead (rank k, max_epochs passes, default {TREE_PASSES}; seed)")
+                          f"instead (rank k, max_epochs passes at most, default {TREE_PASSES}, early-stopped on "
+                          "held-out training rows; seed)")
     tree_form: Literal["low_rank", "per_label"] = Field(
         "low_rank", description="with tree: the classifier's form, low_rank (rank-k U shared by the leaves, V and b "
                                 "per leaf: the paper's ALOI form) or per_label (a weight vector per label shared by "

@@ -33,7 +33,7 @@ import scipy.linalg
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from ..base import NotFittedError, ParamsMixin, as_rows, check_float
+from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, gram, per_block, whole_operand
 from ..params import TREE_PASSES
 from ..store.models import SavedModel
@@ -41,6 +41,7 @@ from ..tree import leaf_of, route_pairs, rows_by_node
 from ..tree.growth import router_operand, routing_routers
 from ..tree.model import SpectralLabelTree
 from . import _kernels as MK
+from ._graph import HeldOut
 
 __all__ = ["TREE_CLASSIFIER_VERSION", "CandidateScorer", "TreeClassifier"]
 
@@ -101,7 +102,15 @@ class TreeClassifier(SavedModel, ParamsMixin):
     routing : {"randomized", "deterministic"}, default "randomized"
         Leaf of a training row: re-sampled every pass, or the deterministic one (ablation).
     n_epochs : int, default 200
-        Passes over the training rows (the reference code: 200 to 250).
+        Passes over the training rows at most (the reference code: 200 to 250), early-stopped on held-out rows.
+    validation_fraction : float, default 0.1
+        Training rows held out (a seeded random share of every row block, at most ``max_validation_rows``):
+        after each pass their P@1 (deterministic routing, the leaf's candidates) is measured, training stops
+        after ``n_iter_no_change`` passes without a better one and the weights of the best pass are kept. 0:
+        every row trains and all ``n_epochs`` passes are made (the reference code's loop).
+    max_validation_rows : int, default 10000
+    n_iter_no_change : int, default 10
+        Passes without a better held-out P@1 before training stops.
     learning_rate, momentum, decay : float or "auto", default "auto"
         The heavy-ball steps: step size, momentum and the step size's multiplier per pass; ``auto`` takes the
         reference code's for the form (:data:`SCHEDULES`: ``low_rank`` 0.25, 0.8, 0.999 from ``runaloi.m``;
@@ -125,9 +134,14 @@ class TreeClassifier(SavedModel, ParamsMixin):
     b_ : ndarray, shape (n_slots,)
     history_ : list of dict
         Per pass: ``epoch``, ``loss`` (mean over the trained rows; None if not finite), ``learning_rate``,
-        ``skipped`` (fraction of rows whose labels missed their sampled leaf), ``seconds``; ``backoff`` True
-        where the pass diverged and training went back to the weights the best pass started from, with half the
-        step size (:data:`DIVERGENCE_FACTOR`).
+        ``skipped`` (fraction of rows whose labels missed their sampled leaf), ``seconds``, ``val_p@1`` (the
+        held-out P@1 after the pass); ``backoff`` True where the pass diverged and training went back to the
+        weights the best pass started from, with half the step size (:data:`DIVERGENCE_FACTOR`); ``stopped``
+        on the last pass when early stopping or the time budget ended training.
+    best_epoch_ : int
+        The pass whose weights are kept: the best held-out P@1 (the last pass without held-out rows).
+    held_out_ : dict
+        ``p@1`` of the kept pass and the held-out ``rows`` (empty without held-out rows).
     preconditioner_ : {"full", "diagonal", "feature_scale"}
         Of ``U``'s gradient: the full one up to :data:`DENSE_PRECONDITIONER_MAX_FEATURES` features, else the
         diagonal (sparse rows); ``per_label``: the per-feature step scale.
@@ -138,14 +152,16 @@ class TreeClassifier(SavedModel, ParamsMixin):
     _FORMER_PARAMS = {"rank": "n_components"}
     _ARRAYS = ("U", "V", "b", "cand_indptr", "cand_indices", "table", "W")
     _SCALARS = ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history",
-                "preconditioner")
+                "preconditioner", "best_epoch", "held_out")
 
     def __init__(self, tree=None, *, n_components: int = 50, form: str = "low_rank", per_leaf: bool = True,
                  routing: str = "randomized", n_epochs: int = TREE_PASSES, learning_rate="auto", decay="auto",
-                 momentum="auto", ridge: float = 1e-2, task: str = "auto", time_budget: float | None = None,
+                 momentum="auto", ridge: float = 1e-2, task: str = "auto", validation_fraction: float = 0.1,
+                 max_validation_rows: int = 10000, n_iter_no_change: int = 10, time_budget: float | None = None,
                  random_state=0):
         self.tree, self.n_components, self.form = tree, n_components, form
-        self.time_budget = time_budget
+        self.validation_fraction, self.max_validation_rows = validation_fraction, max_validation_rows
+        self.n_iter_no_change, self.time_budget = n_iter_no_change, time_budget
         self.per_leaf, self.routing = per_leaf, routing
         self.n_epochs, self.learning_rate, self.decay, self.momentum = n_epochs, learning_rate, decay, momentum
         self.ridge, self.task, self.random_state = ridge, task, random_state
@@ -170,6 +186,9 @@ class TreeClassifier(SavedModel, ParamsMixin):
             raise ValueError(f"form must be one of {', '.join(map(repr, FORMS))}, but is {self.form!r}")
         if self.time_budget is not None:
             check_float(self.time_budget, "time_budget", low_open=True)
+        check_float(self.validation_fraction, "validation_fraction", low=0.0, high=0.5)
+        check_int(self.max_validation_rows, "max_validation_rows", 1)
+        check_int(self.n_iter_no_change, "n_iter_no_change", 1)
         for name in SCHEDULES[self.form]:
             value = getattr(self, name)
             if value != "auto" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
@@ -194,6 +213,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
             raise ValueError(f"X, Y have {X.shape[1]} features and {Y.shape[1]} labels, but the tree was grown on "
                              f"{tree.n_features_in_} and {tree.n_labels_}; train on the tree's training data")
         start = time.perf_counter()
+        X, Y, held = self._held_out_split(X, Y)
         rng = np.random.default_rng(self.random_state)
         d, r = X.shape[1], int(self.n_components)
         self.task_ = tree.task_ if self.task == "auto" else self.task
@@ -214,14 +234,37 @@ class TreeClassifier(SavedModel, ParamsMixin):
         # the steps multiply small matrices: one BLAS thread (a pool of spinning threads is far slower on such
         # products on a busy machine: docs/measurements.md)
         with threadpool_limits(limits=1):
-            U, V, b = self._epochs(rounds, tree, U, V, b, precond, rng, start, deadline)
+            U, V, b = self._epochs(rounds, tree, U, V, b, precond, rng, start, deadline, held)
         self.U_ = None if U is None else U.astype(np.float32)
         self.V_, self.b_ = V.astype(np.float32), b.astype(np.float32)
         self.n_features_in_, self.n_labels_ = d, tree.n_labels_
         self.fit_seconds_ = time.perf_counter() - start
         return self
 
-    def _epochs(self, rounds, tree, U, V, b, precond, rng, start, deadline=math.inf):
+    def _held_out_split(self, X: da.Array, Y: da.Array):
+        """``(training X, training Y, (held-out X, Y) in memory or None)``: :class:`HeldOut`'s seeded share of every
+        row block (``validation_fraction``, at most ``max_validation_rows`` rows in all)."""
+        fraction = min(float(self.validation_fraction), self.max_validation_rows / max(X.shape[0], 1))
+        split = HeldOut(seed_of(self.random_state), fraction, tuple(int(c) for c in X.chunks[0]))
+        if fraction <= 0 or not any(split.mask(i).any() for i in range(len(split.chunks))):
+            return X, Y, None
+        blocks = dask.compute(*split.rows(X, held=True).to_delayed().ravel(),
+                              *split.rows(Y, held=True).to_delayed().ravel())
+        half = len(blocks) // 2
+        Xh, Yh = (sp.vstack([sp.csr_matrix(p) for p in part]).tocsr() for part in (blocks[:half], blocks[half:]))
+        return split.rows(X, held=False), split.rows(Y, held=False), (Xh, Yh)
+
+    def _held_out_p1(self, held, U, V, b) -> float:
+        """P@1 of the weights ``U, V, b`` on the held-out rows ``held`` (deterministic routing, as predicted)."""
+        Xh, Yh = held
+        out = _topk_block(Xh, V, b, self.cand_indptr_, self.cand_indices_, self.table_, routing_routers(self.W_),
+                          U, k=1, form=self.sigma_form_, task=self.task_, per_leaf=bool(self.per_leaf))
+        top = out[:, 0].astype(np.int64)
+        found = top >= 0
+        hits = np.asarray(Yh[np.flatnonzero(found), top[found]]).ravel() > 0
+        return float(hits.sum() / Xh.shape[0])
+
+    def _epochs(self, rounds, tree, U, V, b, precond, rng, start, deadline=math.inf, held=None):
         """The passes of :meth:`fit` (the heavy-ball steps, leaf by leaf, round by round).
 
         A leaf holds a few rows (ALOI: about 6), so a step is a handful of small dense products: the
@@ -241,6 +284,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
         mV, mb = np.zeros_like(V), np.zeros_like(b)
         W = routing_routers(self.W_)
         best = {"loss": np.inf, "epoch": 1, "weights": None}
+        kept = {"p@1": -np.inf, "epoch": 0, "weights": None}  # the best held-out P@1 so far
         backoffs, longest = 0, 0.0
         for epoch in range(int(self.n_epochs)):
             epoch_start = time.perf_counter()
@@ -315,12 +359,29 @@ class TreeClassifier(SavedModel, ParamsMixin):
             elif rows_used and loss < best["loss"]:
                 best = {"loss": loss, "epoch": epoch + 1, "weights": weights}
             eta *= decay
+            if held is not None and not self.history_[-1].get("backoff"):
+                after = _copies(None if per_label else steps.result(), V, b)
+                p1 = self._held_out_p1(held, *after)
+                self.history_[-1]["val_p@1"] = p1
+                if p1 > kept["p@1"]:
+                    kept = {"p@1": p1, "epoch": epoch + 1, "weights": after}
+                elif epoch + 1 - kept["epoch"] >= int(self.n_iter_no_change):
+                    self.history_[-1]["stopped"] = "n_iter_no_change"
+                    logger.info("tree classifier: no better held-out P@1 in %d passes; the weights of pass %d kept "
+                                "(P@1 %.4f on %d rows)", self.n_iter_no_change, kept["epoch"], kept["p@1"],
+                                held[0].shape[0])
+                    break
             longest = max(longest, time.perf_counter() - epoch_start)
             if epoch + 1 < int(self.n_epochs) and time.perf_counter() + longest > deadline:
                 self.history_[-1]["stopped"] = "time_budget"
                 logger.info("time budget of %g s: the tree classifier stops after %d passes", self.time_budget,
                             epoch + 1)
                 break
+        self.held_out_ = {}
+        self.best_epoch_ = len(self.history_)
+        if kept["weights"] is not None:
+            self.best_epoch_, self.held_out_ = kept["epoch"], {"p@1": kept["p@1"], "rows": int(held[0].shape[0])}
+            return kept["weights"]
         return (None if per_label else steps.result()), V, b
 
     def _slots(self, node) -> tuple[np.ndarray, np.ndarray]:
