@@ -65,6 +65,7 @@ def main(argv=None) -> None:
     tree = SpectralLabelTree(max_depth=args.depth, leaf_labels=args.leaf_labels, routing=args.routing,
                              random_state=0).fit(train.X, train.Y)
     grown = time.perf_counter() - start
+    print(f"tree: {tree.n_leaves_:,} leaves in {grown:.1f} s", file=sys.stderr, flush=True)
     rows = []
     for name, options in (("early-stopped (default)", {}), ("every pass (validation_fraction=0)",
                                                            {"validation_fraction": 0})):
@@ -78,6 +79,7 @@ def main(argv=None) -> None:
                      "held-out P@1": round(100 * model.held_out_["p@1"], 2) if model.held_out_ else None,
                      "test P@1": round(100 * precision_at_k(test.Y, labels, k=1), 2),
                      "test P@3": round(100 * precision_at_k(test.Y, labels, k=3), 2)})
+        print(f"{name}: {rows[-1]}", file=sys.stderr, flush=True)
     early, full = rows
     for key in ("passes", "seconds", "test P@1"):
         early[f"{key} / every pass"] = round(early[key] / full[key], 3) if full[key] else None
