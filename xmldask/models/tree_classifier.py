@@ -254,11 +254,12 @@ class TreeClassifier(SavedModel, ParamsMixin):
         Xh, Yh = (sp.vstack([sp.csr_matrix(p) for p in part]).tocsr() for part in (blocks[:half], blocks[half:]))
         return split.rows(X, held=False), split.rows(Y, held=False), (Xh, Yh)
 
-    def _held_out_p1(self, held, U, V, b) -> float:
-        """P@1 of the weights ``U, V, b`` on the held-out rows ``held`` (deterministic routing, as predicted)."""
+    def _held_out_p1(self, held, W, U, V, b) -> float:
+        """P@1 of the weights ``U, V, b`` on the held-out rows ``held`` (deterministic routing by the routers ``W``,
+        as predicted)."""
         Xh, Yh = held
-        out = _topk_block(Xh, V, b, self.cand_indptr_, self.cand_indices_, self.table_, routing_routers(self.W_),
-                          U, k=1, form=self.sigma_form_, task=self.task_, per_leaf=bool(self.per_leaf))
+        out = _topk_block(Xh, V, b, self.cand_indptr_, self.cand_indices_, self.table_, W, U, k=1,
+                          form=self.sigma_form_, task=self.task_, per_leaf=bool(self.per_leaf))
         top = out[:, 0].astype(np.int64)
         found = top >= 0
         hits = np.asarray(Yh[np.flatnonzero(found), top[found]]).ravel() > 0
@@ -361,7 +362,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
             eta *= decay
             if held is not None and not self.history_[-1].get("backoff"):
                 after = _copies(None if per_label else steps.result(), V, b)
-                p1 = self._held_out_p1(held, *after)
+                p1 = self._held_out_p1(held, W, *after)
                 self.history_[-1]["val_p@1"] = p1
                 if p1 > kept["p@1"]:
                     kept = {"p@1": p1, "epoch": epoch + 1, "weights": after}
