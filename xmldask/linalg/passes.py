@@ -77,6 +77,7 @@ __all__ = [
     "check_x",
     "column_mean",
     "column_moments",
+    "compute_each",
     "column_sums",
     "dense_operand",
     "gram",
@@ -540,6 +541,24 @@ def tree_combine(parts: list, combine):
         parts = [dask.delayed(combine)(*parts[i:i + 2]) if i + 1 < len(parts) else parts[i]
                  for i in range(0, len(parts), 2)]
     return parts[0]
+
+
+def compute_each(parts: list) -> list:
+    """The values of the delayed ``parts``: with a ``distributed`` client each is gathered as soon as it is
+    computed and released on the workers (results that together exceed the workers' memory never wait there for
+    the last one); otherwise ``dask.compute``."""
+    client = current_client()
+    if client is None:
+        return list(dask.compute(*parts))
+    from distributed import as_completed
+
+    futures = client.compute(list(parts))
+    position = {id(future): i for i, future in enumerate(futures)}
+    out = [None] * len(futures)
+    for future, value in as_completed(futures, with_results=True):
+        out[position[id(future)]] = value
+        future.release()
+    return out
 
 
 def _finish_centered(total: da.Array, dtype) -> da.Array:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import operator
 
 import dask
 import dask.array as da
@@ -28,13 +29,14 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..base import ParamsMixin, as_rows, check_int, seed_of
-from ..linalg.passes import ROWS, WHOLE, per_block, per_block_objects, tree_combine, whole_operand
+from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
+from ..scheduling import worker_memory_limit
 from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
 
 __all__ = ["CENTROID_VERSION", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory", "entry_bound",
-           "labels_scored_per_row"]
+           "label_block_bounds", "labels_scored_per_row"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +51,8 @@ AUTO_BEAMS = (10, 20, 40, 80)
 HELD_OUT_ROWS = 2000
 #: entries of a batch's dense ``rows x n_clusters`` summary scores (float32: 16 MiB)
 SUMMARY_BUDGET = 1 << 22
+#: share of a worker's memory limit that three copies of one label block's sums may take (:func:`label_block_bounds`)
+LABEL_BLOCK_SHARE = 0.25
 #: bytes of one stored sparse entry (float32 value, int32 column id), as in the partial sums
 _ENTRY_BYTES = 8
 #: a feature's summary column is kept dense when at least this share of the clusters have the feature: a row's
@@ -78,19 +82,47 @@ def _rows_block(Xb, idf):
     return _unit_rows(K.transform_rows(Xb, idf, normalize=False) if idf is not None else Xb)
 
 
-def _label_sums_block(Xb, Yb, idf=None, *, share: float = 0.0, seed: int = 0, block=None):
-    """``(Y_b^T X_b, column counts of Y_b, held-out X rows, their Y rows)`` of one row block: float32 sums of unit
-    rows (the centroids' relative precision is about 1e-7 times the rows a label has, far below what the ranking
-    notices), and a seeded random ``share`` of the block's rows, transformed, for the held-out choice of the beam."""
+def _label_sums_block(Xb, Yb, idf=None, *, share: float = 0.0, seed: int = 0, block=None, bounds=None):
+    """``((column counts of Y_b, held-out X rows, their Y rows), *pieces of Y_b^T X_b)`` of one row block: float32
+    sums of unit rows (the centroids' relative precision is about 1e-7 times the rows a label has, far below what
+    the ranking notices), cut into the label blocks ``bounds`` (None: one piece), and a seeded random ``share`` of
+    the block's rows, transformed, for the held-out choice of the beam."""
     Xb = _rows_block(Xb, idf)
     Yb = sp.csr_matrix(Yb, dtype=np.float32)
     rng = np.random.default_rng([seed, block or 0])
     held = np.flatnonzero(rng.random(Xb.shape[0]) < share)
-    return (Yb.T @ Xb).tocsr(), np.asarray(Yb.sum(axis=0), dtype=np.float64).ravel(), Xb[held], Yb[held]
+    small = (np.asarray(Yb.sum(axis=0), dtype=np.float64).ravel(), Xb[held], Yb[held])
+    P = (Yb.T @ Xb).tocsr()
+    if bounds is None:
+        return small, P
+    return (small, *(P[a:b] for a, b in zip(bounds[:-1], bounds[1:])))
 
 
-def _add_sums(a, b):
-    return a[0] + b[0], a[1] + b[1], sp.vstack([a[2], b[2]], format="csr"), sp.vstack([a[3], b[3]], format="csr")
+def _add_small(a, b):
+    return a[0] + b[0], sp.vstack([a[1], b[1]], format="csr"), sp.vstack([a[2], b[2]], format="csr")
+
+
+def _label_entries_block(Xb, Yb, *, block=None) -> np.ndarray:
+    """``Y_b^T nnz(x_i)``: each label's bound on its entries of ``Y^T X`` from one row block (float64)."""
+    Xb, Yb = sp.csr_matrix(Xb), sp.csr_matrix(Yb, dtype=np.float64)
+    return np.asarray(Yb.T @ np.diff(Xb.indptr).astype(np.float64)).ravel()
+
+
+def label_block_bounds(label_entries: np.ndarray, worker_limit: int | None) -> np.ndarray | None:
+    """Label blocks in which the workers sum ``Y^T X``: consecutive label ranges ``bounds[j]:bounds[j + 1]`` of about
+    equal entry bounds (``label_entries``, :func:`entry_bound` by label), as many as make three copies of a block's
+    sums (a combine task's two partial sums and theirs) at most :data:`LABEL_BLOCK_SHARE` of ``worker_limit``
+    bytes; ``None`` (one block) without a limit or when one block fits."""
+    label_entries = np.asarray(label_entries, np.float64)
+    if not worker_limit or not len(label_entries):
+        return None
+    n_blocks = math.ceil(3 * label_entries.sum() * _ENTRY_BYTES / (LABEL_BLOCK_SHARE * worker_limit))
+    if n_blocks <= 1:
+        return None
+    cum = np.cumsum(label_entries)
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_blocks) / n_blocks, side="right")
+    bounds = np.unique(np.concatenate([[0], cuts, [len(label_entries)]])).astype(np.int64)
+    return bounds if len(bounds) > 2 else None
 
 
 def _split(W: sp.csr_matrix, rng: np.random.Generator) -> np.ndarray:
@@ -153,58 +185,81 @@ def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, MH=None, head=Non
     MT, W = _unwrap(MT), _unwrap(W)
     Xb = _rows_block(Xb, idf)
     dense = (MH, head) if MH is not None and head is not None and len(head) else None
-    n = Xb.shape[0]
-    n_clusters = len(offsets) - 1
-    labels = np.full((n, k), -1, np.int64)
-    scores = np.full((n, k), -np.inf)
+    n, n_clusters = Xb.shape[0], len(offsets) - 1
+    labels, scores = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
     if n and n_clusters:
         b = min(beam, n_clusters)
         step = max(1, SUMMARY_BUDGET // n_clusters)
-        best = np.vstack([_best_clusters(Xb[i:i + step], MT, b, dense) for i in range(0, n, step)])
-        rows = np.repeat(np.arange(n), b)
-        clusters = best.ravel()
-        by_cluster = np.argsort(clusters, kind="stable")
-        rows, clusters = rows[by_cluster], clusters[by_cluster]
-        bounds = np.searchsorted(clusters, np.arange(n_clusters + 1))
-        cand_rows, cand_labels, cand_scores = [], [], []
-        for c in np.flatnonzero(np.diff(bounds)):
-            r = rows[bounds[c]:bounds[c + 1]]
-            start, stop = offsets[c], offsets[c + 1]
-            Sc = (Xb[r] @ W[start:stop].T).toarray()
-            kk = min(k, stop - start)
-            top = np.argpartition(-Sc, kk - 1, axis=1)[:, :kk] if kk < Sc.shape[1] else \
-                np.broadcast_to(np.arange(kk), (len(r), kk))
-            cand_rows.append(np.repeat(r, kk))
-            cand_labels.append(order[start + top].ravel())
-            cand_scores.append(np.take_along_axis(Sc, top, axis=1).ravel())
-        r, lab, s = (np.concatenate(a) for a in (cand_rows, cand_labels, cand_scores))
-        by_row = np.lexsort((lab, -s, r))  # row, then score descending, then the smaller label id
-        r, lab, s = r[by_row], lab[by_row], s[by_row]
-        slot = np.arange(len(r)) - np.searchsorted(r, r)
-        keep = slot < k
-        labels[r[keep], slot[keep]] = lab[keep]
-        scores[r[keep], slot[keep]] = s[keep]
+        best = np.vstack([_best_clusters(Xb[i:i + step], MT, b, dense)[0] for i in range(0, n, step)])
+        labels, scores = _candidate_topk(Xb, np.repeat(np.arange(n), b), best.ravel(), W, order, offsets, k)
+    return _filled(labels, scores, fallback)
+
+
+def _candidate_topk(Xb, rows, clusters, W, order, offsets, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` labels (-1 where a row has fewer candidates) and cosines (-inf there) of the rows of ``Xb`` (unit,
+    transformed) among the labels of their clusters: row ``rows[t]`` scores the labels of cluster ``clusters[t]``
+    (``order[offsets[c]:offsets[c + 1]]``, centroids ``W[offsets[c]:offsets[c + 1]]``), one product per cluster
+    for all the rows that chose it; best first, ties to the smaller label id."""
+    n, n_clusters = Xb.shape[0], len(offsets) - 1
+    labels, scores = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
+    if not len(rows):
+        return labels, scores
+    by_cluster = np.argsort(clusters, kind="stable")
+    rows, clusters = rows[by_cluster], clusters[by_cluster]
+    bounds = np.searchsorted(clusters, np.arange(n_clusters + 1))
+    cand_rows, cand_labels, cand_scores = [], [], []
+    for c in np.flatnonzero(np.diff(bounds)):
+        r = rows[bounds[c]:bounds[c + 1]]
+        start, stop = offsets[c], offsets[c + 1]
+        Sc = (Xb[r] @ W[start:stop].T).toarray()
+        kk = min(k, stop - start)
+        top = np.argpartition(-Sc, kk - 1, axis=1)[:, :kk] if kk < Sc.shape[1] else \
+            np.broadcast_to(np.arange(kk), (len(r), kk))
+        cand_rows.append(np.repeat(r, kk))
+        cand_labels.append(order[start + top].ravel())
+        cand_scores.append(np.take_along_axis(Sc, top, axis=1).ravel())
+    return _best_k(*(np.concatenate(a) for a in (cand_rows, cand_labels, cand_scores)), n=n, k=k)
+
+
+def _best_k(r, lab, s, *, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``k`` best ``(label, score)`` of each row ``0..n-1`` among the triples ``(r, lab, s)``: score descending,
+    then the smaller label id; ``(-1, -inf)`` in the slots left over."""
+    labels, scores = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
+    by_row = np.lexsort((lab, -s, r))
+    r, lab, s = r[by_row], lab[by_row], s[by_row]
+    slot = np.arange(len(r)) - np.searchsorted(r, r)
+    keep = slot < k
+    labels[r[keep], slot[keep]] = lab[keep]
+    scores[r[keep], slot[keep]] = s[keep]
+    return labels, scores
+
+
+def _filled(labels: np.ndarray, scores: np.ndarray, fallback) -> np.ndarray:
+    """``(labels, scores)`` packed as ``(n, 2k)`` float64, the slots without a candidate (label -1) filled by the
+    ``fallback`` labels (the most frequent) not already in the row, with score -1 (below every cosine)."""
+    k = labels.shape[1]
     missing = labels < 0
-    if missing.any():  # fewer candidates than k: the most frequent labels not already there, score -1
-        for i in np.flatnonzero(missing.any(axis=1)):
-            have = set(labels[i][labels[i] >= 0].tolist())
-            extra = [lab for lab in fallback if lab not in have][:int(missing[i].sum())]
-            labels[i, k - len(extra):] = extra
-            scores[i, k - len(extra):] = -1.0
+    for i in np.flatnonzero(missing.any(axis=1)):
+        have = set(labels[i][labels[i] >= 0].tolist())
+        extra = [lab for lab in fallback if lab not in have][:int(missing[i].sum())]
+        labels[i, k - len(extra):] = extra
+        scores[i, k - len(extra):] = -1.0
     return np.hstack([labels.astype(np.float64), scores])
 
 
-def _best_clusters(Xb, MT, b: int, dense=None) -> np.ndarray:
-    """The ``b`` clusters of highest summary cosine of each row (unordered), shape ``(n_rows, b)``; ``dense``: the
-    summaries' dense columns and their feature ids (:func:`_split_summaries`), the rest in ``MT``."""
+def _best_clusters(Xb, MT, b: int, dense=None) -> tuple[np.ndarray, np.ndarray]:
+    """The ``b`` clusters of highest summary cosine of each row (unordered) and their cosines, shape
+    ``(n_rows, b)``; ``dense``: the summaries' dense columns and their feature ids (:func:`_split_summaries`), the
+    rest in ``MT``."""
     S = (Xb @ MT).toarray() if sp.issparse(MT) else np.asarray(Xb @ MT)
     if dense is not None:
         MH, head = dense
         S += _head_columns(sp.csr_matrix(Xb), head) @ MH
     n_clusters = S.shape[1]
     if b < n_clusters:
-        return np.argpartition(-S, b - 1, axis=1)[:, :b]
-    return np.broadcast_to(np.arange(n_clusters), (S.shape[0], n_clusters))
+        top = np.argpartition(-S, b - 1, axis=1)[:, :b]
+        return top, np.take_along_axis(S, top, axis=1)
+    return np.broadcast_to(np.arange(n_clusters), (S.shape[0], n_clusters)), S
 
 
 def _head_columns(Xb: sp.csr_matrix, head: np.ndarray) -> sp.csr_matrix:
@@ -239,6 +294,68 @@ def _split_summaries(M: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray, np.nd
     return MT, MH, head.astype(np.int64)
 
 
+def _read_rows(url: str, name: str, start: int, stop: int):
+    """Rows ``start:stop`` of the fitted array ``name`` of the model store at ``url``: a CSR matrix from its group
+    (a slice of its ``indptr``, then of its ``data`` and ``indices``), or a slice of a dense array; chunks checked."""
+    import zarr
+
+    from ..store import zarr_store
+    from ..store.layout import read_checked
+
+    node = zarr.open_group(zarr_store(url, read_only=True), mode="r")[name]
+    if not isinstance(node, zarr.Group):
+        return np.asarray(read_checked(node, slice(start, stop), url))
+    indptr = np.asarray(read_checked(node["indptr"], slice(start, stop + 1), url), np.int64)
+    entries = slice(int(indptr[0]), int(indptr[-1]))
+    data, indices = (np.asarray(read_checked(node[part], entries, url)) for part in ("data", "indices"))
+    return sp.csr_matrix((data, indices, indptr - indptr[0]), shape=(stop - start, int(node.attrs["shape"][1])))
+
+
+def _route_part(Xt, url: str, first: int, stop: int, *, beam: int):
+    """The ``beam`` best clusters of ``first:stop`` (read from the model store) of each transformed row of ``Xt``
+    and their summary cosines: ``(cluster ids, cosines)``, each ``(n_rows, <= beam)``."""
+    MT, MH, head = _split_summaries(_read_rows(url, "M", first, stop))
+    dense, b = ((MH, head) if len(head) else None), min(beam, stop - first)
+    step = max(1, SUMMARY_BUDGET // (stop - first))
+    parts = [_best_clusters(Xt[i:i + step], MT, b, dense) for i in range(0, Xt.shape[0], step)] or \
+        [(np.zeros((0, b), np.int64), np.zeros((0, b)))]
+    return np.vstack([p[0] for p in parts]) + first, np.vstack([p[1] for p in parts])
+
+
+def _merge_routes(*parts, beam: int) -> np.ndarray:
+    """The ``beam`` best clusters of each row among those of the cluster blocks' :func:`_route_part`."""
+    ids, cos = np.hstack([p[0] for p in parts]), np.hstack([p[1] for p in parts])
+    if beam >= ids.shape[1]:
+        return ids
+    return np.take_along_axis(ids, np.argpartition(-cos, beam - 1, axis=1)[:, :beam], axis=1)
+
+
+def _candidate_part(Xt, best, url: str, first: int, stop: int, *, k: int):
+    """:func:`_candidate_topk` of the rows of ``Xt`` among the labels of their clusters ``best`` (global ids) that
+    fall in ``first:stop``, the clusters' labels and centroids read from the model store."""
+    offsets = _read_rows(url, "offsets", first, stop + 1)
+    order = _read_rows(url, "order", int(offsets[0]), int(offsets[-1]))
+    W = _read_rows(url, "W", int(offsets[0]), int(offsets[-1]))
+    rows, slots = np.nonzero((best >= first) & (best < stop))
+    return _candidate_topk(Xt, rows, best[rows, slots] - first, W, order, offsets - offsets[0], k)
+
+
+def _merge_candidates(*parts, k: int, fallback) -> np.ndarray:
+    """The packed top-``k`` (:func:`_filled`) of each row among the cluster blocks' :func:`_candidate_part`."""
+    labels, scores = np.hstack([p[0] for p in parts]), np.hstack([p[1] for p in parts])
+    n, m = labels.shape
+    r = np.repeat(np.arange(n), m)
+    real = labels.ravel() >= 0
+    return _filled(*_best_k(r[real], labels.ravel()[real], scores.ravel()[real], n=n, k=k), fallback)
+
+
+def _cluster_blocks(cluster_bytes: np.ndarray, worker_limit: int | None) -> np.ndarray | None:
+    """Cluster ranges ``bounds[j]:bounds[j + 1]`` of about equal bytes (``cluster_bytes``: a cluster's summary and
+    centroids), as many as make three copies of a block's arrays (read, split, scored) at most
+    :data:`LABEL_BLOCK_SHARE` of ``worker_limit``; ``None`` (the whole model in each task) when one block fits."""
+    return label_block_bounds(np.asarray(cluster_bytes, np.float64) / _ENTRY_BYTES, worker_limit)
+
+
 def _unwrap(A):
     """A sparse operand as :func:`xmldask.linalg.passes.whole_operand` ships it (a 0-d object array)."""
     return A.item() if isinstance(A, np.ndarray) and A.dtype == object else A
@@ -262,17 +379,21 @@ def entry_bound(row_nnz_x: np.ndarray, row_nnz_y: np.ndarray) -> float:
     return float(np.dot(np.asarray(row_nnz_x, np.float64), np.asarray(row_nnz_y, np.float64)))
 
 
-def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks: int = 1) -> dict:
+def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks: int = 1, block_entries: float = 0.0,
+                    label_block_entries: float | None = None) -> dict:
     """Peak bytes of fitting :class:`LabelCentroidClassifier` from the bound ``entries`` on ``nnz(Y^T X)``
     (:func:`entry_bound`).
 
     ``fit_process``: the fitting process holds the summed ``Y^T X``, its unit copy, the copy in cluster order,
-    the clustering's copies of one subtree and the sums without the held-out rows; ``worker``: a combine task
-    holds two partial sums and their sum.
+    the clustering's copies of one subtree and the sums without the held-out rows; ``worker``: a task holds a row
+    block's sums (``block_entries``, the largest row block's bound) and their pieces, and a combine task two
+    partial sums and their sum, of all the labels or of the largest label block (``label_block_entries``, when
+    the workers sum in label blocks: :func:`label_block_bounds`).
     """
     stored = min(entries, float(n_labels) * n_features) * _ENTRY_BYTES + 8 * (n_labels + 1)
-    return {"entries": float(entries), "model_bytes": stored, "fit_process": 5 * stored,
-            "worker": 3 * stored if n_blocks > 1 else stored}
+    block = stored if label_block_entries is None else min(stored, label_block_entries * _ENTRY_BYTES)
+    worker = (3 * block if n_blocks > 1 else block) + 2 * block_entries * _ENTRY_BYTES
+    return {"entries": float(entries), "model_bytes": stored, "fit_process": 5 * stored, "worker": worker}
 
 
 def labels_scored_per_row(n_labels: int, *, beam: int = 20, leaf_labels: int = 100) -> int:
@@ -367,15 +488,29 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             raise NotFittedError("this LabelCentroidClassifier is not fitted yet; call fit(X, Y) first")
 
     def memory_needed(self, data) -> dict:
-        """:func:`centroid_memory` of fitting on a dataset store, from its row pointers (no pass over values)."""
+        """:func:`centroid_memory` of fitting on a dataset store, from its row pointers and label ids (no pass over
+        the values), with the label blocks that the current workers' memory limit asks for."""
         import zarr
 
         from ..store import zarr_store
 
         group = zarr.open_group(zarr_store(data.url, read_only=True), mode="r")
         rows = {name: np.diff(np.asarray(group[name]["indptr"][:], np.int64)) for name in ("X", "Y")}
-        return centroid_memory(entry_bound(rows["X"], rows["Y"]), data.n_labels, data.n_features,
-                               n_blocks=len(data.X.chunks[0]))
+        per_row = rows["X"].astype(np.float64) * rows["Y"]
+        starts = np.cumsum((0,) + tuple(data.X.chunks[0][:-1]))
+        block_entries = float(np.add.reduceat(per_row, starts).max()) if len(per_row) else 0.0
+        label_block = None
+        limit = worker_memory_limit()
+        if limit:
+            labels = np.asarray(group["Y"]["indices"][:], np.int64)
+            by_label = np.bincount(labels, weights=np.repeat(rows["X"], rows["Y"]).astype(np.float64),
+                                   minlength=data.n_labels)
+            bounds = label_block_bounds(by_label, limit)
+            if bounds is not None:
+                label_block = float(np.add.reduceat(by_label, bounds[:-1]).max())
+        need = centroid_memory(float(per_row.sum()), data.n_labels, data.n_features, n_blocks=len(data.X.chunks[0]),
+                               block_entries=block_entries, label_block_entries=label_block)
+        return need
 
     def fit(self, X, Y) -> LabelCentroidClassifier:
         """Fit the label centroids (two passes over the row blocks) and cluster them (in memory).
@@ -393,18 +528,34 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         if Y.shape[0] != X.shape[0] or tuple(Y.chunks[0]) != tuple(X.chunks[0]):
             raise ValueError(f"Y ({Y.shape[0]} rows) must have X's rows ({X.shape[0]}) in the same row blocks")
         passes = 0
-        self.idf_ = None
+        self.idf_, bounds = None, None
+        limit = worker_memory_limit()
+        first = {}  # the first pass: document frequencies (tf-idf), the labels' entry bounds (workers with a limit)
         if self.features == "tfidf":
-            df = dask.compute(_graph.document_counts(X))[0]
-            self.idf_ = K.idf_weights(df, X.shape[0], np.float32)
+            first["df"] = _graph.document_counts(X)
+        if limit:
+            first["entries"] = tree_combine(per_block_objects(_label_entries_block, X, Y), operator.add)
+        if first:
+            first = dict(zip(first, dask.compute(*first.values())))
             passes += 1
+        if "df" in first:
+            self.idf_ = K.idf_weights(first["df"], X.shape[0], np.float32)
+        if "entries" in first:
+            bounds = label_block_bounds(first["entries"], limit)
         idf = None if self.idf_ is None else whole_operand(self.idf_, name="idf")
         share = min(1.0, HELD_OUT_ROWS / max(X.shape[0], 1)) if self.beam == "auto" else 0.0
         seed = seed_of(self.random_state)
-        parts = per_block_objects(_label_sums_block, X, Y, idf=idf, share=share, seed=seed)
-        P, counts, X_held, Y_held = dask.compute(tree_combine(parts, _add_sums))[0]
+        parts = per_block_objects(_label_sums_block, X, Y, idf=idf, share=share, seed=seed, bounds=bounds)
+        n_pieces = 1 if bounds is None else len(bounds) - 1
+        small = tree_combine([part[0] for part in parts], _add_small)
+        sums = [tree_combine([part[1 + j] for part in parts], operator.add) for j in range(n_pieces)]
+        (counts, X_held, Y_held), *sums = compute_each([small, *sums])
+        P = sums[0] if n_pieces == 1 else sp.vstack(sums, format="csr")
+        del sums
         passes += 1
-        logger.info(f"label centroids: {P.nnz:,} entries from {X.shape[0]:,} rows ({passes} passes)")
+        self.n_label_blocks_ = n_pieces
+        logger.info(f"label centroids: {P.nnz:,} entries from {X.shape[0]:,} rows ({passes} passes"
+                    + (f"; summed by the workers in {n_pieces} label blocks" if n_pieces > 1 else "") + ")")
         seen = np.flatnonzero(counts > 0)
         W = _unit_rows(P)
         rng = np.random.default_rng(seed)
@@ -449,15 +600,30 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         best = max(beams, key=lambda b: (p1[b], -b))
         return int(best), {"p@1": p1[best], "rows": int(X_held.shape[0]), "p@1 by beam": p1}
 
+    @classmethod
+    def load(cls, url: str) -> LabelCentroidClassifier:
+        model = super().load(url)
+        model.store_url_ = str(url)  # workers whose memory the model exceeds read it from there in cluster blocks
+        return model
+
     def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:
         """Top-``k`` labels (int32) and cosines (float32) of every row, best first (ties: smaller id), lazily.
 
         A row scores the summaries of all clusters and the labels of its ``beam`` best clusters; with fewer
         candidates than ``k``, the most frequent training labels fill the remaining slots with score -1.
+        A loaded model that the workers' memory limit cannot hold in a task (:func:`_cluster_blocks`) is read
+        by the tasks from its store in cluster blocks: per row block, one task per cluster block routes the
+        rows to its best clusters, then one per cluster block scores their labels, and the best are merged.
         """
         X = self._rows(X)
         k = self._checked_k(k)
         fallback = np.argsort(-self.label_counts_, kind="stable")[:k]
+        url = getattr(self, "store_url_", None)
+        limit = worker_memory_limit() if url else None
+        if limit:
+            bounds = _cluster_blocks(self._cluster_bytes(), limit)
+            if bounds is not None:
+                return self._predict_in_cluster_blocks(X, k, fallback, url, bounds)
         MT, MH, head = _split_summaries(self.M_)
         whole = {"MT": MT, "W": self.W_, "order": self.order_, "offsets": self.offsets_,
                  "fallback": fallback, "idf": self.idf_, "MH": MH, "head": head}
@@ -467,9 +633,33 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                            stack=False, static={"beam": int(self.beam_), "k": k})
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
 
+    def _cluster_bytes(self) -> np.ndarray:
+        """Bytes of each cluster's summary and centroids (stored entries)."""
+        centroids = self.W_.indptr[self.offsets_[1:]] - self.W_.indptr[self.offsets_[:-1]]
+        return (centroids + np.diff(self.M_.indptr)) * float(_ENTRY_BYTES)
+
+    def _predict_in_cluster_blocks(self, X, k: int, fallback, url: str, bounds) -> tuple[da.Array, da.Array]:
+        idf = None if self.idf_ is None else whole_operand(self.idf_, name="centroid-idf").to_delayed().ravel()[0]
+        beam = int(self.beam_)
+        ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        blocks = []
+        for Xb, n_rows in zip(X.to_delayed().ravel(), X.chunks[0]):
+            Xt = dask.delayed(_rows_block, pure=True)(Xb, idf)
+            best = dask.delayed(_merge_routes, pure=True)(
+                *(dask.delayed(_route_part, pure=True)(Xt, url, a, b, beam=beam) for a, b in ranges), beam=beam)
+            packed = dask.delayed(_merge_candidates, pure=True)(
+                *(dask.delayed(_candidate_part, pure=True)(Xt, best, url, a, b, k=k) for a, b in ranges),
+                k=k, fallback=fallback)
+            blocks.append(da.from_delayed(packed, shape=(n_rows, 2 * k), dtype=np.float64))
+        packed = da.concatenate(blocks, axis=0)
+        logger.info(f"prediction in {len(ranges)} cluster blocks read from {url} (the model exceeds what a worker "
+                    "holds)")
+        return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
     def train_summary(self) -> dict:
         held = {"p@1": self.held_out_["p@1"]} if self.held_out_ else {}
         return {"n_passes": int(self.n_passes_), "task": "multilabel", "held_out": held, "beam": int(self.beam_),
+                "label_blocks": int(getattr(self, "n_label_blocks_", 1)),
                 "n_clusters": self.n_clusters_,
                 "n_unseen_labels": int(self.n_unseen_labels_), "model_entries": int(self.W_.nnz + self.M_.nnz)}
 
