@@ -162,6 +162,25 @@ def test_beam_restricts_candidates_to_the_best_clusters(small):
     assert p1 > 0.3
 
 
+def test_centroids_without_the_held_out_rows_are_recovered_from_the_unit_ones(small):
+    """The held-out choice of the beam scores centroids without the held-out rows, recovered from the unit centroids
+    and their norms (no second copy of the sums): the reference's ``unit(Y^T X - Y_h^T X_h)``."""
+    from xmldask.models.centroid import _unit_rows
+
+    X, Y, _, _ = small
+    model = LabelCentroidClassifier(features="l2", leaf_labels=40, beam=3, random_state=0).fit(X, Y)
+    Xu, Y64 = _unit_rows(X).astype(np.float64), sp.csr_matrix(Y, dtype=np.float64)
+    P = (Y64.T @ Xu).tocsr()
+    D = (Y64[:150].T @ Xu[:150]).tocsr()
+    norms = np.sqrt(np.asarray(P.multiply(P).sum(axis=1)).ravel())
+    expected = (P - D).toarray()
+    lengths = np.linalg.norm(expected, axis=1, keepdims=True)
+    expected = (expected / np.where(lengths > 0, lengths, 1))[model.order_]
+    rest = np.asarray(Y64.sum(axis=0) - Y64[:150].sum(axis=0)).ravel()
+    assert (rest[np.flatnonzero(np.diff(D.indptr))] == 0).any()  # some labels have all their rows held out
+    np.testing.assert_allclose(model._without(norms, D, rest).toarray(), expected, atol=1e-5)
+
+
 def test_label_block_bounds_cut_the_labels_into_blocks_of_equal_entries():
     from xmldask.models.centroid import LABEL_BLOCK_SHARE, label_block_bounds
 

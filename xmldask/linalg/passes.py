@@ -543,21 +543,23 @@ def tree_combine(parts: list, combine):
     return parts[0]
 
 
-def compute_each(parts: list) -> list:
-    """The values of the delayed ``parts``: with a ``distributed`` client each is gathered as soon as it is
-    computed and released on the workers (results that together exceed the workers' memory never wait there for
-    the last one); otherwise ``dask.compute``."""
+def compute_each(parts: list, each=None) -> list:
+    """The values of the delayed ``parts``, ``each(i, value)`` of them if given: with a ``distributed`` client each
+    is gathered as soon as it is computed, released on the workers and passed to ``each`` (results that together
+    exceed the workers' memory never wait there for the last one); otherwise ``dask.compute``."""
+    each = each or (lambda i, value: value)
     client = current_client()
     if client is None:
-        return list(dask.compute(*parts))
+        return [each(i, value) for i, value in enumerate(dask.compute(*parts))]
     from distributed import as_completed
 
     futures = client.compute(list(parts))
     position = {id(future): i for i, future in enumerate(futures)}
     out = [None] * len(futures)
     for future, value in as_completed(futures, with_results=True):
-        out[position[id(future)]] = value
+        i = position[id(future)]
         future.release()
+        out[i] = each(i, value)
     return out
 
 

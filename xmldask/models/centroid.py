@@ -19,6 +19,7 @@ Labels without a training row have no centroid: they are in no cluster and never
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import operator
@@ -98,6 +99,12 @@ def _label_sums_block(Xb, Yb, idf=None, *, share: float = 0.0, seed: int = 0, bl
     return (small, *(P[a:b] for a, b in zip(bounds[:-1], bounds[1:])))
 
 
+def _unit_and_norms(P: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray]:
+    """``P`` with unit rows, and its rows' L2 norms (float64)."""
+    P = sp.csr_matrix(P)
+    return _unit_rows(P), np.sqrt(np.asarray(P.multiply(P).sum(axis=1), dtype=np.float64).ravel())
+
+
 def _add_small(a, b):
     return a[0] + b[0], sp.vstack([a[1], b[1]], format="csr"), sp.vstack([a[2], b[2]], format="csr")
 
@@ -144,7 +151,7 @@ def _split(W: sp.csr_matrix, rng: np.random.Generator) -> np.ndarray:
         if (new == left).all():
             break
         left = new
-        means = np.vstack([np.asarray(W[left].sum(axis=0)), np.asarray(W[~left].sum(axis=0))]).T
+        means = np.asarray(W.T @ np.stack([left, ~left], axis=1).astype(W.dtype))  # (d, 2), no copy of W's rows
         means /= np.maximum(np.linalg.norm(means, axis=0, keepdims=True), 1e-30)
     return left
 
@@ -322,12 +329,13 @@ def _route_part(Xt, url: str, first: int, stop: int, *, beam: int):
     return np.vstack([p[0] for p in parts]) + first, np.vstack([p[1] for p in parts])
 
 
-def _merge_routes(*parts, beam: int) -> np.ndarray:
-    """The ``beam`` best clusters of each row among those of the cluster blocks' :func:`_route_part`."""
-    ids, cos = np.hstack([p[0] for p in parts]), np.hstack([p[1] for p in parts])
+def _merge_routes(a, b, *, beam: int):
+    """The ``beam`` best clusters of each row, and their cosines, of two :func:`_route_part` results."""
+    ids, cos = np.hstack([a[0], b[0]]), np.hstack([a[1], b[1]])
     if beam >= ids.shape[1]:
-        return ids
-    return np.take_along_axis(ids, np.argpartition(-cos, beam - 1, axis=1)[:, :beam], axis=1)
+        return ids, cos
+    top = np.argpartition(-cos, beam - 1, axis=1)[:, :beam]
+    return np.take_along_axis(ids, top, axis=1), np.take_along_axis(cos, top, axis=1)
 
 
 def _candidate_part(Xt, best, url: str, first: int, stop: int, *, k: int):
@@ -340,13 +348,12 @@ def _candidate_part(Xt, best, url: str, first: int, stop: int, *, k: int):
     return _candidate_topk(Xt, rows, best[rows, slots] - first, W, order, offsets - offsets[0], k)
 
 
-def _merge_candidates(*parts, k: int, fallback) -> np.ndarray:
-    """The packed top-``k`` (:func:`_filled`) of each row among the cluster blocks' :func:`_candidate_part`."""
-    labels, scores = np.hstack([p[0] for p in parts]), np.hstack([p[1] for p in parts])
+def _merge_candidates(a, b, *, k: int):
+    """The top-``k`` of each row among two :func:`_candidate_part` results (``(-1, -inf)`` left over)."""
+    labels, scores = np.hstack([a[0], b[0]]), np.hstack([a[1], b[1]])
     n, m = labels.shape
-    r = np.repeat(np.arange(n), m)
     real = labels.ravel() >= 0
-    return _filled(*_best_k(r[real], labels.ravel()[real], scores.ravel()[real], n=n, k=k), fallback)
+    return _best_k(np.repeat(np.arange(n), m)[real], labels.ravel()[real], scores.ravel()[real], n=n, k=k)
 
 
 def _cluster_blocks(cluster_bytes: np.ndarray, worker_limit: int | None) -> np.ndarray | None:
@@ -384,8 +391,9 @@ def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks:
     """Peak bytes of fitting :class:`LabelCentroidClassifier` from the bound ``entries`` on ``nnz(Y^T X)``
     (:func:`entry_bound`).
 
-    ``fit_process``: the fitting process holds the summed ``Y^T X``, its unit copy, the copy in cluster order,
-    the clustering's copies of one subtree and the sums without the held-out rows; ``worker``: a task holds a row
+    ``fit_process``: the fitting process holds the unit centroids and, at once, one more copy (the label blocks
+    stacked, the clustering's copy of a subtree, the copy in cluster order, the centroids without the held-out
+    rows) and the cluster summaries; ``worker``: a task holds a row
     block's sums (``block_entries``, the largest row block's bound) and their pieces, and a combine task two
     partial sums and their sum, of all the labels or of the largest label block (``label_block_entries``, when
     the workers sum in label blocks: :func:`label_block_bounds`).
@@ -393,7 +401,7 @@ def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks:
     stored = min(entries, float(n_labels) * n_features) * _ENTRY_BYTES + 8 * (n_labels + 1)
     block = stored if label_block_entries is None else min(stored, label_block_entries * _ENTRY_BYTES)
     worker = (3 * block if n_blocks > 1 else block) + 2 * block_entries * _ENTRY_BYTES
-    return {"entries": float(entries), "model_bytes": stored, "fit_process": 5 * stored, "worker": worker}
+    return {"entries": float(entries), "model_bytes": stored, "fit_process": 3 * stored, "worker": worker}
 
 
 def labels_scored_per_row(n_labels: int, *, beam: int = 20, leaf_labels: int = 100) -> int:
@@ -499,16 +507,12 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         per_row = rows["X"].astype(np.float64) * rows["Y"]
         starts = np.cumsum((0,) + tuple(data.X.chunks[0][:-1]))
         block_entries = float(np.add.reduceat(per_row, starts).max()) if len(per_row) else 0.0
-        label_block = None
-        limit = worker_memory_limit()
-        if limit:
-            labels = np.asarray(group["Y"]["indices"][:], np.int64)
-            by_label = np.bincount(labels, weights=np.repeat(rows["X"], rows["Y"]).astype(np.float64),
-                                   minlength=data.n_labels)
-            bounds = label_block_bounds(by_label, limit)
-            if bounds is not None:
-                label_block = float(np.add.reduceat(by_label, bounds[:-1]).max())
-        need = centroid_memory(float(per_row.sum()), data.n_labels, data.n_features, n_blocks=len(data.X.chunks[0]),
+        labels = np.asarray(group["Y"]["indices"][:], np.int64)
+        by_label = np.minimum(np.bincount(labels, weights=np.repeat(rows["X"], rows["Y"]).astype(np.float64),
+                                          minlength=data.n_labels), data.n_features)  # a centroid has <= d entries
+        bounds = label_block_bounds(by_label, worker_memory_limit())
+        label_block = None if bounds is None else float(np.add.reduceat(by_label, bounds[:-1]).max())
+        need = centroid_memory(float(by_label.sum()), data.n_labels, data.n_features, n_blocks=len(data.X.chunks[0]),
                                block_entries=block_entries, label_block_entries=label_block)
         return need
 
@@ -541,7 +545,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         if "df" in first:
             self.idf_ = K.idf_weights(first["df"], X.shape[0], np.float32)
         if "entries" in first:
-            bounds = label_block_bounds(first["entries"], limit)
+            bounds = label_block_bounds(np.minimum(first["entries"], X.shape[1]), limit)
         idf = None if self.idf_ is None else whole_operand(self.idf_, name="idf")
         share = min(1.0, HELD_OUT_ROWS / max(X.shape[0], 1)) if self.beam == "auto" else 0.0
         seed = seed_of(self.random_state)
@@ -549,15 +553,17 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         n_pieces = 1 if bounds is None else len(bounds) - 1
         small = tree_combine([part[0] for part in parts], _add_small)
         sums = [tree_combine([part[1 + j] for part in parts], operator.add) for j in range(n_pieces)]
-        (counts, X_held, Y_held), *sums = compute_each([small, *sums])
-        P = sums[0] if n_pieces == 1 else sp.vstack(sums, format="csr")
+        # each label block's sums, as they arrive: unit rows and the norms (the held-out choice of the beam
+        # recovers the sums of the labels it needs from them), so that one copy of the centroids is held
+        (counts, X_held, Y_held), *sums = compute_each([small, *sums], lambda i, v: _unit_and_norms(v) if i else v)
+        W = sums[0][0] if n_pieces == 1 else sp.vstack([piece for piece, _ in sums], format="csr")
+        norms = np.concatenate([n for _, n in sums])
         del sums
         passes += 1
         self.n_label_blocks_ = n_pieces
-        logger.info(f"label centroids: {P.nnz:,} entries from {X.shape[0]:,} rows ({passes} passes"
+        logger.info(f"label centroids: {W.nnz:,} entries from {X.shape[0]:,} rows ({passes} passes"
                     + (f"; summed by the workers in {n_pieces} label blocks" if n_pieces > 1 else "") + ")")
         seen = np.flatnonzero(counts > 0)
-        W = _unit_rows(P)
         rng = np.random.default_rng(seed)
         order, offsets = balanced_clusters(W, seen, check_int(self.leaf_labels, "leaf_labels", 2), rng)
         self.W_ = sp.csr_matrix(W[order])
@@ -567,10 +573,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         self.order_, self.offsets_ = order.astype(np.int64), offsets
         self.beam_, self.held_out_ = self.beam, {}
         if self.beam == "auto":
-            self.beam_, self.held_out_ = self._choose_beam(P, X_held, Y_held, counts)
+            self.beam_, self.held_out_ = self._choose_beam(norms, X_held, Y_held, counts)
             logger.info(f"beam {self.beam_}: held-out P@1 " + ", ".join(
                 f"{b} {p:.4f}" for b, p in self.held_out_["p@1 by beam"].items()) + f" ({X_held.shape[0]:,} rows)")
-        del P
         self.label_counts_ = counts.astype(np.int64)
         self.n_features_in_, self.n_labels_ = int(X.shape[1]), int(Y.shape[1])
         self.n_samples_seen_ = int(X.shape[0])
@@ -581,15 +586,33 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                         "never predicted")
         return self
 
-    def _choose_beam(self, P, X_held, Y_held, counts) -> tuple[int, dict]:
+    def _without(self, norms: np.ndarray, D: sp.csr_matrix, rest=None) -> sp.csr_matrix:
+        """The unit centroids (in cluster order) of the sums ``P - D``, ``P``'s rows being the centroids times their
+        ``norms`` (by label): only the labels with a row in ``D`` change; those without a row left (``rest``: the
+        rows each label keeps, if given) get none (not the unit rounding error of the difference)."""
+        changed = np.flatnonzero(np.diff(D.indptr))
+        position = np.full(len(norms), -1, np.int64)
+        position[self.order_] = np.arange(len(self.order_))
+        changed = changed[position[changed] >= 0]
+        rows = position[changed]
+        old = self.W_[rows]
+        kept = np.ones(len(changed), np.float32) if rest is None else (rest[changed] > 0).astype(np.float32)
+        new = sp.diags(kept) @ _unit_rows(sp.diags(norms[changed].astype(np.float32)) @ old - D[changed])
+        R = sp.coo_matrix(new - old)
+        R = sp.csr_matrix((R.data.astype(np.float32), (rows[R.row], R.col)), shape=self.W_.shape)
+        W = sp.csr_matrix(self.W_ + R)
+        W.eliminate_zeros()
+        return W
+
+    def _choose_beam(self, norms, X_held, Y_held, counts) -> tuple[int, dict]:
         """The beam of :data:`AUTO_BEAMS` with the best P@1 on the held-out rows, scored by centroids without them
         (``P - Y_h^T X_h``, in the clusters of all rows)."""
         n_clusters = len(self.offsets_) - 1
         beams = sorted({min(b, n_clusters) for b in AUTO_BEAMS})
         if X_held.shape[0] == 0:
             return beams[0], {}
-        W = _unit_rows(P - (Y_held.T @ X_held).tocsr())[self.order_]
         rest = counts - np.asarray(Y_held.sum(axis=0)).ravel()
+        W = self._without(norms, (Y_held.T @ X_held).tocsr(), rest)
         fallback = np.argsort(-rest, kind="stable")[:1]
         MT, MH, head = _split_summaries(_summaries(W, self.offsets_))
         p1 = {}
@@ -639,17 +662,18 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         return (centroids + np.diff(self.M_.indptr)) * float(_ENTRY_BYTES)
 
     def _predict_in_cluster_blocks(self, X, k: int, fallback, url: str, bounds) -> tuple[da.Array, da.Array]:
-        idf = None if self.idf_ is None else whole_operand(self.idf_, name="centroid-idf").to_delayed().ravel()[0]
+        idf = None if self.idf_ is None else dask.delayed(self.idf_, pure=True)  # one copy in the graph
         beam = int(self.beam_)
         ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         blocks = []
         for Xb, n_rows in zip(X.to_delayed().ravel(), X.chunks[0]):
             Xt = dask.delayed(_rows_block, pure=True)(Xb, idf)
-            best = dask.delayed(_merge_routes, pure=True)(
-                *(dask.delayed(_route_part, pure=True)(Xt, url, a, b, beam=beam) for a, b in ranges), beam=beam)
-            packed = dask.delayed(_merge_candidates, pure=True)(
-                *(dask.delayed(_candidate_part, pure=True)(Xt, best, url, a, b, k=k) for a, b in ranges),
-                k=k, fallback=fallback)
+            # pairwise merges: a task holds two blocks' results, not all of them
+            best = tree_combine([dask.delayed(_route_part, pure=True)(Xt, url, a, b, beam=beam) for a, b in ranges],
+                                functools.partial(_merge_routes, beam=beam))
+            top = tree_combine([dask.delayed(_candidate_part, pure=True)(Xt, best[0], url, a, b, k=k)
+                                for a, b in ranges], functools.partial(_merge_candidates, k=k))
+            packed = dask.delayed(_filled, pure=True)(top[0], top[1], fallback)
             blocks.append(da.from_delayed(packed, shape=(n_rows, 2 * k), dtype=np.float64))
         packed = da.concatenate(blocks, axis=0)
         logger.info(f"prediction in {len(ranges)} cluster blocks read from {url} (the model exceeds what a worker "
