@@ -381,3 +381,37 @@ def test_spectrum_plot_is_titled_after_the_ingested_files(tmp_path):
     ingest(text, str(tmp_path / "data.zarr"))
     assert _data_name(str(tmp_path / "data.zarr")) == "train.txt.gz"
     assert _data_name(str(tmp_path / "absent.zarr")) == "absent.zarr"
+
+
+def test_spectrum_takes_fewer_columns_where_the_workers_hold_few(tmp_path, monkeypatch, caplog):
+    """Workers whose memory limit cannot hold the column-sized operands of k + p columns: pairwise sums, then fewer
+    eigenvalues (lower bounds of the exact ones, the largest within 5 % on this flat spectrum of 40 labels), with a
+    warning; not even two columns: a clear error."""
+    import logging
+
+    import distributed
+
+    from xmldask.datasets import make_synthetic
+    from xmldask.embedding import spectrum as S
+    from xmldask.store import open_dataset
+
+    url = str(tmp_path / "synth.zarr")
+    make_synthetic(url, n_samples=3000, n_features=200, n_labels=40, seed=0, block_rows=700, progress=False)
+    A = open_dataset(url).Y
+    column = 40 * np.dtype(np.float32 if A.dtype == np.float32 else np.float64).itemsize
+    assert S._fitting_columns(A, 10, 20, None, url) == (10, 20, 8)
+    assert S._fitting_columns(A, 10, 20, int(30 * 11 * column / S.MEMORY_SHARE), url) == (10, 20, 8)
+    assert S._fitting_columns(A, 10, 20, int(30 * 5 * column / S.MEMORY_SHARE), url) == (10, 20, 2)
+    with caplog.at_level(logging.WARNING, logger="xmldask.embedding.spectrum"):
+        assert S._fitting_columns(A, 10, 20, int(12 * 5 * column / S.MEMORY_SHARE), url) == (6, 6, 2)
+    assert "6 eigenvalues instead of 10" in caplog.text
+    with pytest.raises(MemoryError, match="needs workers of at least"):
+        S._fitting_columns(A, 10, 20, int(5 * column / S.MEMORY_SHARE), url)
+    Ym = A.compute()
+    exact = np.linalg.eigvalsh((Ym.T @ Ym).toarray() if sp.issparse(Ym) else np.asarray(Ym.T @ Ym))[::-1]
+    monkeypatch.setattr(S, "MEMORY_SHARE", 12 * 5 * column / 2**30)  # a 1 GiB worker holds 12 columns
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit="1GiB",
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster):
+        spectrum = S.compute_spectrum(url, n_components=10)
+    assert len(spectrum.eigenvalues) == 6 and np.all(spectrum.eigenvalues <= exact[:6] * (1 + 1e-4))
+    np.testing.assert_allclose(spectrum.eigenvalues[0], exact[0], rtol=5e-2)

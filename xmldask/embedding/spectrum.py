@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..linalg.randomized import randomized_pca
+from ..scheduling import worker_memory_limit
 
 __all__ = ["Spectrum", "compute_spectrum", "write_spectrum"]
 
@@ -63,6 +64,9 @@ class Spectrum:
                 for i, (v, s, c) in enumerate(zip(self.eigenvalues, share, cumulative))]
 
 
+#: share of a worker's memory limit that the spectrum's column-sized dense operands may take
+MEMORY_SHARE = 0.25
+
 #: eigenvalues of the spectrum on every path (``xmldask spectrum``, the pipeline's and the refresh's stage)
 SPECTRUM_COMPONENTS = 100
 
@@ -95,11 +99,37 @@ def compute_spectrum(url: str, *, matrix: str = "Y", n_components: int = SPECTRU
     ds = open_dataset(url)
     A = ds.Y if matrix == "Y" else ds.X
     k = min(int(n_components), A.shape[1])
+    k, oversample, split_every = _fitting_columns(A, k, oversample, worker_memory_limit(), url)
     start = time.perf_counter()
-    res = randomized_pca(A, k, oversample=oversample, n_iter=n_iter, center=center, random_state=random_state)
+    res = randomized_pca(A, k, oversample=oversample, n_iter=n_iter, center=center, random_state=random_state,
+                         split_every=split_every)
     return Spectrum(eigenvalues=res.eigenvalues, trace=res.trace, matrix=matrix, url=str(url),
                     n_samples=int(A.shape[0]), n_columns=int(A.shape[1]), n_passes=res.n_passes,
                     seconds=time.perf_counter() - start, center=bool(center))
+
+
+def _fitting_columns(A, k: int, oversample: int, worker_limit: int | None, url: str) -> tuple[int, int, int]:
+    """``(k, oversample, split_every)`` whose column-sized dense operands (``n_columns x (k + oversample)``: the
+    sketch, a row block's product, the ``split_every`` inputs and the output of a combine) take at most
+    :data:`MEMORY_SHARE` of a worker's memory limit: fewer eigenvalues, and pairwise sums, where the columns are
+    many (a million labels) and the workers small; a clear error where not even two columns fit."""
+    if not worker_limit:
+        return k, oversample, 8
+    from ..linalg._kernels import working_dtype
+
+    column = A.shape[1] * np.dtype(working_dtype(A.dtype)).itemsize
+    for split_every in (8, 2):
+        fit = int(MEMORY_SHARE * worker_limit // ((split_every + 3) * column))
+        if fit >= k + oversample:
+            return k, oversample, split_every
+    if fit < 2:
+        raise MemoryError(f"the spectrum of {url} ({A.shape[1]:,} columns) needs workers of at least "
+                          f"{5 * 2 * column / MEMORY_SHARE / 2**20:,.0f} MiB (two dense columns of that length), "
+                          f"not {worker_limit / 2**20:,.0f} MiB: give the workers more memory")
+    oversample = min(oversample, fit // 2)
+    logger.warning(f"spectrum of {A.shape[1]:,} columns: {fit - oversample} eigenvalues instead of {k} (the workers' "
+                   f"memory limit of {worker_limit / 2**20:,.0f} MiB holds {fit} dense columns of that length)")
+    return min(k, fit - oversample), oversample, 2
 
 
 def write_spectrum(spectrum: Spectrum, out_dir, *, plot: bool = True, overwrite: bool = False) -> dict[str, Path]:
