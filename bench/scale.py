@@ -36,7 +36,15 @@ high-water mark having been reset (``/proc/self/clear_refs``) before it; ``peak_
 the same for the process that drives the stages; ``spilled_bytes``, what the workers wrote to disk
 during the stage; ``worker_restarts``, how many worker processes were replaced during the stage
 (process ids before and after). ``csr_bytes`` is the size of the training ``X`` and ``Y`` as SciPy
-CSR in memory (float32 values, int32 indices, int64 row pointers).
+CSR in memory (float32 values, int32 indices, int64 row pointers), ``store_bytes`` that of its store on disk
+(compressed); the evaluate row carries the test ``P@1`` and ``P@5``.
+
+``--preset NAME`` (e.g. ``xmc-1m``: a million labels) generates the XMC generator's stores instead
+(:func:`xmldask.xmc.make_xmc`, ``--sizes`` training rows, ``--test-rows`` test rows) and trains with the
+defaults (``--model '{}'``: the label-centroid tree at that many labels):
+
+    python bench/scale.py --preset xmc-1m --sizes 3000000 --test-rows 20000 --block-rows 32768 \
+        --workers 2 --memory-limit 1GiB
 
     python bench/scale.py [--sizes 100000 1000000] [--workers 2] [--memory-limit 1GiB] [--external]
                           [--grow-tree [--tree-routing fractional|deterministic]] [--stages STAGE ...]
@@ -63,9 +71,9 @@ from _tables import load_line, main_or_child, markdown_table, write_json  # noqa
 #: the generator's knobs of the pipeline's synthetic data (``flows.pipeline.SYNTHETIC_KNOBS``)
 KNOBS = {"label_exponent": 2.0}
 STAGES = ("ingest-train", "ingest-test", "spectrum", "tree", "train", "predict", "evaluate")
-TABLE_KEYS = ["n_samples", "nnz", "csr_bytes", "stage", "seconds", "s_per_mnnz", "passes",
+TABLE_KEYS = ["n_samples", "n_labels", "nnz", "csr_bytes", "store_bytes", "stage", "seconds", "s_per_mnnz", "passes",
               "peak_rss_bytes_per_worker", "peak_rss_bytes_client", "spilled_bytes", "worker_restarts",
-              "worker_memory_limit_bytes", "n_workers", "cluster"]
+              "worker_memory_limit_bytes", "n_workers", "cluster", "P@1", "P@5"]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -173,8 +181,8 @@ def child(spec: dict) -> None:
             return {"nnz_read": reads("test"), "passes": 1}
 
         def stage_evaluate():
-            jobs.evaluate(urls["predictions"], urls["test"], train_url=urls["train"], ks=tuple(range(1, 11)))
-            return {"nnz_read": reads("test_y"), "passes": 1}
+            r = jobs.evaluate(urls["predictions"], urls["test"], train_url=urls["train"], ks=tuple(range(1, 11)))
+            return {"nnz_read": reads("test_y"), "passes": 1, "P@1": r.get("P@1"), "P@5": r.get("P@5")}
 
         stages = {"ingest-train": lambda: stage_ingest("train"), "ingest-test": lambda: stage_ingest("test"),
                   "spectrum": stage_spectrum, "tree": stage_tree, "train": stage_train, "predict": stage_predict,
@@ -214,7 +222,9 @@ def child(spec: dict) -> None:
                    "passes": facts.get("passes"),
                    "peak_rss_bytes_per_worker": max(state["peak"] for state in after.values()),
                    "peak_rss_bytes_client": client_peak, "spilled_bytes": max(0, spilled),
-                   "worker_restarts": restarts, "stage_nnz": nnz_read, **({"error": error} if error else {})}
+                   "worker_restarts": restarts, "stage_nnz": nnz_read,
+                   **{key: facts[key] for key in ("P@1", "P@5") if facts.get(key) is not None},
+                   **({"error": error} if error else {})}
             rows.append(row)
             print(f"[scale] {name}: {seconds:.1f} s, worker peak {row['peak_rss_bytes_per_worker'] / 2**20:.0f} MiB"
                   + (f" ({error})" if error else ""), file=sys.stderr, flush=True)
@@ -223,8 +233,10 @@ def child(spec: dict) -> None:
     if not sizes:
         train = open_dataset(urls["train"])
         sizes.update(train=int(train.meta["nnz"]), n_samples=train.n_samples, csr_bytes=_csr_bytes(train))
+    n_labels = open_dataset(urls["train"]).n_labels
     for row in rows:
-        row.update(n_samples=sizes["n_samples"], nnz=sizes["train"], csr_bytes=sizes["csr_bytes"],
+        row.update(n_samples=sizes["n_samples"], nnz=sizes["train"], csr_bytes=sizes["csr_bytes"], n_labels=n_labels,
+                   store_bytes=_store_bytes(urls["train"]),
                    worker_memory_limit_bytes=int(limit) if limit else None, n_workers=n_workers)
     print(json.dumps(rows))
 
@@ -267,6 +279,30 @@ def ensure_data(root: Path, *, n_samples: int, n_features: int, n_labels: int, a
                 print(f"wrote {path} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
             out[f"{split}_store"] = str(path)
     return out
+
+
+def ensure_preset(root: Path, *, preset_name: str, n_samples: int, test_rows: int, seed: int, block_rows: int) -> dict:
+    """The stores of the XMC generator's preset ``preset_name`` (:mod:`xmldask.xmc`) with ``n_samples`` training
+    and ``test_rows`` test rows, generated if absent."""
+    from xmldask.xmc import XMC_GENERATOR_VERSION, make_xmc, preset
+
+    base = root / f"xmc-{preset_name}-n{n_samples}-seed{seed}-v{XMC_GENERATOR_VERSION}"
+    base.mkdir(parents=True, exist_ok=True)
+    out = {}
+    for split, n in (("train", n_samples), ("test", test_rows)):
+        path = base / f"{split}-n{n}-b{block_rows}.zarr"
+        if not (path / "zarr.json").exists():
+            start = time.perf_counter()
+            make_xmc(str(path), **preset(preset_name, split, n_samples=n, seed=seed), block_rows=block_rows,
+                     overwrite=True)
+            print(f"wrote {path} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        out[f"{split}_store"] = str(path)
+    return out
+
+
+def _store_bytes(url: str) -> int:
+    """Bytes of a local store on disk (what the workers would hold compressed)."""
+    return sum(f.stat().st_size for f in Path(url).rglob("*") if f.is_file())
 
 
 class ExternalCluster:
@@ -385,6 +421,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help=f"Zipf exponent of the label frequencies (default {KNOBS['label_exponent']:g}, the "
                              "pipeline's; the tree needs every label in the training rows: 1.1 covers 1000 labels "
                              "from 10^5 rows)")
+    parser.add_argument("--preset", default=None, metavar="NAME",
+                        help="the XMC generator's preset (xmldask.xmc.PRESETS, e.g. xmc-1m) with --sizes training "
+                             "rows, written straight to stores, instead of make_synthetic's data")
+    parser.add_argument("--test-rows", type=int, default=None, metavar="N",
+                        help="test rows with --preset (default: the preset's)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--block-rows", type=int, default=16_384,
                         help="rows per block of the stores (default 16384: about 8 MiB of CSR a block here; a pass "
@@ -404,9 +445,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="routing of the training rows while the tree grows (default fractional)")
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=None, metavar="STAGE",
                         help=f"run only these stages (of {', '.join(STAGES)}; default all that apply)")
-    parser.add_argument("--model", default='{"search": null, "kernel": "none", "k": 16}', metavar="JSON",
+    parser.add_argument("--model", default=None, metavar="JSON",
                         help="training parameters (xmldask.params.TrainParams), default "
-                             "'{\"search\": null, \"kernel\": \"none\", \"k\": 16}'")
+                             "'{\"search\": null, \"kernel\": \"none\", \"k\": 16}', with --preset '{}' (the "
+                             "defaults: the label-centroid tree past about 2,000 labels)")
     parser.add_argument("--cache", default=None, metavar="DIR",
                         help="where the generated data live (default $XMLDASK_STORAGE/bench/scale, else "
                              "storage/bench/scale)")
@@ -417,6 +459,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: one size of 3000 rows, 2000 features, 200 labels, 2 decoder epochs")
     args = parser.parse_args(argv)
+    if args.model is None:
+        args.model = "{}" if args.preset else '{"search": null, "kernel": "none", "k": 16}'
     if args.quick:
         args.sizes, args.features, args.labels = [3_000], 2_000, 200
         args.model = json.dumps({**json.loads(args.model), "k": 16, "max_epochs": 2, "n_random_features": 200})
@@ -428,6 +472,8 @@ def main(argv=None) -> None:
     model = json.loads(args.model)
     root = cache_dir(args.cache)
     root.mkdir(parents=True, exist_ok=True)
+    if args.preset:
+        args.source = "store"
     stages = [s for s in STAGES if (s != "tree" or args.grow_tree) and (args.source == "text" or
                                                                         not s.startswith("ingest"))
               and (args.stages is None or s in args.stages)]
@@ -438,9 +484,16 @@ def main(argv=None) -> None:
     for file in args.load or []:
         rows += json.loads(Path(file).read_text())
     for n in [] if args.load else args.sizes:
-        data = ensure_data(root, n_samples=n, n_features=args.features, n_labels=args.labels,
-                           avg_features=args.avg_features, seed=args.seed, source=args.source,
-                           block_rows=args.block_rows, knobs={**KNOBS, "label_exponent": args.label_exponent})
+        if args.preset:
+            from xmldask.xmc import preset
+
+            test_rows = args.test_rows or preset(args.preset, "test")["n_samples"]
+            data = ensure_preset(root, preset_name=args.preset, n_samples=n, test_rows=test_rows, seed=args.seed,
+                                 block_rows=args.block_rows)
+        else:
+            data = ensure_data(root, n_samples=n, n_features=args.features, n_labels=args.labels,
+                               avg_features=args.avg_features, seed=args.seed, source=args.source,
+                               block_rows=args.block_rows, knobs={**KNOBS, "label_exponent": args.label_exponent})
         for kind in kinds:
             work = Path(tempfile.mkdtemp(prefix=f"scale-n{n}-{kind}-", dir=root))
             spec = {**data, "n_samples": n, "work": str(work), "workers": args.workers,

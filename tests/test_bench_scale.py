@@ -44,3 +44,18 @@ def test_scale_runs_a_subset_of_stages(tmp_path):
     rows = json.loads(out.read_text())
     assert [row["stage"] for row in rows] == ["ingest-train", "train"]
     assert all("error" not in row and row["n_workers"] == 1 and row["stage_nnz"] == row["nnz"] for row in rows)
+
+
+def test_scale_runs_an_xmc_preset_with_the_defaults(tmp_path):
+    """``--preset``: the XMC generator's stores, the default model (the label-centroid tree), P@1 in the rows."""
+    out = tmp_path / "scale.json"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "scale.py"), "--preset", "xmc-10k", "--sizes", "4000",
+                           "--test-rows", "500", "--memory-limit", "512MiB", "--json", str(out),
+                           "--cache", str(tmp_path / "cache")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = json.loads(out.read_text())
+    assert [row["stage"] for row in rows] == ["spectrum", "train", "predict", "evaluate"]
+    for row in rows:
+        assert "error" not in row and row["worker_restarts"] == 0
+        assert row["n_samples"] == 4000 and row["n_labels"] == 10_000 and 0 < row["store_bytes"] < row["csr_bytes"]
+    assert rows[-1]["P@1"] > 0.3  # a random guess among 10,000 labels: 0.0003
