@@ -448,3 +448,31 @@ def test_on_dataset_stores_with_training_propensities(tmp_path):
     assert res["avg_AUC"] == pytest.approx(ref_auc(T, noisy)[0], rel=1e-10)
     hl, micro, macro = ref_decision(T, noisy >= 10.0)
     assert_close(res, {"hamming_loss": hl, "micro_F1": micro, "macro_F1": macro})
+
+
+def test_label_sized_propensities_are_scattered_and_survive_a_delayed_result():
+    """A million-label-sized propensity vector is scattered, not sent in the graph (no large-graph warning), and the
+    delayed result (``compute=False``) computed after the arrays that built it are gone still finds it."""
+    import gc
+    import warnings
+
+    import distributed
+
+    n, n_labels = 300, 200_000  # 1.6 MB of inverse propensities: above the scatter threshold
+    rng = np.random.default_rng(0)
+    Y = sp.random(n, n_labels, density=3 / n_labels, format="csr", random_state=1, dtype=np.float32)
+    Y.data[:] = 1
+    labels = rng.integers(0, n_labels, (n, 5))
+    labels[:, 0] = np.asarray(Y.argmax(axis=1)).ravel()
+    scores = -np.sort(-rng.random((n, 5)), axis=1)
+    propensities = rng.uniform(0.1, 1, n_labels)
+    expected = evaluate(Y, labels, scores, propensities=propensities)
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=":0") as c, \
+            distributed.Client(c), warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)  # "Sending large graph of size ..."
+        result = evaluate(da.from_array(Y, chunks=(120, n_labels), asarray=False), labels, scores,
+                          propensities=propensities, compute=False)
+        gc.collect()
+        (got,) = dask.compute(result)
+    for key in ("P@1", "P@5", "PSP@5"):
+        assert got[key] == pytest.approx(expected[key])

@@ -122,7 +122,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.stats import rankdata
 
-from .linalg.passes import block_sum
+from .linalg.passes import block_sum, dense_operand
 
 __all__ = [
     "PROPENSITY_PARAMETERS",
@@ -477,6 +477,19 @@ def _ratio(a: float, b: float) -> float:
     return float(a) / float(b) if b > 0 else math.nan
 
 
+def _futures_of(operands) -> list:
+    """The ``distributed`` futures (scattered operands) in the graphs of ``operands``' arrays."""
+    try:
+        from distributed import futures_of
+    except ImportError:  # pragma: no cover - distributed is a dependency
+        return []
+    return [future for _, value, _ in operands if value is not None for future in futures_of(value)]
+
+
+def _finalize_keeping(total, cfg, ks, *futures) -> dict:
+    return finalize(total, cfg, ks)
+
+
 def finalize(total: np.ndarray, cfg: _Config, ks: tuple[int, ...]) -> dict:
     """Metrics from the summed statistics (see the module docstring for the definitions)."""
     lay = cfg.layout()
@@ -715,7 +728,8 @@ def evaluate(Y, labels=None, scores=None, *, ks=(1, 3, 5), propensities=None, sc
     inv_p = None
     if propensities is not None:
         inv_p = _as_inv_propensity(propensities, n_labels)
-        operands.append(("inv_p", da.from_array(inv_p, chunks=inv_p.shape), WHOLE))
+        # scattered when large (a million labels): never a label-sized array in the graph sent to the scheduler
+        operands.append(("inv_p", dense_operand(inv_p, name="inv_p"), WHOLE))
     if scores_full is not None:
         operands.append(("scores_full", _align(scores_full, Y, "scores_full", n_cols=n_labels, kind="float"), ROWS))
 
@@ -750,7 +764,9 @@ def evaluate(Y, labels=None, scores=None, *, ks=(1, 3, 5), propensities=None, sc
     )
     total = block_sum(block_stats, operands, tail=(cfg.size,), dtype=np.float64, token="metrics-block",
                       static={"cfg": cfg}, split_every=int(split_every))
-    result = dask.delayed(finalize, pure=True)(total, cfg, ks)
+    # the futures of scattered operands ride along as arguments: a delayed call keeps a future alive only when it
+    # holds it itself (through the array's graph, the conversion to a delayed graph would drop it)
+    result = dask.delayed(_finalize_keeping, pure=True)(total, cfg, ks, *_futures_of(operands))
     if not compute:
         return result
     (res,) = dask.compute(result)
