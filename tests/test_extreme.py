@@ -211,6 +211,7 @@ def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monke
     reference = LabelCentroidClassifier(leaf_labels=40, beam=3, random_state=0).fit(Xd, Yd)
     expected = [a.compute() for a in reference.predict_topk(Xtd, k=5)]
     monkeypatch.setattr(C, "LABEL_BLOCK_SHARE", 1e-3)
+    monkeypatch.setattr(C, "PREDICT_BLOCK_SHARE", 1e-3)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit="2GiB",
                                   dashboard_address=":0") as cluster, distributed.Client(cluster):
         model = LabelCentroidClassifier(leaf_labels=40, beam=3, random_state=0).fit(Xd, Yd)

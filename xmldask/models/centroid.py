@@ -54,6 +54,9 @@ HELD_OUT_ROWS = 2000
 SUMMARY_BUDGET = 1 << 22
 #: share of a worker's memory limit that three copies of one label block's sums may take (:func:`label_block_bounds`)
 LABEL_BLOCK_SHARE = 0.25
+#: the same for a cluster block of a prediction task, which also holds its row block's dense summary scores, the
+#: summaries' dense columns and the candidates of two blocks
+PREDICT_BLOCK_SHARE = 1 / 8
 #: bytes of one stored sparse entry (float32 value, int32 column id), as in the partial sums
 _ENTRY_BYTES = 8
 #: a feature's summary column is kept dense when at least this share of the clusters have the feature: a row's
@@ -115,15 +118,17 @@ def _label_entries_block(Xb, Yb, *, block=None) -> np.ndarray:
     return np.asarray(Yb.T @ np.diff(Xb.indptr).astype(np.float64)).ravel()
 
 
-def label_block_bounds(label_entries: np.ndarray, worker_limit: int | None) -> np.ndarray | None:
+def label_block_bounds(label_entries: np.ndarray, worker_limit: int | None, *,
+                       share: float | None = None) -> np.ndarray | None:
     """Label blocks in which the workers sum ``Y^T X``: consecutive label ranges ``bounds[j]:bounds[j + 1]`` of about
     equal entry bounds (``label_entries``, :func:`entry_bound` by label), as many as make three copies of a block's
-    sums (a combine task's two partial sums and theirs) at most :data:`LABEL_BLOCK_SHARE` of ``worker_limit``
-    bytes; ``None`` (one block) without a limit or when one block fits."""
+    sums (a combine task's two partial sums and theirs) at most ``share`` (:data:`LABEL_BLOCK_SHARE`) of
+    ``worker_limit`` bytes; ``None`` (one block) without a limit or when one block fits."""
     label_entries = np.asarray(label_entries, np.float64)
     if not worker_limit or not len(label_entries):
         return None
-    n_blocks = math.ceil(3 * label_entries.sum() * _ENTRY_BYTES / (LABEL_BLOCK_SHARE * worker_limit))
+    share = LABEL_BLOCK_SHARE if share is None else share
+    n_blocks = math.ceil(3 * label_entries.sum() * _ENTRY_BYTES / (share * worker_limit))
     if n_blocks <= 1:
         return None
     cum = np.cumsum(label_entries)
@@ -359,8 +364,9 @@ def _merge_candidates(a, b, *, k: int):
 def _cluster_blocks(cluster_bytes: np.ndarray, worker_limit: int | None) -> np.ndarray | None:
     """Cluster ranges ``bounds[j]:bounds[j + 1]`` of about equal bytes (``cluster_bytes``: a cluster's summary and
     centroids), as many as make three copies of a block's arrays (read, split, scored) at most
-    :data:`LABEL_BLOCK_SHARE` of ``worker_limit``; ``None`` (the whole model in each task) when one block fits."""
-    return label_block_bounds(np.asarray(cluster_bytes, np.float64) / _ENTRY_BYTES, worker_limit)
+    :data:`PREDICT_BLOCK_SHARE` of ``worker_limit``; ``None`` (the whole model in each task) when one block fits."""
+    return label_block_bounds(np.asarray(cluster_bytes, np.float64) / _ENTRY_BYTES, worker_limit,
+                              share=PREDICT_BLOCK_SHARE)
 
 
 def _unwrap(A):
