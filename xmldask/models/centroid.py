@@ -46,6 +46,10 @@ CENTROID_VERSION = 1
 SPLIT_ITERATIONS = 8
 #: beams that ``beam="auto"`` compares on held-out training rows (those above the number of clusters dropped)
 AUTO_BEAMS = (10, 20, 40, 80)
+#: a wider beam is chosen when the held-out rows it gets right, less those it gets wrong that the narrower beam got
+#: right, exceed this many standard deviations of that paired difference (McNemar's sign test, about 2.5 %
+#: one-sided): its cost a row grows with the beam, a gain within the noise of the held-out rows does not pay it
+BEAM_GAIN_SIGMAS = 2.0
 #: training rows held out (at most) for that choice: the standard error of a P@1 near 0.8 on them is 0.9 points,
 #: and the comparison of two beams on the same rows is paired (a row scores the same with either beam unless the
 #: wider beam reaches a better label), so it resolves much smaller differences
@@ -433,8 +437,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     beam : int or "auto", default "auto"
         Clusters whose labels a row scores at prediction: a row scores ``n_clusters`` summaries and at most
         ``beam * leaf_labels`` labels, whatever the number of labels. ``"auto"``: of :data:`AUTO_BEAMS`, the one
-        with the best P@1 on held-out training rows (:data:`HELD_OUT_ROWS` at most, left out of the centroids
-        for the comparison; ties: the smaller beam), recorded in ``beam_`` and ``held_out_``.
+        whose P@1 on held-out training rows (:data:`HELD_OUT_ROWS` at most, left out of the centroids for the
+        comparison) no wider beam beats by more than the noise of those rows (:data:`BEAM_GAIN_SIGMAS`), recorded
+        in ``beam_`` and ``held_out_``.
     random_state : int, optional
         Seed of the clustering.
 
@@ -621,12 +626,17 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         W = self._without(norms, (Y_held.T @ X_held).tocsr(), rest)
         fallback = np.argsort(-rest, kind="stable")[:1]
         MT, MH, head = _split_summaries(_summaries(W, self.offsets_))
-        p1 = {}
+        hits = {}
         for b in beams:
             top = _topk_block(X_held, MT, W, self.order_, self.offsets_, fallback, MH=MH, head=head, beam=b,
                               k=1)[:, 0].astype(np.int64)
-            p1[b] = float(np.asarray(Y_held[np.arange(len(top)), top]).mean())
-        best = max(beams, key=lambda b: (p1[b], -b))
+            hits[b] = np.asarray(Y_held[np.arange(len(top)), top]).ravel() > 0
+        best = beams[0]
+        for b in beams[1:]:  # a wider beam costs more a row: taken only for a gain the held-out rows resolve
+            wins, losses = int(np.sum(hits[b] & ~hits[best])), int(np.sum(hits[best] & ~hits[b]))
+            if wins - losses > BEAM_GAIN_SIGMAS * math.sqrt(wins + losses):
+                best = b
+        p1 = {b: float(h.mean()) for b, h in hits.items()}
         return int(best), {"p@1": p1[best], "rows": int(X_held.shape[0]), "p@1 by beam": p1}
 
     @classmethod
