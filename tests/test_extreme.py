@@ -372,3 +372,33 @@ def test_centroid_refuses_the_flat_models_options(stores):
     _, train, _ = stores
     with pytest.raises(ValueError, match="kernel do.es. not apply with model=centroid"):
         jobs.train(train, "never.zarr", model="centroid", kernel="none")
+
+
+def test_a_large_loaded_model_reads_its_centroids_when_used(small, tmp_path, monkeypatch):
+    """Past LAZY_BYTES a loaded model leaves its centroids and summaries in the store (a cluster-blocked prediction
+    never reads them whole): the same cluster sizes and predictions once read; a NaN written into them is refused
+    where they are read (whole, or by a task's block)."""
+    import zarr
+
+    from xmldask.models import centroid as C
+    from xmldask.store import StoreError
+    from xmldask.store.integrity import INVENTORY_ATTR, record_inventory
+
+    X, Y, Xt, _ = small
+    model = LabelCentroidClassifier(leaf_labels=40, beam=3, random_state=0).fit(X, Y)
+    url = model.save(str(tmp_path / "lazy.zarr"))
+    monkeypatch.setattr(C, "LAZY_BYTES", 0)
+    loaded = LabelCentroidClassifier.load(url)
+    assert "W_" not in loaded.__dict__ and "M_" not in loaded.__dict__
+    np.testing.assert_array_equal(loaded._cluster_bytes(), model._cluster_bytes())
+    assert "W_" not in loaded.__dict__  # the sizes came from the row pointers
+    np.testing.assert_array_equal(loaded.predict_topk(Xt, k=3)[0].compute(), model.predict_topk(Xt, k=3)[0].compute())
+    assert (loaded.W_ != model.W_).nnz == 0
+    group = zarr.open_group(url, mode="r+")
+    group["W/data"][0] = np.nan
+    group.attrs[INVENTORY_ATTR] = record_inventory(url)
+    damaged = LabelCentroidClassifier.load(url)
+    with pytest.raises(StoreError, match=r"non-finite values \(W: 1\)"):
+        damaged.predict_topk(Xt, k=3)  # reads W whole, in this process
+    with pytest.raises(StoreError, match=r"non-finite values \(W: 1\)"):
+        C._read_rows(url, "W", 0, 5)

@@ -32,7 +32,8 @@ import scipy.sparse as sp
 from ..base import ParamsMixin, as_rows, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
 from ..scheduling import worker_memory_limit
-from ..store.models import SavedModel
+from ..store.layout import StoreError, read_checked
+from ..store.models import SavedModel, _where, non_finite, read_model_array
 from . import _graph
 from . import _kernels as K
 
@@ -61,6 +62,9 @@ LABEL_BLOCK_SHARE = 0.25
 #: the same for a cluster block of a prediction task, which also holds its row block's dense summary scores, the
 #: summaries' dense columns and the candidates of two blocks
 PREDICT_BLOCK_SHARE = 1 / 8
+#: a loaded model whose centroids and summaries exceed this many bytes reads them from its store when they are first
+#: used (a cluster-blocked prediction never does: its tasks read them in blocks); below, at load, checked whole
+LAZY_BYTES = 1 << 28
 #: bytes of one stored sparse entry (float32 value, int32 column id), as in the partial sums
 _ENTRY_BYTES = 8
 #: a feature's summary column is kept dense when at least this share of the clusters have the feature: a row's
@@ -316,7 +320,6 @@ def _read_rows(url: str, name: str, start: int, stop: int):
     import zarr
 
     from ..store import zarr_store
-    from ..store.layout import read_checked
 
     node = zarr.open_group(zarr_store(url, read_only=True), mode="r")[name]
     if not isinstance(node, zarr.Group):
@@ -324,6 +327,7 @@ def _read_rows(url: str, name: str, start: int, stop: int):
     indptr = np.asarray(read_checked(node["indptr"], slice(start, stop + 1), url), np.int64)
     entries = slice(int(indptr[0]), int(indptr[-1]))
     data, indices = (np.asarray(read_checked(node[part], entries, url)) for part in ("data", "indices"))
+    _checked(data, name, url)
     return sp.csr_matrix((data, indices, indptr - indptr[0]), shape=(stop - start, int(node.attrs["shape"][1])))
 
 
@@ -424,6 +428,47 @@ def labels_scored_per_row(n_labels: int, *, beam: int = 20, leaf_labels: int = 1
 # the estimator
 
 
+def _stored_bytes(group, names) -> int:
+    """Bytes of the sparse arrays ``names`` of a model store's group, uncompressed."""
+    return sum(int(group[name][part].nbytes) for name in names if name in group
+               for part in ("data", "indices", "indptr"))
+
+
+class _Eager(dict):
+    """Some arrays of a model store's group, with the group's ``store_path`` (for messages)."""
+
+
+class _StoredArray:
+    """A fitted array of a loaded model read from its store on first use (``model._stored``, the store's group):
+    a million labels' centroids and summaries stay out of a process whose workers read them in blocks."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, model, owner=None):
+        if model is None:
+            return self
+        value = model.__dict__.get(self.name)
+        stored = model.__dict__.get("_stored")
+        if value is None and stored is not None:
+            value = _checked(read_model_array(stored[self.name[:-1]], _where(stored)), self.name[:-1],
+                             _where(stored))
+            model.__dict__[self.name] = value
+        return value
+
+    def __set__(self, model, value) -> None:
+        model.__dict__[self.name] = value
+
+
+def _checked(value, name: str, where: str):
+    """``value`` (an array of a model store), after checking that it holds no NaN or infinity."""
+    bad = non_finite({name: value})
+    if bad:
+        raise StoreError(f"{where}: the model holds non-finite values ({bad}), which xmldask never saves: the store "
+                         "was damaged after it was written; retrain the model or restore a copy")
+    return value
+
+
 class LabelCentroidClassifier(ParamsMixin, SavedModel):
     """Label centroids in a balanced label tree: candidates from the ``beam`` best label clusters of a row.
 
@@ -468,6 +513,10 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     """
 
     family = "centroid"
+    W_ = _StoredArray()
+    M_ = _StoredArray()
+    #: the fitted arrays that a loaded model reads when first used (:class:`_StoredArray`)
+    _LAZY = ("W", "M")
     _MODEL_VERSION = CENTROID_VERSION
     _ARRAYS = ("W", "M", "order", "offsets", "idf", "label_counts")
     _SCALARS = ("n_features_in", "n_labels", "n_samples_seen", "n_unseen_labels", "n_passes", "task", "beam",
@@ -645,6 +694,22 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         model.store_url_ = str(url)  # workers whose memory the model exceeds read it from there in cluster blocks
         return model
 
+    def _checked_finite(self, url: str):
+        """The eager arrays checked as every model's; the lazy ones when they are read (:class:`_StoredArray`)."""
+        for name in self._ARRAYS:
+            if name not in self._LAZY or self.__dict__.get(name + "_") is not None:  # not left in the store
+                _checked(getattr(self, name + "_"), name, url)
+        return self
+
+    def _indptr(self, name: str) -> np.ndarray:
+        """The row pointers of the sparse fitted array ``name`` (``"W"`` or ``"M"``), without reading its entries
+        when it is still in the store."""
+        value = self.__dict__.get(name + "_")
+        stored = self.__dict__.get("_stored")
+        if value is None and stored is not None:
+            return np.asarray(read_checked(stored[name]["indptr"], ..., _where(stored)), np.int64)
+        return getattr(self, name + "_").indptr
+
     def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:
         """Top-``k`` labels (int32) and cosines (float32) of every row, best first (ties: smaller id), lazily.
 
@@ -674,8 +739,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
 
     def _cluster_bytes(self) -> np.ndarray:
         """Bytes of each cluster's summary and centroids (stored entries)."""
-        centroids = self.W_.indptr[self.offsets_[1:]] - self.W_.indptr[self.offsets_[:-1]]
-        return (centroids + np.diff(self.M_.indptr)) * float(_ENTRY_BYTES)
+        W = self._indptr("W")
+        return (W[self.offsets_[1:]] - W[self.offsets_[:-1]] + np.diff(self._indptr("M"))) * float(_ENTRY_BYTES)
 
     def _predict_in_cluster_blocks(self, X, k: int, fallback, url: str, bounds) -> tuple[da.Array, da.Array]:
         idf = None if self.idf_ is None else dask.delayed(self.idf_, pure=True)  # one copy in the graph
@@ -705,7 +770,17 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
 
     @classmethod
     def _from_parts(cls, params, fitted, arrays):
+        stored = None
+        if not isinstance(arrays, dict) and _stored_bytes(arrays, cls._LAZY) > LAZY_BYTES:  # they stay there until used
+            stored, eager = arrays, _Eager({name: arrays[name] for name in cls._ARRAYS
+                                            if name not in cls._LAZY and name in arrays})
+            eager.store_path = getattr(arrays, "store_path", None)
+            arrays = eager
         model = super()._from_parts(params, fitted, arrays)
+        if stored is not None:
+            for name in cls._LAZY:
+                model.__dict__.pop(name + "_", None)
+            model._stored = stored
         model.idf_ = None if model.idf_ is None else np.asarray(model.idf_, np.float32)
         return model
 
