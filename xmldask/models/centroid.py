@@ -31,7 +31,7 @@ import scipy.sparse as sp
 
 from ..base import ParamsMixin, as_rows, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
-from ..scheduling import worker_memory_limit
+from ..scheduling import parallelism, worker_memory_limit
 from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, _where, non_finite, read_model_array
 from . import _graph
@@ -349,6 +349,24 @@ def _merge_routes(a, b, *, beam: int):
         return ids, cos
     top = np.argpartition(-cos, beam - 1, axis=1)[:, :beam]
     return np.take_along_axis(ids, top, axis=1), np.take_along_axis(cos, top, axis=1)
+
+
+def _route_group(Xt, url: str, ranges, *, beam: int):
+    """:func:`_route_part` of the cluster blocks ``ranges`` one after the other, merged as they come."""
+    best = None
+    for first, stop in ranges:
+        part = _route_part(Xt, url, first, stop, beam=beam)
+        best = part if best is None else _merge_routes(best, part, beam=beam)
+    return best
+
+
+def _candidate_group(Xt, best, url: str, ranges, *, k: int):
+    """:func:`_candidate_part` of the cluster blocks ``ranges`` one after the other, merged as they come."""
+    top = None
+    for first, stop in ranges:
+        part = _candidate_part(Xt, best, url, first, stop, k=k)
+        top = part if top is None else _merge_candidates(top, part, k=k)
+    return top
 
 
 def _candidate_part(Xt, best, url: str, first: int, stop: int, *, k: int):
@@ -716,8 +734,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         A row scores the summaries of all clusters and the labels of its ``beam`` best clusters; with fewer
         candidates than ``k``, the most frequent training labels fill the remaining slots with score -1.
         A loaded model that the workers' memory limit cannot hold in a task (:func:`_cluster_blocks`) is read
-        by the tasks from its store in cluster blocks: per row block, one task per cluster block routes the
-        rows to its best clusters, then one per cluster block scores their labels, and the best are merged.
+        by the tasks from its store in cluster blocks: per row block, a task per group of cluster blocks (as many
+        groups as the workers' threads) routes the rows to their best clusters block after block, then one per
+        group scores the labels of the chosen clusters, and the groups' best are merged.
         """
         X = self._rows(X)
         k = self._checked_k(k)
@@ -746,14 +765,17 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         idf = None if self.idf_ is None else dask.delayed(self.idf_, pure=True)  # one copy in the graph
         beam = int(self.beam_)
         ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
+        groups = [[ranges[i] for i in part] for part in np.array_split(np.arange(len(ranges)),
+                                                                       min(len(ranges), parallelism()))]
         blocks = []
         for Xb, n_rows in zip(X.to_delayed().ravel(), X.chunks[0]):
             Xt = dask.delayed(_rows_block, pure=True)(Xb, idf)
-            # pairwise merges: a task holds two blocks' results, not all of them
-            best = tree_combine([dask.delayed(_route_part, pure=True)(Xt, url, a, b, beam=beam) for a, b in ranges],
+            # a task per group of cluster blocks, which it reads one after the other, merging as it goes: a worker
+            # holds one block and the running best, whatever the number of blocks; the groups merged pairwise
+            best = tree_combine([dask.delayed(_route_group, pure=True)(Xt, url, group, beam=beam) for group in groups],
                                 functools.partial(_merge_routes, beam=beam))
-            top = tree_combine([dask.delayed(_candidate_part, pure=True)(Xt, best[0], url, a, b, k=k)
-                                for a, b in ranges], functools.partial(_merge_candidates, k=k))
+            top = tree_combine([dask.delayed(_candidate_group, pure=True)(Xt, best[0], url, group, k=k)
+                                for group in groups], functools.partial(_merge_candidates, k=k))
             packed = dask.delayed(_filled, pure=True)(top[0], top[1], fallback)
             blocks.append(da.from_delayed(packed, shape=(n_rows, 2 * k), dtype=np.float64))
         packed = da.concatenate(blocks, axis=0)
