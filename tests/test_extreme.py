@@ -194,6 +194,19 @@ def test_label_block_bounds_cut_the_labels_into_blocks_of_equal_entries():
     assert (sums <= entries.sum() / 8 + entries.max()).all() and sums.min() > entries.sum() / 8 - entries.max()
 
 
+def test_label_passes_group_consecutive_blocks_within_the_workers_memory():
+    from xmldask.models.centroid import PASS_SHARE, label_passes
+
+    entries = np.full(1000, 10.0)
+    bounds = np.arange(0, 1001, 100)  # ten blocks of 8,000 bytes
+    assert label_passes(None, entries, 10**9) == [None]
+    assert [list(g) for g in label_passes(bounds, entries, None)] == [list(bounds)]
+    groups = label_passes(bounds, entries, int(3 * 8_000 / PASS_SHARE))  # three blocks a pass
+    assert [list(g) for g in groups] == [[0, 100, 200, 300], [300, 400, 500, 600], [600, 700, 800, 900],
+                                         [900, 1000]]
+    assert len(label_passes(bounds, entries, 1)) == 10  # a block a pass, even past the budget
+
+
 def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monkeypatch, caplog):
     """Workers whose memory limit a label-sized sum exceeds sum ``Y^T X`` in label blocks, and predict a loaded
     model read from its store in cluster blocks: the same centroids, clusters and top labels (uneven row blocks)."""
@@ -219,6 +232,11 @@ def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monke
         for name in ("order_", "offsets_", "label_counts_"):
             np.testing.assert_array_equal(getattr(model, name), getattr(reference, name))
         np.testing.assert_allclose(model.W_.toarray(), reference.W_.toarray(), atol=1e-6)
+        monkeypatch.setattr(C, "PASS_SHARE", 1e-6)  # a pass a label block: the same centroids
+        passes = LabelCentroidClassifier(leaf_labels=40, beam=3, random_state=0).fit(Xd, Yd)
+        assert passes.n_passes_ == model.n_label_blocks_ + 1  # and the idf's pass
+        np.testing.assert_allclose(passes.W_.toarray(), reference.W_.toarray(), atol=1e-6)
+        np.testing.assert_array_equal(passes.order_, reference.order_)
         url = model.save(str(tmp_path / "blocked.zarr"))
         loaded = LabelCentroidClassifier.load(url)
         with caplog.at_level(logging.INFO, logger="xmldask.models.centroid"):

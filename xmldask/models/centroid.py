@@ -31,14 +31,14 @@ import scipy.sparse as sp
 
 from ..base import ParamsMixin, as_rows, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
-from ..scheduling import parallelism, worker_memory_limit
+from ..scheduling import memory_for_data, parallelism, worker_memory_limit
 from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, _where, non_finite, read_model_array
 from . import _graph
 from . import _kernels as K
 
 __all__ = ["CENTROID_VERSION", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory", "entry_bound",
-           "label_block_bounds", "labels_scored_per_row"]
+           "label_block_bounds", "label_passes", "labels_scored_per_row"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,9 @@ HELD_OUT_ROWS = 2000
 SUMMARY_BUDGET = 1 << 22
 #: share of a worker's memory limit that three copies of one label block's sums may take (:func:`label_block_bounds`)
 LABEL_BLOCK_SHARE = 0.25
+#: share of the workers' memory (their limits summed) that the partial sums of one pass's label blocks may take
+#: together: label-sized sums past it are made in several passes over the rows, a group of label blocks each
+PASS_SHARE = 0.25
 #: the same for a cluster block of a prediction task, which also holds its row block's dense summary scores, the
 #: summaries' dense columns and the candidates of two blocks
 PREDICT_BLOCK_SHARE = 1 / 8
@@ -97,17 +100,19 @@ def _rows_block(Xb, idf):
 def _label_sums_block(Xb, Yb, idf=None, *, share: float = 0.0, seed: int = 0, block=None, bounds=None):
     """``((column counts of Y_b, held-out X rows, their Y rows), *pieces of Y_b^T X_b)`` of one row block: float32
     sums of unit rows (the centroids' relative precision is about 1e-7 times the rows a label has, far below what
-    the ranking notices), cut into the label blocks ``bounds`` (None: one piece), and a seeded random ``share`` of
-    the block's rows, transformed, for the held-out choice of the beam."""
+    the ranking notices), of the labels ``bounds[0]:bounds[-1]`` cut into the label blocks ``bounds`` (None: all
+    labels, one piece), and a seeded random ``share`` of the block's rows, transformed, for the held-out choice
+    of the beam."""
     Xb = _rows_block(Xb, idf)
     Yb = sp.csr_matrix(Yb, dtype=np.float32)
     rng = np.random.default_rng([seed, block or 0])
     held = np.flatnonzero(rng.random(Xb.shape[0]) < share)
     small = (np.asarray(Yb.sum(axis=0), dtype=np.float64).ravel(), Xb[held], Yb[held])
-    P = (Yb.T @ Xb).tocsr()
     if bounds is None:
-        return small, P
-    return (small, *(P[a:b] for a, b in zip(bounds[:-1], bounds[1:])))
+        return small, (Yb.T @ Xb).tocsr()
+    first, stop = int(bounds[0]), int(bounds[-1])  # the labels of this pass only
+    P = (Yb[:, first:stop].T @ Xb).tocsr()
+    return (small, *(P[a - first:b - first] for a, b in zip(bounds[:-1], bounds[1:])))
 
 
 def _unit_and_norms(P: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray]:
@@ -124,6 +129,25 @@ def _label_entries_block(Xb, Yb, *, block=None) -> np.ndarray:
     """``Y_b^T nnz(x_i)``: each label's bound on its entries of ``Y^T X`` from one row block (float64)."""
     Xb, Yb = sp.csr_matrix(Xb), sp.csr_matrix(Yb, dtype=np.float64)
     return np.asarray(Yb.T @ np.diff(Xb.indptr).astype(np.float64)).ravel()
+
+
+def label_passes(bounds, label_entries, workers_memory: int | None) -> list:
+    """The label blocks ``bounds`` in groups, one pass over the rows each: consecutive blocks whose bounds on the
+    centroid entries (``label_entries`` by label) take at most :data:`PASS_SHARE` of the workers' memory
+    together (``workers_memory``: the sum of their limits), since a pass's partial sums of every block of its
+    group are held by the workers at once. ``[None]``: one pass, all labels in one block."""
+    if bounds is None:
+        return [None]
+    if not workers_memory:
+        return [bounds]
+    sizes = np.add.reduceat(np.asarray(label_entries, np.float64), bounds[:-1]) * _ENTRY_BYTES
+    budget, groups, start, held = PASS_SHARE * workers_memory, [], 0, 0.0
+    for j, size in enumerate(sizes):
+        if held and held + size > budget:
+            groups.append(bounds[start:j + 1])
+            start, held = j, 0.0
+        held += size
+    return groups + [bounds[start:]]
 
 
 def label_block_bounds(label_entries: np.ndarray, worker_limit: int | None, *,
@@ -627,20 +651,29 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         idf = None if self.idf_ is None else whole_operand(self.idf_, name="idf")
         share = min(1.0, HELD_OUT_ROWS / max(X.shape[0], 1)) if self.beam == "auto" else 0.0
         seed = seed_of(self.random_state)
-        parts = per_block_objects(_label_sums_block, X, Y, idf=idf, share=share, seed=seed, bounds=bounds)
-        n_pieces = 1 if bounds is None else len(bounds) - 1
-        small = tree_combine([part[0] for part in parts], _add_small)
-        sums = [tree_combine([part[1 + j] for part in parts], operator.add) for j in range(n_pieces)]
-        # each label block's sums, as they arrive: unit rows and the norms (the held-out choice of the beam
-        # recovers the sums of the labels it needs from them), so that one copy of the centroids is held
-        (counts, X_held, Y_held), *sums = compute_each([small, *sums], lambda i, v: _unit_and_norms(v) if i else v)
-        W = sums[0][0] if n_pieces == 1 else sp.vstack([piece for piece, _ in sums], format="csr")
+        groups = label_passes(bounds, first.get("entries"), memory_for_data() if limit else None)
+        sums, small = [], None
+        for group in groups:
+            parts = per_block_objects(_label_sums_block, X, Y, idf=idf, share=share if small is None else 0.0,
+                                      seed=seed, bounds=group)
+            n_pieces = 1 if group is None else len(group) - 1
+            todo = [tree_combine([part[1 + j] for part in parts], operator.add) for j in range(n_pieces)]
+            if small is None:  # the label counts and the held-out rows, in the first pass
+                todo.append(tree_combine([part[0] for part in parts], _add_small))
+            # each label block's sums, as they arrive: unit rows and the norms (the held-out choice of the beam
+            # recovers the sums of the labels it needs from them), so that one copy of the centroids is held
+            got = compute_each(todo, lambda i, v, n=n_pieces: _unit_and_norms(v) if i < n else v)
+            small = got.pop() if small is None else small
+            sums += got
+            passes += 1
+        counts, X_held, Y_held = small
+        W = sums[0][0] if len(sums) == 1 else sp.vstack([piece for piece, _ in sums], format="csr")
         norms = np.concatenate([n for _, n in sums])
+        self.n_label_blocks_ = len(sums)
         del sums
-        passes += 1
-        self.n_label_blocks_ = n_pieces
         logger.info(f"label centroids: {W.nnz:,} entries from {X.shape[0]:,} rows ({passes} passes"
-                    + (f"; summed by the workers in {n_pieces} label blocks" if n_pieces > 1 else "") + ")")
+                    + (f"; summed by the workers in {self.n_label_blocks_} label blocks" if self.n_label_blocks_ > 1
+                       else "") + ")")
         seen = np.flatnonzero(counts > 0)
         rng = np.random.default_rng(seed)
         order, offsets = balanced_clusters(W, seen, check_int(self.leaf_labels, "leaf_labels", 2), rng)
