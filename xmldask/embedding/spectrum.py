@@ -115,7 +115,7 @@ def _fitting_columns(A, k: int, oversample: int, worker_limit: int | None, url: 
     many (a million labels) and the workers small; a clear error where not even two columns fit."""
     if not worker_limit:
         return k, oversample, 8
-    from ..linalg._kernels import working_dtype
+    from ..linalg import working_dtype
 
     column = A.shape[1] * np.dtype(working_dtype(A.dtype)).itemsize
     for split_every in (8, 2):

@@ -33,7 +33,7 @@ from ..base import ParamsMixin, as_rows, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
 from ..scheduling import memory_for_data, parallelism, worker_memory_limit
 from ..store.layout import StoreError, read_checked
-from ..store.models import SavedModel, _where, non_finite, read_model_array
+from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
 
@@ -493,8 +493,8 @@ class _StoredArray:
         value = model.__dict__.get(self.name)
         stored = model.__dict__.get("_stored")
         if value is None and stored is not None:
-            value = _checked(read_model_array(stored[self.name[:-1]], _where(stored)), self.name[:-1],
-                             _where(stored))
+            value = _checked(read_model_array(stored[self.name[:-1]], store_location(stored)), self.name[:-1],
+                             store_location(stored))
             model.__dict__[self.name] = value
         return value
 
@@ -758,7 +758,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         value = self.__dict__.get(name + "_")
         stored = self.__dict__.get("_stored")
         if value is None and stored is not None:
-            return np.asarray(read_checked(stored[name]["indptr"], ..., _where(stored)), np.int64)
+            return np.asarray(read_checked(stored[name]["indptr"], ..., store_location(stored)), np.int64)
         return getattr(self, name + "_").indptr
 
     def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:

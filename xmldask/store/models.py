@@ -21,7 +21,8 @@ from . import _fs
 from .integrity import commit_attrs, open_root
 from .layout import ATTR, LAYOUT_VERSION, StoreError, compressors, read_checked
 
-__all__ = ["SavedModel", "jsonable", "model_class", "model_qualname", "open_model_store", "write_model_store"]
+__all__ = ["SavedModel", "jsonable", "model_class", "model_qualname", "open_model_store", "store_location",
+           "write_model_store"]
 
 #: largest chunk side of a model array
 MODEL_CHUNK = 1 << 16
@@ -130,7 +131,7 @@ def read_model_array(value, where: str = "the model store"):
     return value if sp.issparse(value) else np.asarray(read_checked(value, ..., where))
 
 
-def _where(arrays) -> str:
+def store_location(arrays) -> str:
     """The store of ``arrays`` (a Zarr group) for messages, as a path where it is local."""
     where = str(getattr(arrays, "store_path", "the model store"))
     return where.removeprefix("file://")
@@ -267,8 +268,9 @@ class SavedModel:
         params = {cls._FORMER_PARAMS.get(key, key): value for key, value in params.items()}
         names = cls._get_param_names()
         model = cls(**{key: value for key, value in params.items() if key in names})
+        where = store_location(arrays)
         for name in cls._ARRAYS:
-            setattr(model, name + "_", read_model_array(arrays[name], _where(arrays)) if name in arrays else None)
+            setattr(model, name + "_", read_model_array(arrays[name], where) if name in arrays else None)
         for name, value in fitted.items():
             setattr(model, name + "_", value)
         return model
