@@ -13,8 +13,9 @@ Systems:
 - ``xmldask-default``: what a new user runs, ``xmldask train TRAIN --out MODEL`` with no option
   (``xmldask.jobs.train`` with no parameters: its own default held-out search, ``search="auto"``).
 - ``xmldask-chosen``: one fit of the setting ``xmldask-default`` chose in the same run (its ``params``), without the
-  search and the ensemble (``search=None, n_estimators=1``): what the model the defaults pick costs on its own,
-  to tell the search's share of the default's time from the model's. Needs ``xmldask-default`` before it; the
+  search (``search=None``), with the ensemble members the default kept (``n_estimators``: the members it added
+  that paid on held-out rows, 1 when none did): what the model the defaults pick costs on its own, to tell the
+  search's share of the default's time from the model's. Needs ``xmldask-default`` before it; the
   default's row then gets ``train s / chosen``, its time over this one fit.
 - ``xmldask-budget``: ``xmldask train TRAIN --out MODEL --time-budget B`` with ``B`` = ``--budget-factor`` (default
   3) times the fastest peer's train seconds in the same run: the best model that time buys. Needs a peer before it
@@ -146,8 +147,8 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
 
     if spec["system"] == "xmldask-default":  # what `xmldask train TRAIN --out MODEL` does, no option given
         params = {}
-    elif spec["system"] == "xmldask-chosen":  # the default's chosen setting alone: no search, one model
-        params = {**spec["chosen"], "search": None, "n_estimators": 1}
+    elif spec["system"] == "xmldask-chosen":  # the default's chosen setting alone: no search, its members
+        params = {**spec["chosen"], "search": None, "n_estimators": spec["chosen"].get("n_estimators", 1)}
     elif spec["system"] == "xmldask-budget":  # the defaults with a deadline
         params = {"time_budget": spec["budget"]}
     else:

@@ -216,3 +216,45 @@ def test_members_share_the_first_members_label_embedding(data, tmp_path):
     url = shared.save(str(tmp_path / "shared.zarr"))
     a, b = dask.compute(shared.predict_topk(X, k=3), load_model(url).predict_topk(X, k=3))
     np.testing.assert_array_equal(a[0], b[0])
+
+
+def _held_out_p1(members, X, Y):
+    """P@1 of the members' mean on the first member's held-out rows, from the NumPy reference."""
+    Xh, Yh = members[0].held_out_rows(X, Y)
+    Xh, truth = Xh.compute(), sp.csr_matrix(Yh.compute())
+    top = _reference(members, sp.csr_matrix(Xh), members[0].task_).argmax(axis=1)
+    return float((np.asarray(truth[np.arange(len(top)), top]).ravel() > 0).mean())
+
+
+def test_early_stopping_keeps_members_that_pay_scored_on_rows_none_fitted(data, tmp_path):
+    # three random features a member: members with other draws predict differently, and their mean better
+    X, Y = data["multilabel"]
+    clf = EnsembleClassifier(_template(n_random_features=3, max_epochs=0, validation_fraction=0.3), n_estimators=4,
+                             random_state=0, early_stopping=True).fit(X, Y)
+    first = clf.estimators_[0]
+    assert all(m.validation_seed_ == first.validation_seed_ for m in clf.estimators_)
+    gains = clf.member_gains_
+    assert gains and gains[0]["kept"] and len(clf.estimators_) >= 2
+    assert [g["members"] for g in gains] == list(range(2, len(gains) + 2))
+    assert all(g["kept"] for g in gains[:-1]) and (gains[-1]["kept"] or len(clf.estimators_) == len(gains))
+    assert len(clf.estimators_) == 1 + sum(g["kept"] for g in gains) <= 4
+    for g in gains:
+        assert g["kept"] == (g["wins"] - g["losses"] > 2 * np.sqrt(g["wins"] + g["losses"]))
+    # the recorded P@1 is the mean's on the first member's held-out rows, which no member fitted
+    assert gains[0]["val_p@1"] == pytest.approx(_held_out_p1(clf.estimators_[:2], X, Y), abs=1e-9)
+    assert clf.held_out_["ensemble_val_p@1"] == pytest.approx(_held_out_p1(clf.estimators_, X, Y), abs=1e-9)
+    url = clf.save(str(tmp_path / "ens.zarr"))
+    back = load_model(url)
+    assert back.member_gains_ == gains and back.held_out_ == pytest.approx(clf.held_out_)
+
+
+def test_early_stopping_adds_no_member_that_predicts_alike(data):
+    # linear members sharing their held-out rows and embedding differ only in their SGD order: no gain resolved
+    X, Y = data["multilabel"]
+    clf = EnsembleClassifier(_template(kernel="none", max_epochs=0), n_estimators=3, random_state=0,
+                             early_stopping=True).fit(X, Y)
+    assert len(clf.estimators_) == 1 and len(clf.member_gains_) == 1 and not clf.member_gains_[0]["kept"]
+    assert "ensemble_val_p@1" in clf.held_out_
+    labels, _ = clf.predict_topk(X[:50], k=3)
+    ref, _ = clf.estimators_[0].predict_topk(X[:50], k=3)
+    np.testing.assert_array_equal(labels.compute(), ref.compute())

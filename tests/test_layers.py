@@ -167,7 +167,7 @@ def test_one_estimator_base_with_the_scikit_learn_contract(tmp_path):
     deep = ensemble.get_params()
     assert deep["estimator"] is member and deep["estimator__n_components"] == 7
     assert set(ensemble.get_params(deep=False)) == {"estimator", "n_estimators", "random_state", "share_embedding",
-                                                    "n_jobs"}
+                                                    "n_jobs", "early_stopping"}
     ensemble.set_params(estimator__n_components=9, n_estimators=3)
     assert member.n_components == 9 and ensemble.n_estimators == 3
     # clone as scikit-learn does it: the class and its shallow parameters, nested estimators cloned

@@ -121,8 +121,14 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     if n_estimators != 1:
         from .models import EnsembleClassifier
 
+        # the members the defaults add are kept only while they pay; those the user asks for are fitted
         model = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
-                                   random_state=p.seed, n_jobs=concurrent_fits()).fit(data.X, data.Y, fitted=[single])
+                                   random_state=p.seed, n_jobs=concurrent_fits(),
+                                   early_stopping="n_estimators" not in _given(params)).fit(data.X, data.Y,
+                                                                                           fitted=[single])
+        n_estimators = len(model.estimators_)
+        if n_estimators == 1:
+            model = single
     seconds = time.perf_counter() - start
     meta = {"train_url": train_url, **({"search": fitted.record()} if grid else {})}
     model.save(out, overwrite=overwrite, meta=meta)

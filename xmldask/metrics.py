@@ -135,6 +135,7 @@ __all__ = [
     "precision_at_k",
     "propensity",
     "psndcg_at_k",
+    "paired_gain",
     "psprecision_at_k",
     "recall_at_k",
     "report",
@@ -777,6 +778,31 @@ def evaluate(Y, labels=None, scores=None, *, ks=(1, 3, 5), propensities=None, sc
             res["threshold_truncated_rows"], top_k, threshold,
         )
     return res
+
+
+def paired_gain(hits, base_hits, *, sigmas: float = 2.0) -> dict:
+    """Whether ``hits`` (per row, e.g. a top-1 label right) beat ``base_hits`` on the same rows by more than their
+    noise: the rows only ``hits`` gets right (``wins``) less those only ``base_hits`` gets right (``losses``) must
+    exceed ``sigmas`` standard deviations of that difference, ``sqrt(wins + losses)`` (McNemar's sign test;
+    2 sigmas: about 2.5 % one-sided). The rows both get right or wrong say nothing about the difference, so the
+    test resolves gains much smaller than the standard error of either score.
+
+    Returns
+    -------
+    dict
+        ``wins``, ``losses`` (int) and ``resolved`` (bool).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> paired_gain(np.r_[np.ones(30), np.zeros(70)], np.r_[np.ones(20), np.zeros(80)])
+    {'wins': 10, 'losses': 0, 'resolved': True}
+    """
+    hits, base_hits = np.asarray(hits, bool), np.asarray(base_hits, bool)
+    if hits.shape != base_hits.shape:
+        raise ValueError(f"hits {hits.shape} and base_hits {base_hits.shape} must be of the same rows")
+    wins, losses = int(np.sum(hits & ~base_hits)), int(np.sum(base_hits & ~hits))
+    return {"wins": wins, "losses": losses, "resolved": bool(wins - losses > sigmas * math.sqrt(wins + losses))}
 
 
 def precision_at_k(Y, labels, *, k: int = 5) -> float:

@@ -157,7 +157,7 @@ class Screener:
         p = est._validated()
         seed = seed_of(params.get("random_state"))
         rng_split = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[0])
-        split = est._held_out(self.X, p, rng_split)
+        split = est._held_out(self.X, p, int(rng_split.integers(2**63)))
         if self._route() == "dual":
             G, FtY, n_t, Fh, Yh, task = self._dual_decoder(est, p, split, seed)
         else:

@@ -31,6 +31,7 @@ import scipy.sparse as sp
 
 from ..base import ParamsMixin, as_rows, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
+from ..metrics import paired_gain
 from ..scheduling import memory_for_data, parallelism, worker_memory_limit
 from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
@@ -733,8 +734,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             hits[b] = np.asarray(Y_held[np.arange(len(top)), top]).ravel() > 0
         best = beams[0]
         for b in beams[1:]:  # a wider beam costs more a row: taken only for a gain the held-out rows resolve
-            wins, losses = int(np.sum(hits[b] & ~hits[best])), int(np.sum(hits[best] & ~hits[b]))
-            if wins - losses > BEAM_GAIN_SIGMAS * math.sqrt(wins + losses):
+            if paired_gain(hits[b], hits[best], sigmas=BEAM_GAIN_SIGMAS)["resolved"]:
                 best = b
         p1 = {b: float(h.mean()) for b, h in hits.items()}
         return int(best), {"p@1": p1[best], "rows": int(X_held.shape[0]), "p@1 by beam": p1}

@@ -196,6 +196,8 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         ``val_p@1``, ``seconds``; epoch 0 is the warm start.
     n_passes_ : int
         Passes over the row blocks of ``X`` made by ``fit`` (not counting an embedding's own).
+    validation_seed_ : int
+        The seed of the rows the fit held out (``fit``'s ``validation_seed``); not saved.
 
     Notes
     -----
@@ -418,7 +420,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
                 f"{format_bytes(need)}, or lower n_random_features (--n-random-features) or k; fewer block rows "
                 "(ingest --block-rows) help only the last term")
 
-    def fit(self, X, Y) -> EmbeddingClassifier:
+    def fit(self, X, Y, *, validation_seed: int | None = None) -> EmbeddingClassifier:
         """Fit ``W``, the feature map and the decoder ``Q`` (Algorithm 3).
 
         Parameters
@@ -427,6 +429,11 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             Row blocks (``open_dataset(url).X``); an in-memory matrix is split into row blocks.
         Y : dask.array.Array or scipy.sparse matrix, shape (n_samples, n_labels)
             Binary labels with ``X``'s row blocks.
+        validation_seed : int, optional
+            The seed of the held-out rows (``validation_seed_`` of a fitted model); by default drawn from
+            ``random_state``. Models fitted with the same seed on the same row blocks hold out the same rows,
+            so that their mean is scored on rows none of them fitted (:class:`~xmldask.models.EnsembleClassifier`
+            with ``early_stopping``).
 
         Returns
         -------
@@ -442,7 +449,8 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         X = self._input_features(X)
         rng_split, rng_feat, rng_bw, rng_sgd = (np.random.default_rng(s)
                                                 for s in np.random.SeedSequence(self._seed).spawn(4))
-        split = self._held_out(X, p, rng_split)
+        split = self._held_out(X, p, int(rng_split.integers(2**63)) if validation_seed is None else validation_seed)
+        self.validation_seed_ = split.seed
         state, n = self._fit_feature_map(X, Y, split, p)  # Algorithm 3, lines 3-4
         passes += n
         self._fit_random_features(X, split, state, p, rng_feat, rng_bw)  # line 5
@@ -488,11 +496,11 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         return 1
 
     @staticmethod
-    def _held_out(X, p, rng) -> _graph.HeldOut:
+    def _held_out(X, p, seed: int) -> _graph.HeldOut:
         """The held-out rows: a seeded random subset of every block, drawn per block where needed
         (nothing n-sized is kept), at most ``max_validation_rows`` in all."""
         frac = min(p["validation_fraction"], p["max_validation_rows"] / max(X.shape[0], 1))
-        split = _graph.HeldOut(int(rng.integers(2**63)), float(frac), tuple(int(c) for c in X.chunks[0]))
+        split = _graph.HeldOut(int(seed), float(frac), tuple(int(c) for c in X.chunks[0]))
         if split.n_train() == 0:
             raise ValueError("no training rows left after holding out the validation rows; "
                              "lower validation_fraction")
@@ -736,6 +744,15 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         return best_Q, n_epochs
 
     # -- prediction -----------------------------------------------------------------------------
+
+    def held_out_rows(self, X, Y) -> tuple[da.Array, da.Array]:
+        """The rows of ``X``, ``Y`` (the training data, in its row blocks) that the fit held out, lazily."""
+        if getattr(self, "validation_seed_", None) is None:
+            raise NotFittedError(f"this {type(self).__name__} was not fitted in this process: its held-out rows "
+                                 "are not known")
+        X, Y = self._check_xy(X, Y)
+        split = self._held_out(X, self._validated(), self.validation_seed_)
+        return split.rows(X, held=True), split.rows(Y, held=True)
 
     def _state(self) -> dict:
         return {"W": self.W_, "intercept": self.intercept_, "omega": self.omega_, "phase": self.phase_,

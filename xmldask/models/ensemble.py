@@ -13,18 +13,25 @@ Measured (``python bench/peers.py``, the same held-out search, then 3 members): 
 
 from __future__ import annotations
 
+import logging
+import math
 import numbers
 
+import dask
 import dask.array as da
 import numpy as np
+import scipy.sparse as sp
 
 from ..base import NotFittedError, ParamsMixin, as_rows, kept_epoch, seed_of
+from ..metrics import paired_gain
 from ..scheduling import thread_map
 from ..store.models import SavedModel, jsonable
 from . import _graph
 from .embedding_classifier import EmbeddingClassifier
 
 __all__ = ["ENSEMBLE_VERSION", "EnsembleClassifier"]
+
+logger = logging.getLogger(__name__)
 
 #: version of the saved ensemble layout
 ENSEMBLE_VERSION = 1
@@ -56,6 +63,14 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
     n_jobs : int or None
         Members fitted at once, in threads of this process (None: one at a time). The members are the
         same either way.
+    early_stopping : bool, default False
+        Add the members after the first one at a time (fitted ``n_jobs`` at once), each holding out the first
+        member's rows, and keep a
+        member only if the top-1 label of the members' mean on those rows gains on the ensemble without it by
+        more than the noise (:func:`xmldask.metrics.paired_gain`); stop at the first that does not:
+        ``n_estimators`` is then the most. A member costs a fit; members that differ only in their seeds on
+        the linear feature map predict alike, and do not pay for it. Without it, every member holds out its own
+        rows (the ensemble fits on all of them).
 
     Attributes
     ----------
@@ -65,7 +80,12 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
     n_labels_, n_features_in_ : int
     held_out_ : dict
         The members' mean held-out ``val_p@1`` and ``val_loss`` at their kept epochs (each member on
-        its own held-out rows: an estimate of a single member, not of the ensemble).
+        its own held-out rows: an estimate of a single member, not of the ensemble); with ``early_stopping``,
+        also the ensemble's ``ensemble_val_p@1`` on the rows they all held out.
+    member_gains_ : list of dict
+        With ``early_stopping``: per member tried after the first, ``members`` (the ensemble's size with it),
+        ``val_p@1`` (of the mean with it), ``wins``, ``losses`` (held-out rows it makes right / wrong) and
+        ``kept``.
 
     Examples
     --------
@@ -85,9 +105,10 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
     _MODEL_VERSION = ENSEMBLE_VERSION
 
     def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None, share_embedding: bool = True,
-                 n_jobs: int | None = None):
+                 n_jobs: int | None = None, early_stopping: bool = False):
         self.estimator, self.n_estimators = estimator, n_estimators
         self.random_state, self.share_embedding, self.n_jobs = random_state, share_embedding, n_jobs
+        self.early_stopping = early_stopping
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.estimator!r}, n_estimators={self.n_estimators!r})"
@@ -133,6 +154,7 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
                 raise ValueError(f"fitted member {i} is not the template fitted with seed {want['random_state']} "
                                  f"(differs in {', '.join(differ) or 'being unfitted'})")
         self.estimators_ = list(fitted)
+        self.member_gains_ = self._ensemble_p1 = None
         rest = members[len(fitted):]
         if not self.estimators_ and rest:  # the first member alone: the others may share its embedding
             self.estimators_.append(rest.pop(0).fit(X, Y))
@@ -141,8 +163,45 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
             if (self.share_embedding and isinstance(member.embedding, str)
                     and getattr(first, "embedding_kind_", None) == "label"):
                 member.set_params(embedding=first.R_)  # the same data: embed once per ensemble
-        self.estimators_ += thread_map(lambda member: member.fit(X, Y), rest, self.n_jobs)
+        if self.early_stopping:
+            self._add_while_gaining(X, Y, rest)
+        else:
+            self.estimators_ += thread_map(lambda member: member.fit(X, Y), rest, self.n_jobs)
         return self._fitted()
+
+    def _add_while_gaining(self, X, Y, rest: list) -> None:
+        """Fit ``rest`` one at a time on the first member's held-out rows, keeping each while it pays
+        (``early_stopping``)."""
+        first = self.estimators_[0]
+        Xh, Yh = first.held_out_rows(X, Y)
+        Xh, truth = dask.persist(Xh)[0], sp.csr_matrix(Yh.compute())
+        hits = self._top1_hits(self.estimators_, Xh, truth)
+        self.member_gains_, self._ensemble_p1 = [], float(hits.mean()) if len(hits) else math.nan
+        batch = max(1, int(self.n_jobs or 1))  # fitted at once (one fit seldom fills every core), judged in turn
+        fitted = []
+        for i, member in enumerate(rest):
+            if not fitted:
+                fitted = thread_map(lambda m: m.fit(X, Y, validation_seed=first.validation_seed_),
+                                    rest[i:i + batch], self.n_jobs)
+            member = fitted.pop(0)
+            new = self._top1_hits([*self.estimators_, member], Xh, truth)
+            gain = paired_gain(new, hits)
+            kept = gain["resolved"]
+            self.member_gains_.append({"members": len(self.estimators_) + 1, "val_p@1": float(new.mean()),
+                                       "wins": gain["wins"], "losses": gain["losses"], "kept": kept})
+            logger.info("ensemble member %d: held-out P@1 of the mean %.4f against %.4f (%d rows right, %d wrong "
+                        "that were right): %s", len(self.estimators_) + 1, new.mean(), hits.mean(), gain["wins"],
+                        gain["losses"], "kept" if kept else "not kept, no more members (the gain is within the "
+                        "noise of the held-out rows)")
+            if not kept:
+                break
+            self.estimators_.append(member)
+            hits, self._ensemble_p1 = new, float(new.mean())
+
+    def _top1_hits(self, members: list, Xh, truth: sp.csr_matrix) -> np.ndarray:
+        labels, _ = _graph.ensemble_topk(Xh, self._states(members), members[0].task_, 1)
+        top = labels.compute()[:, 0].astype(np.int64)
+        return np.asarray(truth[np.arange(len(top)), top]).ravel() > 0
 
     def _fitted(self) -> EnsembleClassifier:
         first = self.estimators_[0]
@@ -154,6 +213,8 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
                 kept.append(kept_epoch(member))
         self.held_out_ = ({key: float(np.mean([h[key] for h in kept])) for key in ("val_p@1", "val_loss")}
                           if kept else {})
+        if getattr(self, "_ensemble_p1", None) is not None:
+            self.held_out_["ensemble_val_p@1"] = self._ensemble_p1
         return self
 
     # -- prediction -----------------------------------------------------------------------------
@@ -162,8 +223,9 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         if not getattr(self, "estimators_", None):
             raise NotFittedError(f"this {type(self).__name__} is not fitted yet; call fit(X, Y) first")
 
-    def _states(self) -> list[dict]:
-        return [{**member._state(), "features": member.features, "idf": member.idf_} for member in self.estimators_]
+    def _states(self, members: list | None = None) -> list[dict]:
+        return [{**member._state(), "features": member.features, "idf": member.idf_}
+                for member in (self.estimators_ if members is None else members)]
 
     def decision_function(self, X) -> da.Array:
         """Dense mean probabilities of every label, lazily, chunked like ``X`` (``n_samples x n_labels``)."""
@@ -189,7 +251,8 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
             arrays.update({f"members/{i}/{name}": value for name, value in member_arrays.items()})
         params = {"n_estimators": len(self.estimators_), "random_state": jsonable(self.random_state),
                   "estimator": members[0]["params"]}
-        return params, {"members": members, "held_out": self.held_out_}, arrays
+        gains = {"member_gains": self.member_gains_} if getattr(self, "member_gains_", None) is not None else {}
+        return params, {"members": members, "held_out": self.held_out_, **gains}, arrays
 
     @classmethod
     def _from_group(cls, group, meta: dict) -> EnsembleClassifier:
@@ -198,6 +261,8 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
                    for i, m in enumerate(attrs["fitted"]["members"])]
         model = cls(members[0], n_estimators=len(members), random_state=attrs["params"].get("random_state"))
         model.estimators_ = members
+        model.member_gains_ = attrs["fitted"].get("member_gains")
+        model._ensemble_p1 = attrs["fitted"].get("held_out", {}).get("ensemble_val_p@1")
         return model._fitted()
 
 
