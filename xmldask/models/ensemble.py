@@ -24,6 +24,7 @@ import scipy.sparse as sp
 
 from ..base import NotFittedError, ParamsMixin, as_rows, kept_epoch, seed_of
 from ..metrics import paired_gain
+from ..params import kernel_name
 from ..scheduling import thread_map
 from ..store.models import SavedModel, jsonable
 from . import _graph
@@ -173,10 +174,16 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         """Fit ``rest`` one at a time on the first member's held-out rows, keeping each while it pays
         (``early_stopping``)."""
         first = self.estimators_[0]
+        self.member_gains_ = []
+        if kernel_name(first.kernel) == "none" and not first.max_epochs and not isinstance(rest[0].embedding, str):
+            # nothing left to draw: the same rows, embedding, least squares and no random features or SGD order
+            logger.info("ensemble: no member added, each would be the first one again (the linear map and the "
+                        "ridge decoder on the same rows and embedding)")
+            return
         Xh, Yh = first.held_out_rows(X, Y)
         Xh, truth = dask.persist(Xh)[0], sp.csr_matrix(Yh.compute())
         hits = self._top1_hits(self.estimators_, Xh, truth)
-        self.member_gains_, self._ensemble_p1 = [], float(hits.mean()) if len(hits) else math.nan
+        self._ensemble_p1 = float(hits.mean()) if len(hits) else math.nan
         batch = max(1, int(self.n_jobs or 1))  # fitted at once (one fit seldom fills every core), judged in turn
         fitted = []
         for i, member in enumerate(rest):
