@@ -17,6 +17,7 @@ from xmldask.model_selection import HeldOutSearch, held_out_score, parse_grid
 from xmldask.models import ENSEMBLE_VERSION, EmbeddingClassifier, EnsembleClassifier, NotFittedError, load_model
 from xmldask.models.embedding_classifier import MODEL_VERSION
 from xmldask.models.ensemble import member_seed
+from xmldask.params import AUTO_ESTIMATORS
 from xmldask.store import open_dataset, open_predictions
 from xmldask.store.models import open_model_store
 
@@ -265,6 +266,27 @@ def test_train_job_reports_no_parameter_the_chosen_kernel_ignores(data):
     assert info["params"]["kernel"] == chosen["kernel"]
     assert ("bandwidth_scale" in info["params"]) == (chosen["kernel"] == "gaussian")
     assert ("n_random_features" in info["params"]) == (chosen["kernel"] == "gaussian")
+
+
+def test_train_job_default_ensemble_keeps_the_members_that_pay(data):
+    """``n_estimators`` not given after a search: members tried on the first member's held-out rows, kept while they
+    pay; the job reports each one and saves the members kept (a single model when none paid)."""
+    root, train = data
+    url = str(root / "auto-ensemble.zarr")
+    info = jobs.train(train, url, k=8, kernel="gaussian", n_random_features=3, seed=0, max_epochs=0,
+                      search={"alpha": [1e-3, 10.0]}, search_extensions=0, validation_fraction=0.3)
+    gains = info["ensemble"]
+    assert 1 <= len(gains) <= AUTO_ESTIMATORS - 1 and all(g["kept"] for g in gains[:-1])
+    kept = 1 + sum(g["kept"] for g in gains)
+    assert info["params"].get("n_estimators", 1) == kept
+    model = load_model(url)
+    assert (len(model.estimators_) if isinstance(model, EnsembleClassifier) else 1) == kept
+    if kept > 1:
+        assert model.member_gains_ == gains
+    # asked for: fitted as asked, without the rule
+    info = jobs.train(train, str(root / "asked.zarr"), k=8, kernel="none", seed=0, max_epochs=0, n_estimators=2,
+                      search={"alpha": [1e-3, 10.0]}, search_extensions=0)
+    assert "ensemble" not in info and len(load_model(str(root / "asked.zarr")).estimators_) == 2
 
 
 def test_train_job_ensemble_after_a_search(data, capsys):

@@ -71,7 +71,9 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     dict
         ``model`` (URL), ``train`` (URL), ``seconds``, ``n_passes``, ``task``, the parameters and
         the last held-out figures; with ``search``, also ``search`` (every candidate's held-out
-        score) and ``params`` holds the chosen values.
+        score) and ``params`` holds the chosen values; with the default ensemble (``n_estimators="auto"`` after a
+        search), ``ensemble``: the members tried after the first and whether each paid
+        (:attr:`~xmldask.models.EnsembleClassifier.member_gains_`), and ``params["n_estimators"]`` the members kept.
     """
     from .models import EmbeddingClassifier
 
@@ -116,7 +118,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     else:
         model.fit(data.X, data.Y)
         _check_one_fit(p.time_budget, time.perf_counter() - start)
-    single = model
+    single, gains = model, None
     n_estimators = _members_in_budget(p, fitted if grid else None, start)
     if n_estimators != 1:
         from .models import EnsembleClassifier
@@ -126,7 +128,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
                                    random_state=p.seed, n_jobs=concurrent_fits(),
                                    early_stopping="n_estimators" not in _given(params)).fit(data.X, data.Y,
                                                                                            fitted=[single])
-        n_estimators = len(model.estimators_)
+        n_estimators, gains = len(model.estimators_), model.member_gains_
         if n_estimators == 1:
             model = single
     seconds = time.perf_counter() - start
@@ -150,6 +152,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
                             "skipped": fitted.skipped_ if grid else []}} if p.time_budget else {}),
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
         **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {}),
+        **({"ensemble": gains} if gains is not None else {}),
     }
 
 
