@@ -265,3 +265,5 @@ def test_early_stopping_adds_no_member_that_predicts_alike(data, monkeypatch):
     clf = EnsembleClassifier(_template(kernel="none", max_epochs=0), n_estimators=3, random_state=0,
                              early_stopping=True).fit(X, Y)
     assert len(fits) == 1 and len(clf.estimators_) == 1 and clf.member_gains_ == []
+    with pytest.raises(ValueError, match="validation_fraction > 0"):
+        EnsembleClassifier(_template(validation_fraction=0.0), early_stopping=True).fit(X, Y)

@@ -125,6 +125,9 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
             raise ValueError(f"n_jobs must be a positive integer or None, but is {jobs!r}")
         seed = seed_of(self.random_state)
         params = self.estimator.get_params(deep=False)
+        if self.early_stopping and not params.get("validation_fraction"):
+            raise ValueError("early_stopping judges the members on held-out rows: the estimator must hold some out "
+                             "(validation_fraction > 0)")
         return [EmbeddingClassifier(**{**params, "random_state": member_seed(seed, i)}) for i in range(int(n))]
 
     def fit(self, X, Y, *, fitted: list | None = None) -> EnsembleClassifier:
