@@ -66,12 +66,12 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         same either way.
     early_stopping : bool, default False
         Add the members after the first one at a time (fitted ``n_jobs`` at once), each holding out the first
-        member's rows, and keep a
-        member only if the top-1 label of the members' mean on those rows gains on the ensemble without it by
-        more than the noise (:func:`xmldask.metrics.paired_gain`); stop at the first that does not:
-        ``n_estimators`` is then the most. A member costs a fit; members that differ only in their seeds on
-        the linear feature map predict alike, and do not pay for it. Without it, every member holds out its own
-        rows (the ensemble fits on all of them).
+        member's rows, and keep a member only if the top-1 label of the members' mean on those rows gains on the
+        ensemble without it by more than the noise (:func:`xmldask.metrics.paired_gain`); stop at the first that
+        does not: ``n_estimators`` is then the most. A member costs a fit; members that differ only in their seeds
+        on the linear feature map predict alike, and do not pay for it (with the ridge decoder alone, none is
+        fitted: it would be the first one again). Without it, every member holds out its own rows (the ensemble
+        fits on all of them).
 
     Attributes
     ----------
