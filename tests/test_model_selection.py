@@ -409,6 +409,30 @@ def test_screener_gives_the_figures_of_the_screened_fit(data, multiclass_data, f
     assert screener.n_passes == (2 if route == "primal" else 1) + (features == "tfidf")
 
 
+@pytest.mark.parametrize("route", ["primal", "dual"])
+def test_screener_shares_a_split_s_factors_between_settings_within_its_cache(data, route, monkeypatch):
+    """Settings on the same split reuse its centred Gram matrix and each ridge's factor: the same figures as a
+    screener that keeps nothing (cache of 0 bytes), and the cache never holds more than its limit."""
+    from xmldask.models import _screen
+
+    if route == "dual":
+        monkeypatch.setattr(_screen, "MAX_GRAM_FEATURES", 0)
+    ds = open_dataset(data[1])
+    base = {**_template().get_params(deep=False), "max_epochs": 0}
+    settings = [{"n_components": k, "alpha": a, "random_state": s}
+                for a in (1e-3, 1.0) for k in (4, 8) for s in (3, 11)]
+    kept = _template().screener(ds.X, ds.Y)
+    limit = 3 * 8 * (ds.X.shape[1] if route == "primal" else ds.X.shape[0]) ** 2  # three matrices: some dropped
+    kept._shared.limit = limit
+    nothing = _template().screener(ds.X, ds.Y)
+    nothing._shared.limit = 0
+    for setting in settings:
+        a, b = kept.score({**base, **setting}), nothing.score({**base, **setting})
+        assert a["val_p@1"] == b["val_p@1"] and a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-6)
+        assert kept._shared.bytes <= limit
+    assert kept._shared.items and not nothing._shared.items
+
+
 def test_screener_refuses_what_it_does_not_compute(data, monkeypatch):
     from xmldask.models import _screen
 

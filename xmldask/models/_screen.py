@@ -37,6 +37,7 @@ matrix ``K = X X^T`` and gathers ``Y``, and every candidate is solved from them 
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import dask
@@ -62,6 +63,12 @@ from . import _kernels as K
 from ._graph import DecoderData
 
 __all__ = ["Screener"]
+
+#: bytes of the matrices that the screened candidates of one held-out split share (the training rows' centred Gram
+#: matrix, its Cholesky factor for each ridge) kept between candidates, least recently used dropped first: the
+#: settings of a coordinate search differ in one parameter and are scored on the same splits, so ``k`` reuses the
+#: factor of its ``alpha`` and every ``alpha`` the centred Gram matrix of its split
+CACHE_BYTES = 1 << 30
 
 
 @dataclass
@@ -103,6 +110,28 @@ def _held_rows(Xb, Yb, splits: tuple, block: int) -> list:
     return out
 
 
+class _Cache:
+    """Values by key, least recently used dropped first while their arrays take more than ``limit`` bytes."""
+
+    def __init__(self, limit: int):
+        self.limit, self.bytes, self.items = int(limit), 0, OrderedDict()
+
+    def get(self, key, make):
+        """The value of ``key``, made by ``make()`` (and kept, if it fits) when not held."""
+        if key in self.items:
+            self.items.move_to_end(key)
+            return self.items[key][0]
+        value = make()
+        size = sum(a.nbytes for a in (value if isinstance(value, tuple) else (value,)) if isinstance(a, np.ndarray))
+        if size <= self.limit:
+            self.items[key] = (value, size)
+            self.bytes += size
+            while self.bytes > self.limit:
+                _, (_, dropped) = self.items.popitem(last=False)
+                self.bytes -= dropped
+        return value
+
+
 def _stack(parts: list):
     return sp.vstack(parts).tocsr() if sp.issparse(parts[0]) else np.vstack(parts)
 
@@ -126,6 +155,7 @@ class Screener:
         self.X, self.Y, self.estimator_class = X, Y, estimator_class
         self._moments: dict[str, _Moments] = {}
         self._embeddings: dict[tuple, np.ndarray] = {}
+        self._shared = _Cache(CACHE_BYTES)  # by split: centred Gram matrices and their factors (:data:`CACHE_BYTES`)
         self.n_passes = 0
 
     @staticmethod
@@ -186,12 +216,15 @@ class Screener:
         Xh, Yh = m.held[split.seed]
         R = est._every_label(p, self.Y.shape[1])
         R = self._embedding(m, p, seed) if R is None else R
-        W, c, (G_t, s_t, C_t, y_t, n_t) = self._feature_map(m, Xh, Yh, R, p)
-        # the decoder's normal equations of F = [X W + c, 1] over the training rows, from the statistics
+        W, c, (Gc, mu, C_t, y_t, n_t) = self._feature_map(m, split.seed, Xh, Yh, R, p)
+        # the decoder's normal equations of F = [X W + c, 1] over the training rows, from the statistics:
+        # X^T X = Gc + n mu mu^T and X^T 1 = n mu over them
         W64, c64 = W.astype(np.float64), c.astype(np.float64)
-        Ws = W64.T @ s_t
+        Wm = W64.T @ mu
+        Ws = n_t * Wm
         A = np.empty((W.shape[1] + 1,) * 2)
-        A[:-1, :-1] = W64.T @ G_t @ W64 + np.outer(Ws, c64) + np.outer(c64, Ws) + n_t * np.outer(c64, c64)
+        A[:-1, :-1] = (W64.T @ Gc @ W64 + n_t * np.outer(Wm, Wm) + np.outer(Ws, c64) + np.outer(c64, Ws)
+                       + n_t * np.outer(c64, c64))
         A[:-1, -1] = A[-1, :-1] = Ws + n_t * c64
         A[-1, -1] = n_t
         FtY = np.vstack([W64.T @ C_t + np.outer(c64, y_t), y_t[None, :]])
@@ -205,18 +238,28 @@ class Screener:
         T, H = np.flatnonzero(~held), np.flatnonzero(held)
         R = est._every_label(p, self.Y.shape[1])
         R = (self._dual_embedding(g, p, seed) if R is None else R).astype(np.float64)
-        M = g.K[np.ix_(T, T)]
-        row_means = M.mean(axis=1)
-        overall = row_means.mean()
-        M -= row_means[:, None]
-        M -= row_means[None, :]
-        M += overall  # the training rows' Gram matrix K_TT, centred by their mean
+
+        def centred():  # the training rows' Gram matrix K_TT, centred by their mean
+            M = g.K[np.ix_(T, T)]
+            row_means = M.mean(axis=1)
+            overall = row_means.mean()
+            M -= row_means[:, None]
+            M -= row_means[None, :]
+            M += overall
+            return M, row_means, np.array([overall, np.trace(M)])
+
+        M, row_means, (overall, trace) = self._shared.get(("dual", g.features, split.seed), centred)
         Y_T = g.Y[T]
         YR = np.asarray(Y_T @ R)
         c = YR.mean(axis=0)
-        lam = p["alpha"] * np.trace(M) / g.n_features
-        M[np.diag_indices_from(M)] += lam
-        A = scipy.linalg.cho_solve(scipy.linalg.cho_factor(M, lower=True, overwrite_a=True), YR - c)
+        lam = p["alpha"] * trace / g.n_features
+
+        def factor():
+            Ml = M.copy()
+            Ml[np.diag_indices_from(Ml)] += lam
+            return scipy.linalg.cho_factor(Ml, lower=True, overwrite_a=True)
+
+        A = scipy.linalg.cho_solve(self._shared.get(("dual", g.features, split.seed, p["alpha"]), factor), YR - c)
         dtype = p["dtype"]
         # the training rows' predictions K_TT A + c are YR - lam A, since (K_TT + lam I) A = YR - c: no product
         F_T = (YR - lam * A).astype(dtype).astype(np.float64)  # as the fit's float32 features round them
@@ -312,23 +355,29 @@ class Screener:
             self._embeddings[key] = V.astype(p["dtype"])
         return self._embeddings[key]
 
-    def _feature_map(self, m: _Moments, Xh, Yh, R: np.ndarray, p: dict):
-        """``W``, ``c`` of the ridge onto ``Y R`` over the training rows (centred, ``lam = alpha tr / d``), and the
-        training rows' statistics ``(X^T X, X^T 1, X^T Y, Y^T 1, n)``."""
+    def _feature_map(self, m: _Moments, seed: int, Xh, Yh, R: np.ndarray, p: dict):
+        """``W``, ``c`` of the ridge onto ``Y R`` over the training rows of split ``seed`` (centred,
+        ``lam = alpha tr / d``), and their statistics ``(X_c^T X_c, mean row, X^T Y, Y^T 1, n)``."""
         f64 = np.float64
         Xh64 = sp.csr_matrix(Xh, dtype=f64) if sp.issparse(Xh) else np.asarray(Xh, dtype=f64)
+        n_t = float(self.X.shape[0] - Xh.shape[0])
+
+        def centred():  # the training rows' centred Gram matrix and mean row
+            Gc = m.G - K._dense(Xh64.T @ Xh64)
+            mu = (m.s - np.asarray(Xh64.sum(axis=0), dtype=f64).ravel()) / n_t
+            Gc -= n_t * np.outer(mu, mu)
+            return Gc, mu, np.array([np.trace(Gc)])
+
+        Gc, mu, (trace,) = self._shared.get(("primal", m.features, seed), centred)
         Yh64 = sp.csr_matrix(Yh, dtype=f64)
-        G_t = m.G - K._dense(Xh64.T @ Xh64)
-        s_t = m.s - np.asarray(Xh64.sum(axis=0), dtype=f64).ravel()
         C_t = m.C - K._dense(Xh64.T @ Yh64)
         y_t = m.y - np.asarray(Yh64.sum(axis=0), dtype=f64).ravel()
-        n_t = float(self.X.shape[0] - Xh.shape[0])
-        mu = s_t / n_t
-        Gc = G_t - n_t * np.outer(mu, mu)
         R64 = np.asarray(R, dtype=f64)
         B = C_t @ R64 - np.outer(mu, y_t @ R64)
         d = Gc.shape[0]
-        lam = p["alpha"] * np.trace(Gc) / d
-        Z = scipy.linalg.cho_solve(scipy.linalg.cho_factor(Gc + lam * np.eye(d), lower=True), B)
+        lam = p["alpha"] * trace / d
+        chol = self._shared.get(("primal", m.features, seed, p["alpha"]),
+                                lambda: scipy.linalg.cho_factor(Gc + lam * np.eye(d), lower=True))
+        Z = scipy.linalg.cho_solve(chol, B)
         c = (y_t @ R64) / n_t - mu @ Z
-        return Z.astype(p["dtype"]), c.astype(p["dtype"]), (G_t, s_t, C_t, y_t, n_t)
+        return Z.astype(p["dtype"]), c.astype(p["dtype"]), (Gc, mu, C_t, y_t, n_t)
