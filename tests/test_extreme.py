@@ -302,6 +302,41 @@ def test_beam_auto_is_chosen_on_held_out_rows(small, tmp_path, monkeypatch):
     np.testing.assert_array_equal(again.predict_topk(Xt, k=3)[0].compute(), model.predict_topk(Xt, k=3)[0].compute())
 
 
+def test_summaries_weigh_labels_by_their_rows_to_a_chosen_exponent(small, tmp_path, monkeypatch):
+    """A cluster's summary is the normalised sum of its labels' centroids weighted by ``n_l ** g`` (a NumPy
+    reference); ``summary_exponent="auto"`` compares SUMMARY_EXPONENTS on the held-out rows at the narrowest beam,
+    takes a later one only for a gain beyond their noise (without that margin: the best, ties to the first),
+    records and saves it; a given exponent is used as given."""
+    from xmldask.models import centroid as C
+
+    X, Y, Xt, _ = small
+    model = LabelCentroidClassifier(leaf_labels=40, random_state=2).fit(X, Y)
+    g = model.summary_exponent_
+    assert g in C.SUMMARY_EXPONENTS and model.held_out_["summary exponent"] == g
+    weights = model.label_counts_[model.order_].astype(np.float64) ** g
+    W = model.W_.toarray().astype(np.float64)
+    for c in range(model.n_clusters_):
+        a, b = model.offsets_[c], model.offsets_[c + 1]
+        summary = weights[a:b] @ W[a:b]
+        np.testing.assert_allclose(model.M_[c].toarray().ravel(), summary / np.linalg.norm(summary), atol=2e-6)
+    scores, rows = model.held_out_["p@1 by summary exponent"], model.held_out_["rows"]
+    assert list(scores) == list(C.SUMMARY_EXPONENTS) and model.held_out_["beam compared"] == min(C.AUTO_BEAMS)
+    assert all((scores[e] - scores[g]) * rows <= 2 * np.sqrt(rows) for e in scores if e > g)
+    monkeypatch.setattr(C, "BEAM_GAIN_SIGMAS", 0.0)
+    strict = LabelCentroidClassifier(leaf_labels=40, random_state=2).fit(X, Y)
+    assert strict.summary_exponent_ == max(scores, key=lambda e: (scores[e], -e))
+    monkeypatch.undo()
+    model.save(str(tmp_path / "g.zarr"))
+    again = load_model(str(tmp_path / "g.zarr"))
+    assert again.summary_exponent_ == g and again.summary_exponent == "auto"
+    given = LabelCentroidClassifier(leaf_labels=40, beam=5, summary_exponent=1, random_state=2).fit(X, Y)
+    assert given.summary_exponent_ == 1 and "p@1 by summary exponent" not in given.held_out_ and given.beam_ == 5
+    frequent = LabelCentroidClassifier(leaf_labels=40, beam=5, summary_exponent=0, random_state=2).fit(X, Y)
+    assert (given.M_ != frequent.M_).nnz and (given.W_ != frequent.W_).nnz == 0  # the summaries only
+    with pytest.raises(ValueError, match="summary_exponent must be 'auto' or a number >= 0"):
+        LabelCentroidClassifier(summary_exponent=-1).fit(X, Y)
+
+
 def test_balanced_clusters_partition_the_labels():
     rng = np.random.default_rng(0)
     W = sp.random(1000, 300, density=0.05, format="csr", random_state=0, dtype=np.float32)

@@ -54,6 +54,12 @@ AUTO_BEAMS = (10, 20, 40, 80)
 #: right, exceed this many standard deviations of that paired difference (McNemar's sign test, about 2.5 %
 #: one-sided): its cost a row grows with the beam, a gain within the noise of the held-out rows does not pay it
 BEAM_GAIN_SIGMAS = 2.0
+#: exponents ``g`` of the label weights ``n_l ** g`` (``n_l``: the label's training rows) in a cluster's summary,
+#: the normalised weighted sum of its labels' centroids, that ``summary_exponent="auto"`` compares on held-out training
+#: rows, in this order: a later one is taken only for a gain at the narrowest beam beyond the noise of those rows
+#: (as for the beam). 0 weighs every label alike; 1 sums the cluster's rows, so that the frequent labels, which most
+#: rows have, pull the summary; measured (docs/large-labels.md): at 100K and 1M labels, 0.5 routes best by far
+SUMMARY_EXPONENTS = (0.0, 0.5, 1.0)
 #: training rows held out (at most) for that choice: the standard error of a P@1 near 0.8 on them is 0.9 points,
 #: and the comparison of two beams on the same rows is paired (a row scores the same with either beam unless the
 #: wider beam reaches a better label), so it resolves much smaller differences
@@ -427,12 +433,13 @@ def _unwrap(A):
     return A.item() if isinstance(A, np.ndarray) and A.dtype == object else A
 
 
-def _summaries(W: sp.csr_matrix, offsets: np.ndarray) -> sp.csr_matrix:
-    """The unit sums of the (unit) rows of ``W`` in each cluster ``offsets[c]:offsets[c + 1]``."""
+def _summaries(W: sp.csr_matrix, offsets: np.ndarray, weights: np.ndarray | None = None) -> sp.csr_matrix:
+    """The unit sums of the (unit) rows of ``W`` in each cluster ``offsets[c]:offsets[c + 1]``, each row weighted by
+    ``weights`` (by row of ``W``; none: alike)."""
     assign = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    A = sp.csr_matrix((np.ones(len(assign), np.float32), (assign, np.arange(len(assign)))),
-                      shape=(len(offsets) - 1, W.shape[0]))
-    return _unit_rows(A @ W)
+    w = np.ones(len(assign), np.float32) if weights is None else np.asarray(weights, np.float32)
+    A = sp.csr_matrix((w, (assign, np.arange(len(assign)))), shape=(len(offsets) - 1, W.shape[0]))
+    return _unit_rows(sp.csr_matrix(A @ W, dtype=np.float32))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -530,6 +537,11 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         whose P@1 on held-out training rows (:data:`HELD_OUT_ROWS` at most, left out of the centroids for the
         comparison) no wider beam beats by more than the noise of those rows (:data:`BEAM_GAIN_SIGMAS`), recorded
         in ``beam_`` and ``held_out_``.
+    summary_exponent : float or "auto", default "auto"
+        A cluster's summary is the normalised sum of its labels' centroids weighted by ``n_l ** summary_exponent``
+        (``n_l``: the label's training rows; 0: alike). ``"auto"``: of :data:`SUMMARY_EXPONENTS`, chosen on the
+        same held-out rows by P@1 at the narrowest beam (a later one only for a gain beyond their noise), recorded
+        in ``summary_exponent_`` and ``held_out_``.
     random_state : int, optional
         Seed of the clustering.
 
@@ -565,7 +577,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     _MODEL_VERSION = CENTROID_VERSION
     _ARRAYS = ("W", "M", "order", "offsets", "idf", "label_counts")
     _SCALARS = ("n_features_in", "n_labels", "n_samples_seen", "n_unseen_labels", "n_passes", "task", "beam",
-                "held_out")
+                "held_out", "summary_exponent")
 
     @classmethod
     def from_params(cls, params, **extra) -> LabelCentroidClassifier:
@@ -575,12 +587,14 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             features = "l2"  # the centroids are cosines: rows are always scaled
         return cls(features=features, random_state=params.seed, **extra)
 
-    def __init__(self, *, features: str = "tfidf", leaf_labels: int = 100, beam="auto", random_state=0):
+    def __init__(self, *, features: str = "tfidf", leaf_labels: int = 100, beam="auto", summary_exponent="auto",
+                 random_state=0):
         self.features, self.leaf_labels, self.beam, self.random_state = features, leaf_labels, beam, random_state
+        self.summary_exponent = summary_exponent
 
     def __repr__(self) -> str:
         return f"LabelCentroidClassifier(features={self.features!r}, leaf_labels={self.leaf_labels!r}, " \
-               f"beam={self.beam!r})"
+               f"beam={self.beam!r}, summary_exponent={self.summary_exponent!r})"
 
     def _check_params(self) -> None:
         if self.features not in ("tfidf", "l2"):
@@ -588,6 +602,10 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         check_int(self.leaf_labels, "leaf_labels", 2)
         if self.beam != "auto":
             check_int(self.beam, "beam", 1)
+        if self.summary_exponent != "auto" and not (isinstance(self.summary_exponent, (int, float))
+                                                    and not isinstance(self.summary_exponent, bool)
+                                                    and 0 <= self.summary_exponent < math.inf):
+            raise ValueError(f"summary_exponent must be 'auto' or a number >= 0, but is {self.summary_exponent!r}")
 
     @property
     def n_clusters_(self) -> int:
@@ -652,7 +670,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         if "entries" in first:
             bounds = label_block_bounds(np.minimum(first["entries"], X.shape[1]), limit)
         idf = None if self.idf_ is None else whole_operand(self.idf_, name="idf")
-        share = min(1.0, HELD_OUT_ROWS / max(X.shape[0], 1)) if self.beam == "auto" else 0.0
+        chosen = self.beam == "auto" or self.summary_exponent == "auto"  # on held-out rows
+        share = min(1.0, HELD_OUT_ROWS / max(X.shape[0], 1)) if chosen else 0.0
         seed = seed_of(self.random_state)
         groups = label_passes(bounds, first.get("entries"), memory_for_data() if limit else None)
         sums, small = [], None
@@ -682,14 +701,22 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         order, offsets = balanced_clusters(W, seen, check_int(self.leaf_labels, "leaf_labels", 2), rng)
         self.W_ = sp.csr_matrix(W[order])
         del W
-        self.M_ = _summaries(self.W_, offsets)
         logger.info(f"label clusters: {len(offsets) - 1:,} of at most {self.leaf_labels} labels")
         self.order_, self.offsets_ = order.astype(np.int64), offsets
         self.beam_, self.held_out_ = self.beam, {}
-        if self.beam == "auto":
-            self.beam_, self.held_out_ = self._choose_beam(norms, X_held, Y_held, counts)
-            logger.info(f"beam {self.beam_}: held-out P@1 " + ", ".join(
-                f"{b} {p:.4f}" for b, p in self.held_out_["p@1 by beam"].items()) + f" ({X_held.shape[0]:,} rows)")
+        self.summary_exponent_ = SUMMARY_EXPONENTS[0] if self.summary_exponent == "auto" else self.summary_exponent
+        if chosen and X_held.shape[0]:
+            self.summary_exponent_, self.beam_, self.held_out_ = self._choose(norms, X_held, Y_held, counts)
+            if self.summary_exponent == "auto":
+                logger.info(f"cluster summaries: label weights n ** {self.summary_exponent_:g}: held-out P@1 at beam "
+                            f"{self.held_out_['beam compared']} " + ", ".join(
+                                f"{g} {p:.4f}" for g, p in self.held_out_["p@1 by summary exponent"].items()))
+            if self.beam == "auto":
+                logger.info(f"beam {self.beam_}: held-out P@1 " + ", ".join(
+                    f"{b} {p:.4f}" for b, p in self.held_out_["p@1 by beam"].items()) + f" ({X_held.shape[0]:,} rows)")
+        elif self.beam == "auto":
+            self.beam_ = min(min(AUTO_BEAMS), len(offsets) - 1)
+        self.M_ = _summaries(self.W_, offsets, counts[order] ** float(self.summary_exponent_))
         self.label_counts_ = counts.astype(np.int64)
         self.n_features_in_, self.n_labels_ = int(X.shape[1]), int(Y.shape[1])
         self.n_samples_seen_ = int(X.shape[0])
@@ -718,28 +745,46 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         W.eliminate_zeros()
         return W
 
-    def _choose_beam(self, norms, X_held, Y_held, counts) -> tuple[int, dict]:
-        """The beam of :data:`AUTO_BEAMS` with the best P@1 on the held-out rows, scored by centroids without them
-        (``P - Y_h^T X_h``, in the clusters of all rows)."""
+    def _choose(self, norms, X_held, Y_held, counts) -> tuple[float, int, dict]:
+        """The summary exponent (of :data:`SUMMARY_EXPONENTS`, compared at the narrowest beam) and the beam (of
+        :data:`AUTO_BEAMS`) with the best P@1 on the held-out rows, each where ``"auto"``: a later one only for a
+        gain beyond the noise of those rows; scored by centroids without them (``P - Y_h^T X_h``, in the clusters of
+        all rows), the summaries weighted by the labels' rows left."""
         n_clusters = len(self.offsets_) - 1
-        beams = sorted({min(b, n_clusters) for b in AUTO_BEAMS})
-        if X_held.shape[0] == 0:
-            return beams[0], {}
+        beams = sorted({min(b, n_clusters) for b in AUTO_BEAMS}) if self.beam == "auto" else [int(self.beam)]
+        exponents = SUMMARY_EXPONENTS if self.summary_exponent == "auto" else (float(self.summary_exponent),)
         rest = counts - np.asarray(Y_held.sum(axis=0)).ravel()
         W = self._without(norms, (Y_held.T @ X_held).tocsr(), rest)
         fallback = np.argsort(-rest, kind="stable")[:1]
-        MT, MH, head = _split_summaries(_summaries(W, self.offsets_))
-        hits = {}
-        for b in beams:
-            top = _topk_block(X_held, MT, W, self.order_, self.offsets_, fallback, MH=MH, head=head, beam=b,
+        weights = rest[self.order_].astype(np.float64)
+
+        def hits(exponent: float, beam: int) -> np.ndarray:
+            MT, MH, head = routes[exponent]
+            top = _topk_block(X_held, MT, W, self.order_, self.offsets_, fallback, MH=MH, head=head, beam=beam,
                               k=1)[:, 0].astype(np.int64)
-            hits[b] = np.asarray(Y_held[np.arange(len(top)), top]).ravel() > 0
-        best = beams[0]
-        for b in beams[1:]:  # a wider beam costs more a row: taken only for a gain the held-out rows resolve
-            if paired_gain(hits[b], hits[best], sigmas=BEAM_GAIN_SIGMAS)["resolved"]:
-                best = b
-        p1 = {b: float(h.mean()) for b, h in hits.items()}
-        return int(best), {"p@1": p1[best], "rows": int(X_held.shape[0]), "p@1 by beam": p1}
+            return np.asarray(Y_held[np.arange(len(top)), top]).ravel() > 0
+
+        def better(options: list, hit: dict):
+            best = options[0]
+            for option in options[1:]:  # taken only for a gain the held-out rows resolve
+                if paired_gain(hit[option], hit[best], sigmas=BEAM_GAIN_SIGMAS)["resolved"]:
+                    best = option
+            return best
+
+        routes, by_exponent = {}, {}
+        for g in exponents:
+            routes[g] = _split_summaries(_summaries(W, self.offsets_, weights ** g))
+            by_exponent[g] = hits(g, beams[0])
+        exponent = better(list(exponents), by_exponent)
+        routes = {exponent: routes[exponent]}
+        by_beam = {beams[0]: by_exponent[exponent], **{b: hits(exponent, b) for b in beams[1:]}}
+        beam = better(beams, by_beam)
+        p1 = {b: float(h.mean()) for b, h in by_beam.items()}
+        record = {"p@1": p1[beam], "rows": int(X_held.shape[0]), "p@1 by beam": p1}
+        if len(exponents) > 1:
+            record.update({"beam compared": beams[0], "summary exponent": exponent,
+                           "p@1 by summary exponent": {g: float(h.mean()) for g, h in by_exponent.items()}})
+        return exponent, int(beam), record
 
     @classmethod
     def load(cls, url: str) -> LabelCentroidClassifier:
@@ -821,6 +866,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     def train_summary(self) -> dict:
         held = {"p@1": self.held_out_["p@1"]} if self.held_out_ else {}
         return {"n_passes": int(self.n_passes_), "task": "multilabel", "held_out": held, "beam": int(self.beam_),
+                "summary_exponent": float(getattr(self, "summary_exponent_", 0.0)),
                 "label_blocks": int(getattr(self, "n_label_blocks_", 1)),
                 "n_clusters": self.n_clusters_,
                 "n_unseen_labels": int(self.n_unseen_labels_), "model_entries": int(self.W_.nnz + self.M_.nnz)}
