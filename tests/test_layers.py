@@ -205,10 +205,9 @@ def test_one_estimator_base_with_the_scikit_learn_contract(tmp_path):
 
 def _estimators():
     """Every public estimator class of the registry, with a constructor that fits small data quickly."""
+    import xmldask.models  # noqa: F401  (every estimator of the package, registered as its module is imported)
     from xmldask.base import MODEL_CLASSES
-    from xmldask.models import _tree_classes
 
-    _tree_classes()
     small = {"EmbeddingClassifier": {"embedding": "rembrandt", "n_components": 3, "kernel": "none", "max_epochs": 1},
              "EnsembleClassifier": None, "TreeClassifier": {"n_components": 3, "n_epochs": 2},
              "SpectralLabelTree": {"max_depth": 2}, "LabelCentroidClassifier": {"leaf_labels": 3},
@@ -257,10 +256,9 @@ def test_sklearn_clone_of_every_estimator_refits(name, cls, params):
 
 
 def test_the_registry_holds_the_public_classes_only():
+    import xmldask.models  # noqa: F401
     from xmldask.base import FAMILIES, MODEL_CLASSES
-    from xmldask.models import _tree_classes
 
-    _tree_classes()
     assert not [cls for cls in MODEL_CLASSES.values() if cls.__name__.startswith("_")]
     assert set(FAMILIES.values()) <= set(MODEL_CLASSES.values())
     # keyed by module-qualified name, each key the class's own module and name

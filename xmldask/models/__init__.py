@@ -6,7 +6,8 @@ Fourier feature map, and fit a softmax / independent logistic decoder over row b
 held-out training rows. :class:`EnsembleClassifier` averages the probabilities of several of them fitted
 with different seeds (each on its own random 90% of the rows). :class:`LEML` is low-rank empirical risk
 minimisation with missing labels (Yu et al. 2014), :class:`BinaryRelevance` its per-label baseline.
-:class:`LabelCentroidClassifier` scores only the labels of a row's best label clusters (large label spaces).
+:class:`LabelCentroidClassifier` scores only the labels of a row's best label clusters (large label spaces),
+:class:`TreeClassifier` the candidates of a spectral label tree's leaves.
 :class:`GradFac`, :class:`GradFacEN`, :class:`MultinomialBoosting` and :class:`OneVsRestBoosting` are
 multiclass gradient boosting of oblivious trees (GradFac: one tree a round for any number of classes).
 :func:`load_model` reads any of them.
@@ -19,10 +20,12 @@ from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier
 from .ensemble import ENSEMBLE_VERSION, EnsembleClassifier
 from .gradfac import BOOSTING_VERSION, GradFac, GradFacEN, MultinomialBoosting, OneVsRestBoosting
 from .leml import LEML, LEML_VERSION, BinaryRelevance
+from .tree_classifier import TreeClassifier
 
 __all__ = ["BOOSTING_VERSION", "CENTROID_VERSION", "ENSEMBLE_VERSION", "LEML", "LEML_VERSION", "MODEL_VERSION",
            "BinaryRelevance", "EmbeddingClassifier", "EnsembleClassifier", "GradFac", "GradFacEN", "HeldOut",
-           "LabelCentroidClassifier", "MultinomialBoosting", "NotFittedError", "OneVsRestBoosting", "kept_epoch",
+           "LabelCentroidClassifier", "MultinomialBoosting", "NotFittedError", "OneVsRestBoosting", "TreeClassifier",
+           "kept_epoch",
            "load_model"]
 
 
@@ -50,25 +53,9 @@ def load_model(url: str):
         except ImportError:
             cls = None  # moved since: found by its class name below
     if cls not in MODEL_CLASSES.values():  # a store written before classes were recorded by qualified name
-        _tree_classes()
         cls = registered_class(attr)
     if cls is None or not (hasattr(cls, "load") and hasattr(cls, "fit")):
         readable = sorted(c.__name__ for c in MODEL_CLASSES.values() if hasattr(c, "load") and hasattr(c, "fit"))
         raise StoreError(f"{url} holds a {name} model, which this xmldask cannot read (it reads "
                          f"{', '.join(readable)})")
     return cls.load(url)
-
-
-def _tree_classes() -> None:
-    """Define the spectral label tree, its classifier and the embeddings (imported here, not at the top:
-    :mod:`xmldask.tree` imports this package)."""
-    from .. import embedding, tree  # noqa: F401
-    from . import tree_classifier  # noqa: F401
-
-
-def __getattr__(name: str):
-    if name == "TreeClassifier":
-        from .tree_classifier import TreeClassifier
-
-        return TreeClassifier
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
