@@ -459,7 +459,9 @@ def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks:
 
     ``fit_process``: the fitting process holds the unit centroids and, at once, one more copy (the label blocks
     stacked, the clustering's copy of a subtree, the copy in cluster order, the centroids without the held-out
-    rows) and the cluster summaries; ``worker``: a task holds a row
+    rows) and two sets of cluster summaries (the held-out choice of their weights compares two at a time), each with
+    its transposed copy about as large as the centroids (at 1M labels the summaries have half their entries);
+    ``worker``: a task holds a row
     block's sums (``block_entries``, the largest row block's bound) and their pieces, and a combine task two
     partial sums and their sum, of all the labels or of the largest label block (``label_block_entries``, when
     the workers sum in label blocks: :func:`label_block_bounds`).
@@ -467,7 +469,7 @@ def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks:
     stored = min(entries, float(n_labels) * n_features) * _ENTRY_BYTES + 8 * (n_labels + 1)
     block = stored if label_block_entries is None else min(stored, label_block_entries * _ENTRY_BYTES)
     worker = (3 * block if n_blocks > 1 else block) + 2 * block_entries * _ENTRY_BYTES
-    return {"entries": float(entries), "model_bytes": stored, "fit_process": 3 * stored, "worker": worker}
+    return {"entries": float(entries), "model_bytes": stored, "fit_process": 4 * stored, "worker": worker}
 
 
 def labels_scored_per_row(n_labels: int, *, beam: int = 20, leaf_labels: int = 100) -> int:
@@ -758,27 +760,28 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         fallback = np.argsort(-rest, kind="stable")[:1]
         weights = rest[self.order_].astype(np.float64)
 
-        def hits(exponent: float, beam: int) -> np.ndarray:
-            MT, MH, head = routes[exponent]
+        def hits(route, beam: int) -> np.ndarray:
+            MT, MH, head = route
             top = _topk_block(X_held, MT, W, self.order_, self.offsets_, fallback, MH=MH, head=head, beam=beam,
                               k=1)[:, 0].astype(np.int64)
             return np.asarray(Y_held[np.arange(len(top)), top]).ravel() > 0
 
-        def better(options: list, hit: dict):
-            best = options[0]
-            for option in options[1:]:  # taken only for a gain the held-out rows resolve
-                if paired_gain(hit[option], hit[best], sigmas=BEAM_GAIN_SIGMAS)["resolved"]:
-                    best = option
-            return best
+        def better(hit: np.ndarray, best: np.ndarray) -> bool:  # taken only for a gain the held-out rows resolve
+            return paired_gain(hit, best, sigmas=BEAM_GAIN_SIGMAS)["resolved"]
 
-        routes, by_exponent = {}, {}
-        for g in exponents:
-            routes[g] = _split_summaries(_summaries(W, self.offsets_, weights ** g))
-            by_exponent[g] = hits(g, beams[0])
-        exponent = better(list(exponents), by_exponent)
-        routes = {exponent: routes[exponent]}
-        by_beam = {beams[0]: by_exponent[exponent], **{b: hits(exponent, b) for b in beams[1:]}}
-        beam = better(beams, by_beam)
+        by_exponent, exponent, route = {}, exponents[0], None  # two sets of summaries at most: the best so far's and
+        for g in exponents:  # the one compared
+            candidate = _split_summaries(_summaries(W, self.offsets_, weights ** g))
+            by_exponent[g] = hits(candidate, beams[0])
+            if route is None or better(by_exponent[g], by_exponent[exponent]):
+                exponent, route = g, candidate
+            del candidate
+        by_beam = {beams[0]: by_exponent[exponent]}
+        beam = beams[0]
+        for b in beams[1:]:
+            by_beam[b] = hits(route, b)
+            if better(by_beam[b], by_beam[beam]):
+                beam = b
         p1 = {b: float(h.mean()) for b, h in by_beam.items()}
         record = {"p@1": p1[beam], "rows": int(X_held.shape[0]), "p@1 by beam": p1}
         if len(exponents) > 1:
