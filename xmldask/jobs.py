@@ -33,7 +33,7 @@ import dask
 import dask.array as da
 import numpy as np
 
-from .base import FAMILIES, BudgetError, ParamsMixin, check_fully_observed
+from .base import FAMILIES, BudgetError, ParamsMixin, check_fully_observed, registered_class
 from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, kernel_name, validated
 from .scheduling import concurrent_fits, memory_for_data, release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
@@ -514,14 +514,15 @@ _COUNTS = ("n_samples", "n_samples_without_labels")
 
 
 def _full_scores(model_url: str | None, data) -> dict:
-    """For a LEML / binary-relevance model: its scores of every label and decision threshold, for
-    ``avg_AUC`` and the Hamming loss (LEML's Appendix E.1 metrics); otherwise nothing."""
-    from .store.models import model_class
-
-    if not model_url or not exists(model_url) or model_class(model_url) not in ("LEML", "BinaryRelevance"):
-        return {}
+    """For a model that scores every label against a threshold (``thresholded``: LEML, binary relevance): its
+    scores and decision threshold, for ``avg_AUC`` and the Hamming loss (LEML's Appendix E.1 metrics); otherwise
+    nothing."""
     from .models import load_model
+    from .store.models import model_qualname
 
+    if not model_url or not exists(model_url) or not getattr(registered_class(model_qualname(model_url)),
+                                                             "thresholded", False):
+        return {}
     model = load_model(model_url)
     return {"scores_full": model.decision_function(data.X), "threshold": float(model.threshold_)}
 

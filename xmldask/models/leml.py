@@ -277,6 +277,9 @@ class _LowRankLinear(SavedModel, ParamsMixin):
 
     _MODEL_VERSION = LEML_VERSION
     _ARRAYS = ("W", "H")
+    #: a model that scores every label against a decision threshold (``threshold_``): its evaluation adds the
+    #: metrics of those scores (avg_AUC, the Hamming loss: LEML's Appendix E.1)
+    thresholded = True
     _SCALARS = ("loss", "threshold", "n_features_in", "n_labels", "n_passes", "history", "observed_fraction",
                 "solver")
 
