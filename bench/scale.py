@@ -457,12 +457,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--load", nargs="+", default=None, metavar="JSON",
                         help="run nothing: the table (and --plot, --json) of rows saved by earlier --json runs")
     parser.add_argument("--quick", action="store_true",
-                        help="smoke test: one size of 3000 rows, 2000 features, 200 labels, 2 decoder epochs")
+                        help="smoke test: one size of 3000 rows, 1000 features, 200 labels, 2 decoder epochs")
     args = parser.parse_args(argv)
     if args.model is None:
         args.model = "{}" if args.preset else '{"search": null, "kernel": "none", "k": 16}'
     if args.quick:
-        args.sizes, args.features, args.labels = [3_000], 2_000, 200
+        # 1000 features: with 2000, the Gram's float64 partial sums (three of 32 MB in a combine task) took a 256 MiB
+        # worker to 242 MiB, within a MiB of the nanny's restart threshold (95 %): a restart in one CI run of many
+        args.sizes, args.features, args.labels = [3_000], 1_000, 200
         args.model = json.dumps({**json.loads(args.model), "k": 16, "max_epochs": 2, "n_random_features": 200})
     return args
 
