@@ -131,7 +131,8 @@ def test_centroids_and_exact_scores_match_a_scipy_reference(small, features):
     X, Y, Xt, _ = small
     Xd = da.from_array(X, chunks=((700, 1100, 1200), (X.shape[1],)), asarray=False, fancy=False)
     Yd = da.from_array(Y, chunks=((700, 1100, 1200), (Y.shape[1],)), asarray=False, fancy=False)
-    model = LabelCentroidClassifier(features=features, leaf_labels=50, beam=1000, random_state=0).fit(Xd, Yd)
+    model = LabelCentroidClassifier(features=features, leaf_labels=50, beam=1000, svm_weight=0,
+                                    random_state=0).fit(Xd, Yd)
     C, _ = _reference_centroids(X, Y, features)
     seen = np.flatnonzero(np.asarray(Y.sum(axis=0)).ravel() > 0)
     assert sorted(model.order_) == list(seen) and model.n_unseen_labels_ == 800 - len(seen)
@@ -233,7 +234,7 @@ def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monke
             np.testing.assert_array_equal(getattr(model, name), getattr(reference, name))
         np.testing.assert_allclose(model.W_.toarray(), reference.W_.toarray(), atol=1e-6)
         monkeypatch.setattr(C, "PASS_SHARE", 1e-6)  # a pass a label block: the same centroids
-        passes = LabelCentroidClassifier(leaf_labels=40, beam=3, random_state=0).fit(Xd, Yd)
+        passes = LabelCentroidClassifier(leaf_labels=40, beam=3, svm_weight=0, random_state=0).fit(Xd, Yd)
         assert passes.n_passes_ == model.n_label_blocks_ + 1  # and the idf's pass
         np.testing.assert_allclose(passes.W_.toarray(), reference.W_.toarray(), atol=1e-6)
         np.testing.assert_array_equal(passes.order_, reference.order_)
@@ -335,6 +336,121 @@ def test_summaries_weigh_labels_by_their_rows_to_a_chosen_exponent(small, tmp_pa
     assert (given.M_ != frequent.M_).nnz and (given.W_ != frequent.W_).nnz == 0  # the summaries only
     with pytest.raises(ValueError, match="summary_exponent must be 'auto' or a number >= 0"):
         LabelCentroidClassifier(summary_exponent=-1).fit(X, Y)
+
+
+def test_label_classifiers_are_liblinears_squared_hinge_svms():
+    """The dual coordinate descent gives the L2-regularised squared-hinge SVM with a bias column (liblinear's ``-s 1
+    -B 1``; the reference: the primal minimised by SciPy's L-BFGS), float32 rows; a label without positives and
+    one whose rows are all positive too."""
+    from scipy.optimize import minimize
+
+    from xmldask.models._svm import squared_hinge_svms
+
+    rng = np.random.default_rng(0)
+    X = sp.random(400, 60, density=0.1, format="csr", random_state=1, dtype=np.float32)
+    X = sp.csr_matrix(sp.diags(1 / np.maximum(np.sqrt(X.multiply(X).sum(axis=1)).A1, 1e-9)) @ X, dtype=np.float32)
+    Y = rng.random((400, 4)) < 0.15
+    Y[:, 2], Y[:, 3] = False, True
+    W = squared_hinge_svms(X, sp.csc_matrix(Y), C=2.0, tol=1e-6, max_passes=10000, seed=3)
+    assert W.shape == (4, 61) and W.dtype == np.float32
+    Xb = sp.hstack([X, np.ones((400, 1))], format="csr", dtype=np.float64)
+    for j in range(4):
+        y = np.where(Y[:, j], 1.0, -1.0)
+
+        def objective(w, y=y):
+            slack = np.maximum(0.0, 1.0 - y * (Xb @ w))
+            return 0.5 * w @ w + 2.0 * slack @ slack, w - 4.0 * (Xb.T @ (y * slack))
+        ref = minimize(objective, np.zeros(61), jac=True, method="L-BFGS-B", options={"gtol": 1e-10}).x
+        for _ in range(5):  # then Newton on the rows in the loss: the objective is quadratic there, so exact
+            rows = y * (Xb @ ref) < 1
+            A = Xb[rows]
+            ref = np.linalg.solve(np.eye(61) + 4.0 * (A.T @ A).toarray(), 4.0 * (A.T @ y[rows]))
+        np.testing.assert_allclose(W[j], ref, atol=1e-4)
+
+
+def test_cluster_classifiers_train_on_their_clusters_rows_and_prune():
+    """``cluster_svms``: each cluster's labels on the rows with a label of the cluster (the others never seen), in
+    the cluster's own features, weights below PRUNE dropped."""
+    from xmldask.models._svm import PRUNE, cluster_svms, squared_hinge_svms
+
+    rng = np.random.default_rng(1)
+    X = sp.random(300, 50, density=0.2, format="csr", random_state=2, dtype=np.float32)
+    Y = sp.csr_matrix(rng.random((300, 7)) < 0.1, dtype=np.float32)
+    offsets = np.array([0, 3, 7])
+    V, bias = cluster_svms(X, Y, offsets, seed=5)
+    assert V.shape == (7, 50) and bias.shape == (7,) and V.dtype == np.float32
+    for c in range(2):
+        a, b = offsets[c], offsets[c + 1]
+        rows = np.flatnonzero(np.asarray(Y[:, a:b].sum(axis=1)).ravel() > 0)
+        ref = squared_hinge_svms(X[rows], sp.csc_matrix(Y[rows][:, a:b]), seed=5 + c)
+        weights = ref[:, :-1].copy()
+        weights[np.abs(weights) < PRUNE] = 0
+        np.testing.assert_allclose(V[a:b].toarray(), weights, atol=1e-5)
+        np.testing.assert_allclose(bias[a:b], ref[:, -1], atol=1e-5)
+
+
+def test_scores_add_the_weighted_classifiers_of_the_candidates(small):
+    """Uneven row blocks: with every parameter given (no held-out rows), the classifiers are those of every
+    training row, and a candidate's score is its cosine plus svm_weight times its classifier's margin (NumPy)."""
+    from xmldask.models._svm import cluster_svms
+    from xmldask.models.centroid import _rows_block
+
+    X, Y, Xt, _ = small
+    Xd = da.from_array(X, chunks=((700, 1100, 1200), (X.shape[1],)), asarray=False, fancy=False)
+    Yd = da.from_array(Y, chunks=((700, 1100, 1200), (Y.shape[1],)), asarray=False, fancy=False)
+    model = LabelCentroidClassifier(leaf_labels=50, beam=1000, summary_exponent=0.5, svm_weight=0.25,
+                                    random_state=0).fit(Xd, Yd)
+    assert model.svm_weight_ == 0.25 and not model.held_out_
+    Xu = _rows_block(X, model.idf_)
+    P = sp.csr_matrix(Y, dtype=np.float32)[:, model.order_]
+    V, bias = cluster_svms(Xu, P, model.offsets_, seed=0)
+    np.testing.assert_allclose(model.V_.toarray(), V.toarray(), atol=1e-5)
+    Tu = _rows_block(Xt, model.idf_).astype(np.float64)
+    S = np.full((Xt.shape[0], Y.shape[1]), -np.inf)
+    S[:, model.order_] = (Tu @ model.W_.T).toarray() + 0.25 * ((Tu @ model.V_.T).toarray() + model.svm_bias_)
+    labels, scores = (a.compute() for a in model.predict_topk(Xt, k=5))
+    np.testing.assert_allclose(scores, -np.sort(-S, axis=1)[:, :5], atol=2e-5)
+    assert np.mean(labels[:, 0] == S.argmax(axis=1)) > 0.99  # up to float32 ties
+
+
+def test_svm_weight_is_chosen_on_held_out_rows_saved_and_refused_when_bad(tmp_path):
+    """``svm_weight="auto"`` compares SVM_WEIGHTS on the held-out rows at the chosen beam (a later one only past
+    their noise), keeps no classifier when 0 wins; saved and loaded; a version 1 store (centroids alone) loads and
+    predicts its cosines; a bad weight is refused."""
+    from xmldask.base import qualified_name
+    from xmldask.models import centroid as C
+    from xmldask.store.models import write_model_store
+
+    X, Y = _all(iter_xmc(n_samples=3000, seed=7, **{**SMALL, "n_labels": 200}))  # 15 rows a label: the classifiers
+    Xt, Yt = _all(iter_xmc(n_samples=500, seed=7, split="test", **{**SMALL, "n_labels": 200}))  # have rows to learn
+    model = LabelCentroidClassifier(leaf_labels=40, random_state=2).fit(X, Y)
+    scores, rows = model.held_out_["p@1 by svm weight"], model.held_out_["rows"]
+    w = model.svm_weight_
+    assert list(scores) == list(C.SVM_WEIGHTS) and model.held_out_["svm weight"] == w
+    assert all((scores[v] - scores[w]) * rows <= 2 * np.sqrt(rows) for v in scores if v > w)
+    assert w > 0 and model.V_ is not None and model.train_summary()["svm_weight"] == w
+    alone = LabelCentroidClassifier(leaf_labels=40, svm_weight=0, random_state=2).fit(X, Y)
+    assert alone.V_ is None and alone.svm_weight_ == 0 and "p@1 by svm weight" not in alone.held_out_
+
+    def p1(m):
+        labels = m.predict_topk(Xt, k=1)[0].compute()[:, 0]
+        return np.asarray(Yt[np.arange(Xt.shape[0]), labels]).mean()
+    assert p1(model) > p1(alone)  # the classifiers rank the candidates better on these text-like rows
+    url = model.save(str(tmp_path / "svm.zarr"))
+    again = load_model(url)
+    assert again.svm_weight_ == w and again.svm_weight == "auto"
+    for a, b in zip(model.predict_topk(Xt, k=4), again.predict_topk(Xt, k=4)):
+        np.testing.assert_array_equal(a.compute(), b.compute())
+    params, fitted, arrays = alone._parts()  # as version 1 wrote it: no classifiers, no weight
+    old = write_model_store(str(tmp_path / "v1.zarr"), class_name=qualified_name(LabelCentroidClassifier),
+                            model_version=1, params={k: v for k, v in params.items() if k != "svm_weight"},
+                            fitted={k: v for k, v in fitted.items() if k != "svm_weight"},
+                            arrays={k: v for k, v in arrays.items() if k not in ("V", "svm_bias")})
+    v1 = load_model(old)
+    for a, b in zip(alone.predict_topk(Xt, k=4), v1.predict_topk(Xt, k=4)):
+        np.testing.assert_array_equal(a.compute(), b.compute())
+    with pytest.raises(ValueError, match="svm_weight must be 'auto' or a number >= 0"):
+        LabelCentroidClassifier(svm_weight=-1).fit(X, Y)
 
 
 def test_balanced_clusters_partition_the_labels():

@@ -12,8 +12,8 @@ import sys
 import dask
 from dask.base import get_scheduler
 
-__all__ = ["concurrent_fits", "current_client", "memory_for_data", "parallelism", "release_worker_memory",
-           "thread_map", "worker_memory_limit"]
+__all__ = ["concurrent_fits", "current_client", "memory_for_data", "parallelism", "release_memory",
+           "release_worker_memory", "thread_map", "worker_memory_limit"]
 
 
 def current_client():
@@ -113,3 +113,14 @@ def release_worker_memory() -> None:
     client = current_client()
     if client is not None:
         client.run(_trim_heap)
+
+
+def release_memory() -> None:
+    """Hand the memory that this process and the current client's workers have freed back to the OS.
+
+    Between the stages of a fit that holds label-sized objects: the blocks freed by many threads stay in their
+    heaps (measured at 100,000 labels: 1.7 GB resident of which 0.6 GB in use), and the next stage's peak adds
+    to them.
+    """
+    _trim_heap()
+    release_worker_memory()

@@ -32,18 +32,20 @@ import scipy.sparse as sp
 from ..base import ParamsMixin, as_rows, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
 from ..metrics import paired_gain
-from ..scheduling import memory_for_data, parallelism, worker_memory_limit
+from ..scheduling import memory_for_data, parallelism, release_memory, worker_memory_limit
 from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
+from ._svm import cluster_svms
 
 __all__ = ["CENTROID_VERSION", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory", "entry_bound",
            "label_block_bounds", "label_passes", "labels_scored_per_row"]
 
 logger = logging.getLogger(__name__)
 
-CENTROID_VERSION = 1
+#: 2: the labels' classifiers (``V``, ``svm_bias``, ``svm_weight``); version 1 stores (centroids alone) still load
+CENTROID_VERSION = 2
 #: Lloyd iterations of each balanced 2-means split at most (a split stops earlier when its assignment stops changing).
 #: 20 was tried: at 100K labels P@1 at beam 10 over 10 seeds 79.9 +- 1.9 -> 80.7 +- 1.2, but the 1M-label set's
 #: default model (seed 0) lost 1.5 test P@1 (85.71 -> 84.17) and trained 46 % longer; 8 kept until more seeds decide
@@ -60,10 +62,25 @@ BEAM_GAIN_SIGMAS = 2.0
 #: (as for the beam). 0 weighs every label alike; 1 sums the cluster's rows, so that the frequent labels, which most
 #: rows have, pull the summary; measured (docs/large-labels.md): at 100K and 1M labels, 0.5 routes best by far
 SUMMARY_EXPONENTS = (0.0, 0.5, 1.0)
+#: weights ``w`` of the labels' classifiers in a candidate's score, ``cos(x, w_l) + w (v_l x + b_l)``, that
+#: ``svm_weight="auto"`` compares on the held-out training rows at the chosen beam, in this order (a later one only
+#: for a gain beyond their noise, as for the beam): 0 is the centroids alone (no classifier kept). The classifiers'
+#: margins are about 1 where the cosines are a few tenths, so the grid runs from a nudge of the cosines' ranking to
+#: the classifiers' own (measured, docs/large-labels.md: 1/16 to 1/8 on both text-like shapes we have)
+SVM_WEIGHTS = (0.0, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
+#: the SVMs' C (Parabel's and Omikuji's default)
+SVM_C = 1.0
+#: share of a worker's memory limit (without a limit: of this machine's memory) that a task training the
+#: classifiers of a group of clusters may take with its rows (two copies: the gathered pieces and their stack)
+SVM_GROUP_SHARE = 1 / 8
 #: training rows held out (at most) for that choice: the standard error of a P@1 near 0.8 on them is 0.9 points,
 #: and the comparison of two beams on the same rows is paired (a row scores the same with either beam unless the
 #: wider beam reaches a better label), so it resolves much smaller differences
 HELD_OUT_ROWS = 2000
+#: rows of a row block transformed at once when its rows are gathered for the classifiers
+GATHER_ROWS = 8192
+#: the training rows held out are at most this share of them (the rest train the classifiers)
+HELD_OUT_SHARE = 0.25
 #: entries of a batch's dense ``rows x n_clusters`` summary scores (float32: 16 MiB)
 SUMMARY_BUDGET = 1 << 22
 #: share of a worker's memory limit that three copies of one label block's sums may take (:func:`label_block_bounds`)
@@ -114,14 +131,79 @@ def _label_sums_block(Xb, Yb, idf=None, *, share: float = 0.0, seed: int = 0, bl
     of the beam."""
     Xb = _rows_block(Xb, idf)
     Yb = sp.csr_matrix(Yb, dtype=np.float32)
-    rng = np.random.default_rng([seed, block or 0])
-    held = np.flatnonzero(rng.random(Xb.shape[0]) < share)
+    held = np.flatnonzero(_held_out(Xb.shape[0], share, seed, block))
     small = (np.asarray(Yb.sum(axis=0), dtype=np.float64).ravel(), Xb[held], Yb[held])
     if bounds is None:
         return small, (Yb.T @ Xb).tocsr()
     first, stop = int(bounds[0]), int(bounds[-1])  # the labels of this pass only
     P = (Yb[:, first:stop].T @ Xb).tocsr()
     return (small, *(P[a - first:b - first] for a, b in zip(bounds[:-1], bounds[1:])))
+
+
+def _held_out(n: int, share: float, seed: int, block) -> np.ndarray:
+    """The held-out rows of a block of ``n`` (a boolean mask): a seeded random ``share`` of them."""
+    return np.random.default_rng([seed, block or 0]).random(n) < share
+
+
+def _gather_block(Xb, Yb, idf=None, *, position, bounds, share: float = 0.0, seed: int = 0, block=None) -> tuple:
+    """The rows of one row block that train each group of label clusters: for the labels at cluster-order
+    positions ``bounds[j]:bounds[j + 1]`` (``position``: a label's position, -1 for a label in no cluster), the
+    block's rows with one of them, transformed, and their labels of the group (by position), the held-out rows left
+    out (those of :func:`_label_sums_block`). A pair ``([X pieces], [Y pieces])`` per group, the block transformed
+    :data:`GATHER_ROWS` rows at a time (a transform's copies of a whole block would outweigh what it gives)."""
+    base, end = int(bounds[0]), int(bounds[-1])
+    Y = sp.csr_matrix(Yb)
+    train = ~_held_out(Y.shape[0], share, seed, block)
+    out = [([], []) for _ in range(len(bounds) - 1)]
+    for start in range(0, Y.shape[0], GATHER_ROWS):
+        stop = min(start + GATHER_ROWS, Y.shape[0])
+        Yr = sp.coo_matrix(Y[start:stop])
+        at = position[Yr.col]
+        real = (at >= base) & (at < end)  # the labels of this pass's groups
+        P = sp.csr_matrix((np.ones(int(real.sum()), np.float32), (Yr.row[real], at[real] - base)),
+                          shape=(stop - start, end - base))
+        if not P.nnz:
+            continue
+        Xr = _rows_block(Xb[start:stop], idf)
+        for (xs, ys), first, last in zip(out, bounds[:-1], bounds[1:]):
+            Pg = P[:, int(first) - base:int(last) - base]
+            rows = np.flatnonzero((np.diff(Pg.indptr) > 0) & train[start:stop])
+            if len(rows):
+                xs.append(Xr[rows])
+                ys.append(Pg[rows])
+    return tuple(out)
+
+
+def _stack_pairs(*pairs):
+    """A group's rows from the :func:`_gather_block` pieces of every row block, stacked (one copy of each)."""
+    xs = [x for p in pairs for x in p[0]]
+    ys = [y for p in pairs for y in p[1]]
+    if not xs:
+        return None
+    return sp.vstack(xs, format="csr"), sp.vstack(ys, format="csr")
+
+
+def _group_svms(pair, offsets: np.ndarray, *, n_features: int, seed: int) -> tuple[sp.csr_matrix, np.ndarray]:
+    """:func:`~xmldask.models._svm.cluster_svms` of a group's gathered rows (cluster offsets from the group's first
+    position; cluster ``c`` of the model seeded ``seed + c`` whatever the groups)."""
+    if pair is None:  # no training row has a label of the group (every one held out)
+        return sp.csr_matrix((int(offsets[-1]), n_features), dtype=np.float32), np.zeros(int(offsets[-1]), np.float32)
+    return cluster_svms(pair[0], pair[1], offsets, C=SVM_C, seed=seed)
+
+
+def svm_groups(cluster_entries: np.ndarray, budget_bytes: float, min_groups: int) -> np.ndarray:
+    """Cluster ranges ``bounds[j]:bounds[j + 1]`` whose classifiers one task trains: about equal bounds on their rows'
+    entries (``cluster_entries``), two copies of a group's rows (:data:`_ENTRY_BYTES` an entry) within
+    ``budget_bytes``, and at least ``min_groups`` of them (the workers' threads) where there are as many clusters. A
+    cluster larger than the budget is a group of its own."""
+    sizes = np.asarray(cluster_entries, np.float64)
+    n = len(sizes)
+    if not n:
+        return np.zeros(1, np.int64)
+    n_groups = int(min(n, max(min_groups, math.ceil(2 * sizes.sum() * _ENTRY_BYTES / max(budget_bytes, 1.0)))))
+    cum = np.cumsum(sizes)
+    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_groups) / n_groups, side="right")
+    return np.unique(np.concatenate([[0], cuts, [n]])).astype(np.int64)
 
 
 def _unit_and_norms(P: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray]:
@@ -225,17 +307,18 @@ def balanced_clusters(W: sp.csr_matrix, labels: np.ndarray, leaf_labels: int, rn
     return order, offsets
 
 
-def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, MH=None, head=None, *, beam: int, k: int):
-    """Top-``k`` labels and cosines of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
+def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, MH=None, head=None, V=None, bias=None, *, beam: int,
+                k: int, weight: float = 0.0):
+    """Top-``k`` labels and scores of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
 
     ``MT``: the cluster summaries transposed (``d x n_clusters``), without the rows of the features ``head`` whose
     columns ``MH`` holds dense (:func:`_split_summaries`); ``W``: the label centroids in cluster order.
     A row scores the summaries (in batches whose dense ``rows x n_clusters`` scores hold at most
     :data:`SUMMARY_BUDGET` entries), then the labels of its ``beam`` best clusters, one product per cluster for
-    all the block's rows that chose it; slots left over (fewer candidates than ``k``) get the ``fallback`` labels
-    (the most frequent) with score -1, below every cosine.
+    all the block's rows that chose it (the cosine, plus ``weight`` times the label's classifier ``V``, ``bias``);
+    slots left over (fewer candidates than ``k``) get the ``fallback`` labels (the most frequent) below every score.
     """
-    MT, W = _unwrap(MT), _unwrap(W)
+    MT, W, V = _unwrap(MT), _unwrap(W), _unwrap(V)
     Xb = _rows_block(Xb, idf)
     dense = (MH, head) if MH is not None and head is not None and len(head) else None
     n, n_clusters = Xb.shape[0], len(offsets) - 1
@@ -244,15 +327,19 @@ def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, MH=None, head=Non
         b = min(beam, n_clusters)
         step = max(1, SUMMARY_BUDGET // n_clusters)
         best = np.vstack([_best_clusters(Xb[i:i + step], MT, b, dense)[0] for i in range(0, n, step)])
-        labels, scores = _candidate_topk(Xb, np.repeat(np.arange(n), b), best.ravel(), W, order, offsets, k)
+        labels, scores = _candidate_topk(Xb, np.repeat(np.arange(n), b), best.ravel(), W, order, offsets, k,
+                                         V=V, bias=bias, weight=weight)
     return _filled(labels, scores, fallback)
 
 
-def _candidate_topk(Xb, rows, clusters, W, order, offsets, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` labels (-1 where a row has fewer candidates) and cosines (-inf there) of the rows of ``Xb`` (unit,
+def _candidate_topk(Xb, rows, clusters, W, order, offsets, k: int, *, V=None, bias=None,
+                    weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` labels (-1 where a row has fewer candidates) and scores (-inf there) of the rows of ``Xb`` (unit,
     transformed) among the labels of their clusters: row ``rows[t]`` scores the labels of cluster ``clusters[t]``
     (``order[offsets[c]:offsets[c + 1]]``, centroids ``W[offsets[c]:offsets[c + 1]]``), one product per cluster
-    for all the rows that chose it; best first, ties to the smaller label id."""
+    for all the rows that chose it; best first, ties to the smaller label id. A label's score is its cosine, plus
+    ``weight`` times its classifier's ``x V_l + bias_l`` (the rows of ``V`` and ``bias`` in ``W``'s order) when
+    ``weight`` is not 0."""
     n, n_clusters = Xb.shape[0], len(offsets) - 1
     labels, scores = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
     if not len(rows):
@@ -265,6 +352,8 @@ def _candidate_topk(Xb, rows, clusters, W, order, offsets, k: int) -> tuple[np.n
         r = rows[bounds[c]:bounds[c + 1]]
         start, stop = offsets[c], offsets[c + 1]
         Sc = (Xb[r] @ W[start:stop].T).toarray()
+        if weight:
+            Sc += weight * ((Xb[r] @ V[start:stop].T).toarray() + bias[start:stop])
         kk = min(k, stop - start)
         top = np.argpartition(-Sc, kk - 1, axis=1)[:, :kk] if kk < Sc.shape[1] else \
             np.broadcast_to(np.arange(kk), (len(r), kk))
@@ -289,14 +378,16 @@ def _best_k(r, lab, s, *, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _filled(labels: np.ndarray, scores: np.ndarray, fallback) -> np.ndarray:
     """``(labels, scores)`` packed as ``(n, 2k)`` float64, the slots without a candidate (label -1) filled by the
-    ``fallback`` labels (the most frequent) not already in the row, with score -1 (below every cosine)."""
+    ``fallback`` labels (the most frequent) not already in the row, with a score below the row's others (-1, below
+    every cosine, or 1 below its lowest score if that is lower)."""
     k = labels.shape[1]
     missing = labels < 0
     for i in np.flatnonzero(missing.any(axis=1)):
         have = set(labels[i][labels[i] >= 0].tolist())
         extra = [lab for lab in fallback if lab not in have][:int(missing[i].sum())]
+        real = scores[i][labels[i] >= 0]
         labels[i, k - len(extra):] = extra
-        scores[i, k - len(extra):] = -1.0
+        scores[i, k - len(extra):] = min(-1.0, float(real.min()) - 1.0) if len(real) else -1.0
     return np.hstack([labels.astype(np.float64), scores])
 
 
@@ -393,23 +484,26 @@ def _route_group(Xt, url: str, ranges, *, beam: int):
     return best
 
 
-def _candidate_group(Xt, best, url: str, ranges, *, k: int):
+def _candidate_group(Xt, best, url: str, ranges, *, k: int, weight: float = 0.0):
     """:func:`_candidate_part` of the cluster blocks ``ranges`` one after the other, merged as they come."""
     top = None
     for first, stop in ranges:
-        part = _candidate_part(Xt, best, url, first, stop, k=k)
+        part = _candidate_part(Xt, best, url, first, stop, k=k, weight=weight)
         top = part if top is None else _merge_candidates(top, part, k=k)
     return top
 
 
-def _candidate_part(Xt, best, url: str, first: int, stop: int, *, k: int):
+def _candidate_part(Xt, best, url: str, first: int, stop: int, *, k: int, weight: float = 0.0):
     """:func:`_candidate_topk` of the rows of ``Xt`` among the labels of their clusters ``best`` (global ids) that
-    fall in ``first:stop``, the clusters' labels and centroids read from the model store."""
+    fall in ``first:stop``, the clusters' labels, centroids and (``weight`` not 0) classifiers read from the model
+    store."""
     offsets = _read_rows(url, "offsets", first, stop + 1)
-    order = _read_rows(url, "order", int(offsets[0]), int(offsets[-1]))
-    W = _read_rows(url, "W", int(offsets[0]), int(offsets[-1]))
+    a, b = int(offsets[0]), int(offsets[-1])
+    order, W = _read_rows(url, "order", a, b), _read_rows(url, "W", a, b)
+    V, bias = (_read_rows(url, "V", a, b), _read_rows(url, "svm_bias", a, b)) if weight else (None, None)
     rows, slots = np.nonzero((best >= first) & (best < stop))
-    return _candidate_topk(Xt, rows, best[rows, slots] - first, W, order, offsets - offsets[0], k)
+    return _candidate_topk(Xt, rows, best[rows, slots] - first, W, order, offsets - a, k, V=V, bias=bias,
+                           weight=weight)
 
 
 def _merge_candidates(a, b, *, k: int):
@@ -460,16 +554,18 @@ def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks:
     ``fit_process``: the fitting process holds the unit centroids and, at once, one more copy (the label blocks
     stacked, the clustering's copy of a subtree, the copy in cluster order, the centroids without the held-out
     rows) and two sets of cluster summaries (the held-out choice of their weights compares two at a time), each with
-    its transposed copy about as large as the centroids (at 1M labels the summaries have half their entries);
-    ``worker``: a task holds a row
-    block's sums (``block_entries``, the largest row block's bound) and their pieces, and a combine task two
-    partial sums and their sum, of all the labels or of the largest label block (``label_block_entries``, when
-    the workers sum in label blocks: :func:`label_block_bounds`).
+    its transposed copy about as large as the centroids (at 1M labels the summaries have half their entries), and
+    the labels' classifiers (pruned: fewer entries than the centroids, 0.4-0.6 of them measured); ``worker``: a
+    task holds a row block's sums (``block_entries``, the largest row block's bound) and their pieces, and a
+    combine task two partial sums and their sum, of all the labels or of the largest label block
+    (``label_block_entries``, when the workers sum in label blocks: :func:`label_block_bounds`); a task training
+    the classifiers of a group of clusters takes at most :data:`SVM_GROUP_SHARE` of a worker's limit (its rows, as
+    :func:`svm_groups` cuts them).
     """
     stored = min(entries, float(n_labels) * n_features) * _ENTRY_BYTES + 8 * (n_labels + 1)
     block = stored if label_block_entries is None else min(stored, label_block_entries * _ENTRY_BYTES)
     worker = (3 * block if n_blocks > 1 else block) + 2 * block_entries * _ENTRY_BYTES
-    return {"entries": float(entries), "model_bytes": stored, "fit_process": 4 * stored, "worker": worker}
+    return {"entries": float(entries), "model_bytes": 2 * stored, "fit_process": 5 * stored, "worker": worker}
 
 
 def labels_scored_per_row(n_labels: int, *, beam: int = 20, leaf_labels: int = 100) -> int:
@@ -504,7 +600,7 @@ class _StoredArray:
             return self
         value = model.__dict__.get(self.name)
         stored = model.__dict__.get("_stored")
-        if value is None and stored is not None:
+        if value is None and stored is not None and self.name[:-1] in stored:
             value = _checked(read_model_array(stored[self.name[:-1]], store_location(stored)), self.name[:-1],
                              store_location(stored))
             model.__dict__[self.name] = value
@@ -544,8 +640,14 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         (``n_l``: the label's training rows; 0: alike). ``"auto"``: of :data:`SUMMARY_EXPONENTS`, chosen on the
         same held-out rows by P@1 at the narrowest beam (a later one only for a gain beyond their noise), recorded
         in ``summary_exponent_`` and ``held_out_``.
+    svm_weight : float or "auto", default "auto"
+        Each label also gets a squared-hinge linear SVM trained on its cluster's rows (Parabel's leaf classifiers),
+        and a candidate's score is its cosine plus ``svm_weight`` times the classifier's margin; 0: the centroids
+        alone (no classifiers trained). ``"auto"``: of :data:`SVM_WEIGHTS`, chosen on the held-out rows at the chosen
+        beam (a later one only for a gain beyond their noise; the classifiers are trained without those rows), 0
+        keeping no classifier; recorded in ``svm_weight_`` and ``held_out_``.
     random_state : int, optional
-        Seed of the clustering.
+        Seed of the clustering and of the classifiers' coordinate descent.
 
     Attributes
     ----------
@@ -553,6 +655,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         The unit centroids of the labels with a training row, in cluster order (``order_``).
     M_ : scipy.sparse.csr_matrix, shape (n_clusters, n_features)
         The unit cluster summaries.
+    V_ : scipy.sparse.csr_matrix, shape (n_seen_labels, n_features), or None
+        The labels' classifiers (in ``W_``'s order), weights below :data:`~xmldask.models._svm.PRUNE` dropped;
+        ``svm_bias_`` their biases. None when ``svm_weight_`` is 0.
     order_, offsets_ : ndarray of int64
         Cluster ``c``'s labels are ``order_[offsets_[c]:offsets_[c + 1]]``.
     idf_ : ndarray of shape (n_features,) or None
@@ -575,11 +680,13 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     W_ = _StoredArray()
     M_ = _StoredArray()
     #: the fitted arrays that a loaded model reads when first used (:class:`_StoredArray`)
-    _LAZY = ("W", "M")
+    V_ = _StoredArray()
+    _LAZY = ("W", "M", "V")
     _MODEL_VERSION = CENTROID_VERSION
-    _ARRAYS = ("W", "M", "order", "offsets", "idf", "label_counts")
+    _EARLIER_VERSIONS = (1,)
+    _ARRAYS = ("W", "M", "order", "offsets", "idf", "label_counts", "V", "svm_bias")
     _SCALARS = ("n_features_in", "n_labels", "n_samples_seen", "n_unseen_labels", "n_passes", "task", "beam",
-                "held_out", "summary_exponent")
+                "held_out", "summary_exponent", "svm_weight")
 
     @classmethod
     def from_params(cls, params, **extra) -> LabelCentroidClassifier:
@@ -590,13 +697,13 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         return cls(features=features, random_state=params.seed, **extra)
 
     def __init__(self, *, features: str = "tfidf", leaf_labels: int = 100, beam="auto", summary_exponent="auto",
-                 random_state=0):
+                 svm_weight="auto", random_state=0):
         self.features, self.leaf_labels, self.beam, self.random_state = features, leaf_labels, beam, random_state
-        self.summary_exponent = summary_exponent
+        self.summary_exponent, self.svm_weight = summary_exponent, svm_weight
 
     def __repr__(self) -> str:
         return f"LabelCentroidClassifier(features={self.features!r}, leaf_labels={self.leaf_labels!r}, " \
-               f"beam={self.beam!r}, summary_exponent={self.summary_exponent!r})"
+               f"beam={self.beam!r}, summary_exponent={self.summary_exponent!r}, svm_weight={self.svm_weight!r})"
 
     def _check_params(self) -> None:
         if self.features not in ("tfidf", "l2"):
@@ -608,6 +715,10 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                                                     and not isinstance(self.summary_exponent, bool)
                                                     and 0 <= self.summary_exponent < math.inf):
             raise ValueError(f"summary_exponent must be 'auto' or a number >= 0, but is {self.summary_exponent!r}")
+        if self.svm_weight != "auto" and not (isinstance(self.svm_weight, (int, float))
+                                              and not isinstance(self.svm_weight, bool)
+                                              and 0 <= self.svm_weight < math.inf):
+            raise ValueError(f"svm_weight must be 'auto' or a number >= 0, but is {self.svm_weight!r}")
 
     @property
     def n_clusters_(self) -> int:
@@ -659,21 +770,19 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         passes = 0
         self.idf_, bounds = None, None
         limit = worker_memory_limit()
-        first = {}  # the first pass: document frequencies (tf-idf), the labels' entry bounds (workers with a limit)
+        first = {}  # the first pass: document frequencies (tf-idf), the labels' entry bounds
         if self.features == "tfidf":
             first["df"] = _graph.document_counts(X)
-        if limit:
-            first["entries"] = tree_combine(per_block_objects(_label_entries_block, X, Y), operator.add)
-        if first:
-            first = dict(zip(first, dask.compute(*first.values())))
-            passes += 1
+        first["entries"] = tree_combine(per_block_objects(_label_entries_block, X, Y), operator.add)
+        first = dict(zip(first, dask.compute(*first.values())))
+        passes += 1
         if "df" in first:
             self.idf_ = K.idf_weights(first["df"], X.shape[0], np.float32)
-        if "entries" in first:
+        if limit:
             bounds = label_block_bounds(np.minimum(first["entries"], X.shape[1]), limit)
         idf = None if self.idf_ is None else whole_operand(self.idf_, name="idf")
-        chosen = self.beam == "auto" or self.summary_exponent == "auto"  # on held-out rows
-        share = min(1.0, HELD_OUT_ROWS / max(X.shape[0], 1)) if chosen else 0.0
+        chosen = "auto" in (self.beam, self.summary_exponent, self.svm_weight)  # on held-out rows
+        share = min(HELD_OUT_SHARE, HELD_OUT_ROWS / max(X.shape[0], 1)) if chosen else 0.0
         seed = seed_of(self.random_state)
         groups = label_passes(bounds, first.get("entries"), memory_for_data() if limit else None)
         sums, small = [], None
@@ -705,10 +814,18 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         del W
         logger.info(f"label clusters: {len(offsets) - 1:,} of at most {self.leaf_labels} labels")
         self.order_, self.offsets_ = order.astype(np.int64), offsets
+        self.V_, self.svm_bias_ = None, None
+        if self.svm_weight == "auto" or self.svm_weight > 0:
+            release_memory()  # what the sums and the clustering freed, before the classifiers' rows are gathered
+            self.V_, self.svm_bias_, n = self._fit_svms(X, Y, idf, first["entries"], share=share, seed=seed)
+            release_memory()
+            passes += n
         self.beam_, self.held_out_ = self.beam, {}
         self.summary_exponent_ = SUMMARY_EXPONENTS[0] if self.summary_exponent == "auto" else self.summary_exponent
+        self.svm_weight_ = SVM_WEIGHTS[0] if self.svm_weight == "auto" else float(self.svm_weight)
         if chosen and X_held.shape[0]:
-            self.summary_exponent_, self.beam_, self.held_out_ = self._choose(norms, X_held, Y_held, counts)
+            self.summary_exponent_, self.beam_, self.svm_weight_, self.held_out_ = self._choose(norms, X_held, Y_held,
+                                                                                                 counts)
             if self.summary_exponent == "auto":
                 logger.info(f"cluster summaries: label weights n ** {self.summary_exponent_:g}: held-out P@1 at beam "
                             f"{self.held_out_['beam compared']} " + ", ".join(
@@ -716,8 +833,13 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             if self.beam == "auto":
                 logger.info(f"beam {self.beam_}: held-out P@1 " + ", ".join(
                     f"{b} {p:.4f}" for b, p in self.held_out_["p@1 by beam"].items()) + f" ({X_held.shape[0]:,} rows)")
+            if "p@1 by svm weight" in self.held_out_:
+                logger.info(f"label classifiers weighted {self.svm_weight_:g}: held-out P@1 " + ", ".join(
+                    f"{w:g} {p:.4f}" for w, p in self.held_out_["p@1 by svm weight"].items()))
         elif self.beam == "auto":
             self.beam_ = min(min(AUTO_BEAMS), len(offsets) - 1)
+        if not self.svm_weight_:
+            self.V_, self.svm_bias_ = None, None
         self.M_ = _summaries(self.W_, offsets, counts[order] ** float(self.summary_exponent_))
         self.label_counts_ = counts.astype(np.int64)
         self.n_features_in_, self.n_labels_ = int(X.shape[1]), int(Y.shape[1])
@@ -728,6 +850,43 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             logger.info(f"{self.n_unseen_labels_:,} of {self.n_labels_:,} labels have no training row: no centroid, "
                         "never predicted")
         return self
+
+    def _fit_svms(self, X: da.Array, Y: da.Array, idf, label_entries: np.ndarray, *, share: float,
+                  seed: int) -> tuple[sp.csr_matrix, np.ndarray, int]:
+        """The labels' classifiers (:func:`~xmldask.models._svm.cluster_svms`), in ``W_``'s order, from one pass over
+        the row blocks (in a few when the workers' memory asks for it: :func:`label_passes`): each block gives every
+        group of clusters (:func:`svm_groups`) its rows with one of the group's labels (the held-out rows left out),
+        the workers stack a group's rows and train its classifiers, and the process keeps the weights alone. Returns
+        the weights, the biases and the passes made."""
+        if len(self.order_) == 0:
+            return sp.csr_matrix((0, X.shape[1]), dtype=np.float32), np.zeros(0, np.float32), 0
+        position = np.full(Y.shape[1], -1, np.int64)
+        position[self.order_] = np.arange(len(self.order_))
+        entries = np.minimum(np.asarray(label_entries, np.float64), X.shape[1])[self.order_]
+        limit = worker_memory_limit()
+        budget = SVM_GROUP_SHARE * (limit or memory_for_data())
+        groups = svm_groups(np.add.reduceat(entries, self.offsets_[:-1]) if len(entries) else entries, budget,
+                            2 * parallelism())
+        at = self.offsets_[groups]  # the groups' first positions (label ranges in W_'s order)
+        position_ = dask.delayed(position, pure=True)
+        pieces, n_passes = [], 0
+        for bounds in label_passes(at, entries, memory_for_data() if limit else None):
+            parts = per_block_objects(_gather_block, X, Y, position=position_, idf=idf, bounds=[int(b) for b in bounds],
+                                      share=share, seed=seed)
+            todo = []
+            for j in range(len(bounds) - 1):
+                g = int(np.searchsorted(at, bounds[j]))  # the group's index: its clusters groups[g]:groups[g + 1]
+                clusters = self.offsets_[groups[g]:groups[g + 1] + 1]
+                stacked = dask.delayed(_stack_pairs, pure=True)(*[part[j] for part in parts])
+                todo.append(dask.delayed(_group_svms, pure=True)(stacked, clusters - clusters[0], n_features=X.shape[1],
+                                                                 seed=seed + int(groups[g])))
+            pieces += compute_each(todo)
+            n_passes += 1
+        V = sp.vstack([v for v, _ in pieces], format="csr", dtype=np.float32)
+        bias = np.concatenate([b for _, b in pieces]).astype(np.float32)
+        logger.info(f"label classifiers: {V.nnz:,} weights of {V.shape[0]:,} labels in {len(groups) - 1:,} groups of "
+                    f"clusters ({n_passes} pass{'es' if n_passes > 1 else ''})")
+        return V, bias, n_passes
 
     def _without(self, norms: np.ndarray, D: sp.csr_matrix, rest=None) -> sp.csr_matrix:
         """The unit centroids (in cluster order) of the sums ``P - D``, ``P``'s rows being the centroids times their
@@ -747,11 +906,12 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         W.eliminate_zeros()
         return W
 
-    def _choose(self, norms, X_held, Y_held, counts) -> tuple[float, int, dict]:
-        """The summary exponent (of :data:`SUMMARY_EXPONENTS`, compared at the narrowest beam) and the beam (of
-        :data:`AUTO_BEAMS`) with the best P@1 on the held-out rows, each where ``"auto"``: a later one only for a
-        gain beyond the noise of those rows; scored by centroids without them (``P - Y_h^T X_h``, in the clusters of
-        all rows), the summaries weighted by the labels' rows left."""
+    def _choose(self, norms, X_held, Y_held, counts) -> tuple[float, int, float, dict]:
+        """The summary exponent (of :data:`SUMMARY_EXPONENTS`, compared at the narrowest beam), the beam (of
+        :data:`AUTO_BEAMS`) and the classifiers' weight (of :data:`SVM_WEIGHTS`, at the chosen beam) with the best
+        P@1 on the held-out rows, each where ``"auto"``: a later one only for a gain beyond the noise of those rows;
+        scored by centroids without them (``P - Y_h^T X_h``, in the clusters of all rows), the summaries weighted by
+        the labels' rows left, and the classifiers (trained without them)."""
         n_clusters = len(self.offsets_) - 1
         beams = sorted({min(b, n_clusters) for b in AUTO_BEAMS}) if self.beam == "auto" else [int(self.beam)]
         exponents = SUMMARY_EXPONENTS if self.summary_exponent == "auto" else (float(self.summary_exponent),)
@@ -760,10 +920,10 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         fallback = np.argsort(-rest, kind="stable")[:1]
         weights = rest[self.order_].astype(np.float64)
 
-        def hits(route, beam: int) -> np.ndarray:
+        def hits(route, beam: int, weight: float = 0.0) -> np.ndarray:
             MT, MH, head = route
-            top = _topk_block(X_held, MT, W, self.order_, self.offsets_, fallback, MH=MH, head=head, beam=beam,
-                              k=1)[:, 0].astype(np.int64)
+            top = _topk_block(X_held, MT, W, self.order_, self.offsets_, fallback, MH=MH, head=head, V=self.V_,
+                              bias=self.svm_bias_, beam=beam, k=1, weight=weight)[:, 0].astype(np.int64)
             return np.asarray(Y_held[np.arange(len(top)), top]).ravel() > 0
 
         def better(hit: np.ndarray, best: np.ndarray) -> bool:  # taken only for a gain the held-out rows resolve
@@ -776,10 +936,11 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             if route is None or better(by_exponent[g], by_exponent[exponent]):
                 exponent, route = g, candidate
             del candidate
-        by_beam = {beams[0]: by_exponent[exponent]}
+        weight = SVM_WEIGHTS[0] if self.svm_weight == "auto" else float(self.svm_weight)
+        by_beam = {beams[0]: by_exponent[exponent] if not weight else hits(route, beams[0], weight)}
         beam = beams[0]
         for b in beams[1:]:
-            by_beam[b] = hits(route, b)
+            by_beam[b] = hits(route, b, weight)
             if better(by_beam[b], by_beam[beam]):
                 beam = b
         p1 = {b: float(h.mean()) for b, h in by_beam.items()}
@@ -787,7 +948,15 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         if len(exponents) > 1:
             record.update({"beam compared": beams[0], "summary exponent": exponent,
                            "p@1 by summary exponent": {g: float(h.mean()) for g, h in by_exponent.items()}})
-        return exponent, int(beam), record
+        if self.svm_weight == "auto" and self.V_ is not None:
+            by_weight = {weight: by_beam[beam]}
+            for w in SVM_WEIGHTS[1:]:
+                by_weight[w] = hits(route, beam, w)
+                if better(by_weight[w], by_weight[weight]):
+                    weight = w
+            record.update({"p@1": float(by_weight[weight].mean()), "svm weight": weight,
+                           "p@1 by svm weight": {w: float(h.mean()) for w, h in by_weight.items()}})
+        return exponent, int(beam), weight, record
 
     @classmethod
     def load(cls, url: str) -> LabelCentroidClassifier:
@@ -812,10 +981,11 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         return getattr(self, name + "_").indptr
 
     def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:
-        """Top-``k`` labels (int32) and cosines (float32) of every row, best first (ties: smaller id), lazily.
+        """Top-``k`` labels (int32) and scores (float32) of every row, best first (ties: smaller id), lazily.
 
-        A row scores the summaries of all clusters and the labels of its ``beam`` best clusters; with fewer
-        candidates than ``k``, the most frequent training labels fill the remaining slots with score -1.
+        A row scores the summaries of all clusters and the labels of its ``beam`` best clusters (a label's cosine,
+        plus ``svm_weight_`` times its classifier's margin); with fewer candidates than ``k``, the most frequent
+        training labels fill the remaining slots with a score below the others.
         A loaded model that the workers' memory limit cannot hold in a task (:func:`_cluster_blocks`) is read
         by the tasks from its store in cluster blocks: per row block, a task per group of cluster blocks (as many
         groups as the workers' threads) routes the rows to their best clusters block after block, then one per
@@ -831,22 +1001,32 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             if bounds is not None:
                 return self._predict_in_cluster_blocks(X, k, fallback, url, bounds)
         MT, MH, head = _split_summaries(self.M_)
+        weight = self._svm_weight()
         whole = {"MT": MT, "W": self.W_, "order": self.order_, "offsets": self.offsets_,
-                 "fallback": fallback, "idf": self.idf_, "MH": MH, "head": head}
+                 "fallback": fallback, "idf": self.idf_, "MH": MH, "head": head,
+                 "V": self.V_ if weight else None, "bias": self.svm_bias_ if weight else None}
         operands = [("Xb", X, ROWS)] + [(name, whole_operand(value, name=f"centroid-{name}"), WHOLE)
                                         for name, value in whole.items() if value is not None]
         packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="centroid-topk",
-                           stack=False, static={"beam": int(self.beam_), "k": k})
+                           stack=False, static={"beam": int(self.beam_), "k": k, "weight": weight})
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
 
+    def _svm_weight(self) -> float:
+        """The classifiers' weight in a candidate's score (0 for a model without them, such as a version 1 store)."""
+        return float(getattr(self, "svm_weight_", None) or 0.0) if self.svm_bias_ is not None else 0.0
+
     def _cluster_bytes(self) -> np.ndarray:
-        """Bytes of each cluster's summary and centroids (stored entries)."""
+        """Bytes of each cluster's summary, centroids and classifiers (stored entries)."""
         W = self._indptr("W")
-        return (W[self.offsets_[1:]] - W[self.offsets_[:-1]] + np.diff(self._indptr("M"))) * float(_ENTRY_BYTES)
+        entries = W[self.offsets_[1:]] - W[self.offsets_[:-1]] + np.diff(self._indptr("M"))
+        if self._svm_weight():
+            V = self._indptr("V")
+            entries = entries + V[self.offsets_[1:]] - V[self.offsets_[:-1]] + np.diff(self.offsets_)
+        return entries * float(_ENTRY_BYTES)
 
     def _predict_in_cluster_blocks(self, X, k: int, fallback, url: str, bounds) -> tuple[da.Array, da.Array]:
         idf = None if self.idf_ is None else dask.delayed(self.idf_, pure=True)  # one copy in the graph
-        beam = int(self.beam_)
+        beam, weight = int(self.beam_), self._svm_weight()
         ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         groups = [[ranges[i] for i in part] for part in np.array_split(np.arange(len(ranges)),
                                                                        min(len(ranges), parallelism()))]
@@ -857,7 +1037,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             # holds one block and the running best, whatever the number of blocks; the groups merged pairwise
             best = tree_combine([dask.delayed(_route_group, pure=True)(Xt, url, group, beam=beam) for group in groups],
                                 functools.partial(_merge_routes, beam=beam))
-            top = tree_combine([dask.delayed(_candidate_group, pure=True)(Xt, best[0], url, group, k=k)
+            top = tree_combine([dask.delayed(_candidate_group, pure=True)(Xt, best[0], url, group, k=k, weight=weight)
                                 for group in groups], functools.partial(_merge_candidates, k=k))
             packed = dask.delayed(_filled, pure=True)(top[0], top[1], fallback)
             blocks.append(da.from_delayed(packed, shape=(n_rows, 2 * k), dtype=np.float64))
@@ -869,10 +1049,11 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     def train_summary(self) -> dict:
         held = {"p@1": self.held_out_["p@1"]} if self.held_out_ else {}
         return {"n_passes": int(self.n_passes_), "task": "multilabel", "held_out": held, "beam": int(self.beam_),
-                "summary_exponent": float(getattr(self, "summary_exponent_", 0.0)),
+                "summary_exponent": float(getattr(self, "summary_exponent_", 0.0)), "svm_weight": self._svm_weight(),
                 "label_blocks": int(getattr(self, "n_label_blocks_", 1)),
                 "n_clusters": self.n_clusters_,
-                "n_unseen_labels": int(self.n_unseen_labels_), "model_entries": int(self.W_.nnz + self.M_.nnz)}
+                "n_unseen_labels": int(self.n_unseen_labels_),
+                "model_entries": int(self.W_.nnz + self.M_.nnz + (self.V_.nnz if self._svm_weight() else 0))}
 
     @classmethod
     def _from_parts(cls, params, fitted, arrays):

@@ -1,0 +1,136 @@
+"""Per-label linear classifiers of a label cluster's rows: the squared-hinge SVMs of Parabel's leaves.
+
+A block kernel (NumPy, SciPy and a Numba loop; no Dask): each label of a cluster gets an L2-regularised
+squared-hinge linear SVM with a bias, trained one-vs-rest on the rows that have a label of the cluster (the rows
+that reach the cluster's leaf in Parabel, Prabhu et al. 2018), by dual coordinate descent with shrinking (Hsieh et
+al. 2008, liblinear's ``-s 1`` solver), and its weights below :data:`PRUNE` in magnitude dropped (Parabel's).
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["PRUNE", "cluster_svms", "squared_hinge_svms"]
+
+#: weights of a label's classifier smaller than this in magnitude are dropped (Parabel's and Omikuji's threshold
+#: on unit tf-idf rows): the classifiers then hold fewer entries than the label centroids
+PRUNE = 0.1
+#: passes of the coordinate descent over a label's rows at most (it stops earlier when the projected gradient's
+#: spread falls below ``tol``: liblinear's stopping rule)
+MAX_PASSES = 100
+#: that tolerance (liblinear's default for this solver)
+TOL = 0.1
+
+
+@numba.njit(cache=True, nogil=True)
+def _dual_cd(indptr, indices, data, pos_indptr, pos_rows, n_cols, C, max_passes, tol, seed):  # pragma: no cover
+    n = len(indptr) - 1
+    m = len(pos_indptr) - 1
+    W = np.zeros((m, n_cols + 1), np.float32)
+    diag = 0.5 / C
+    qd = np.empty(n)
+    for i in range(n):
+        s = 1.0 + diag  # the bias column's 1, and the squared hinge's diagonal
+        for p in range(indptr[i], indptr[i + 1]):
+            s += data[p] * data[p]
+        qd[i] = s
+    np.random.seed(seed)  # noqa: NPY002 (numba's own generator of this thread, seeded per call)
+    y, alpha, w = np.empty(n), np.zeros(n), np.zeros(n_cols + 1)
+    index = np.arange(n)
+    for j in range(m):
+        y[:] = -1.0
+        for p in range(pos_indptr[j], pos_indptr[j + 1]):
+            y[pos_rows[p]] = 1.0
+        alpha[:] = 0.0
+        w[:] = 0.0
+        for i in range(n):
+            index[i] = i
+        active, bound = n, np.inf
+        for _ in range(max_passes):
+            pg_max, pg_min = -np.inf, np.inf
+            for s in range(active):  # a random order of the active rows
+                t = s + np.random.randint(active - s)  # noqa: NPY002
+                index[s], index[t] = index[t], index[s]
+            s = 0
+            while s < active:
+                i = index[s]
+                g = w[n_cols]
+                for p in range(indptr[i], indptr[i + 1]):
+                    g += w[indices[p]] * data[p]
+                g = y[i] * g - 1.0 + diag * alpha[i]
+                pg = g
+                if alpha[i] == 0.0:
+                    if g > bound:  # shrinking: a row at its bound whose gradient says it stays there
+                        active -= 1
+                        index[s], index[active] = index[active], index[s]
+                        continue
+                    pg = min(g, 0.0)
+                pg_max, pg_min = max(pg_max, pg), min(pg_min, pg)
+                if abs(pg) > 1e-12:
+                    old = alpha[i]
+                    alpha[i] = max(old - g / qd[i], 0.0)
+                    d = (alpha[i] - old) * y[i]
+                    for p in range(indptr[i], indptr[i + 1]):
+                        w[indices[p]] += d * data[p]
+                    w[n_cols] += d
+                s += 1
+            if pg_max - pg_min <= tol:
+                if active == n:
+                    break
+                active, bound = n, np.inf  # converged on the active rows: check all of them once more
+                continue
+            bound = pg_max if pg_max > 0 else np.inf
+        for c in range(n_cols + 1):
+            W[j, c] = w[c]
+    return W
+
+
+def squared_hinge_svms(X: sp.csr_matrix, positives: sp.csc_matrix, *, C: float = 1.0, max_passes: int = MAX_PASSES,
+                       tol: float = TOL, seed: int = 0) -> np.ndarray:
+    """One squared-hinge linear SVM per column of ``positives`` (rows x labels, its non-zeros the positive rows),
+    all rows of ``X`` negative elsewhere: ``min_w 1/2 |w|^2 + C sum_i max(0, 1 - y_i (w x_i + b))^2`` with the bias
+    ``b`` as a feature of value 1 (regularised, as liblinear's ``-B 1``).
+
+    Returns
+    -------
+    ndarray of float32, shape (n_labels, n_features + 1)
+        The weights, then the bias.
+    """
+    X = sp.csr_matrix(X)
+    positives = sp.csc_matrix(positives)
+    return _dual_cd(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
+                    positives.indptr.astype(np.int64), positives.indices.astype(np.int64), X.shape[1], float(C),
+                    int(max_passes), float(tol), int(seed))
+
+
+def cluster_svms(X: sp.csr_matrix, Y: sp.csr_matrix, offsets: np.ndarray, *, C: float = 1.0, prune: float = PRUNE,
+                 seed: int = 0) -> tuple[sp.csr_matrix, np.ndarray]:
+    """The classifiers of the label clusters ``offsets`` (cluster ``c``: columns ``offsets[c]:offsets[c + 1]`` of
+    ``Y``), each label's trained on the rows of ``X`` that have a label of its cluster.
+
+    Returns
+    -------
+    V : csr_matrix of float32, shape (n_labels, n_features)
+        The weights, those below ``prune`` in magnitude dropped.
+    bias : ndarray of float32, shape (n_labels,)
+    """
+    X, Y = sp.csr_matrix(X), sp.csc_matrix(Y)
+    pieces, biases = [], []
+    for c in range(len(offsets) - 1):
+        start, stop = int(offsets[c]), int(offsets[c + 1])
+        Yc = Y[:, start:stop].tocsr()
+        rows = np.flatnonzero(np.diff(Yc.indptr))
+        Xc = X[rows]
+        columns, local = np.unique(Xc.indices, return_inverse=True)  # the cluster's features only
+        Xl = sp.csr_matrix((Xc.data, local.reshape(-1), Xc.indptr), shape=(len(rows), len(columns)))
+        Wc = squared_hinge_svms(Xl, Yc[rows], C=C, seed=seed + c) if len(rows) else \
+            np.zeros((stop - start, 1), np.float32)
+        weights = Wc[:, :-1]
+        weights[np.abs(weights) < prune] = 0.0
+        kept = sp.csr_matrix(weights)
+        pieces.append(sp.csr_matrix((kept.data, columns[kept.indices], kept.indptr), shape=(stop - start, X.shape[1])))
+        biases.append(Wc[:, -1].copy())  # not a view: it would keep every dense W alive
+    V = sp.vstack(pieces, format="csr", dtype=np.float32) if pieces else sp.csr_matrix((0, X.shape[1]), np.float32)
+    return V, (np.concatenate(biases) if biases else np.zeros(0)).astype(np.float32)
