@@ -453,6 +453,32 @@ def test_svm_weight_is_chosen_on_held_out_rows_saved_and_refused_when_bad(tmp_pa
         LabelCentroidClassifier(svm_weight=-1).fit(X, Y)
 
 
+def test_classifiers_are_left_out_when_the_memory_cannot_hold_them(small, monkeypatch, caplog):
+    """``svm_weight="auto"`` trains the classifiers only when the memory available holds them; else the centroids
+    alone, with a warning that says why (a given weight is trained as asked)."""
+    import logging
+
+    from xmldask.models import centroid as C
+
+    X, Y, _, _ = small
+    assert C.classifiers_fit(10**6, 10**9) and not C.classifiers_fit(10**9, 10**9)
+    monkeypatch.setattr(C, "SVM_MEMORY_SHARE", 1e-12)
+    with caplog.at_level(logging.WARNING, logger="xmldask.models.centroid"):
+        model = LabelCentroidClassifier(leaf_labels=40, random_state=0).fit(X, Y)
+    assert model.V_ is None and model.svm_weight_ == 0 and "label classifiers not trained" in caplog.text
+    assert LabelCentroidClassifier(leaf_labels=40, svm_weight=0.5, random_state=0).fit(X, Y).V_ is not None
+
+
+def test_svm_groups_cut_clusters_into_groups_within_the_budget():
+    from xmldask.models.centroid import svm_groups
+
+    sizes = np.array([10, 10, 10, 10, 200, 10, 10, 10], float)
+    assert list(svm_groups(sizes, budget_bytes=2 * 8 * 100, min_groups=1)) == [0, 4, 5, 8]  # 100 entries a group
+    assert list(svm_groups(sizes, budget_bytes=1e12, min_groups=1)) == [0, 8]
+    assert list(svm_groups(sizes, budget_bytes=1e12, min_groups=2)) == [0, 4, 8]  # the threads' minimum, even bounds
+    assert list(svm_groups(np.zeros(0), 1e6, 4)) == [0]
+
+
 def test_balanced_clusters_partition_the_labels():
     rng = np.random.default_rng(0)
     W = sp.random(1000, 300, density=0.05, format="csr", random_state=0, dtype=np.float32)

@@ -27,6 +27,7 @@ import operator
 import dask
 import dask.array as da
 import numpy as np
+import psutil
 import scipy.sparse as sp
 
 from ..base import ParamsMixin, as_rows, check_int, seed_of
@@ -39,8 +40,8 @@ from . import _graph
 from . import _kernels as K
 from ._svm import cluster_svms
 
-__all__ = ["CENTROID_VERSION", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory", "entry_bound",
-           "label_block_bounds", "label_passes", "labels_scored_per_row"]
+__all__ = ["CENTROID_VERSION", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory", "classifiers_fit",
+           "entry_bound", "label_block_bounds", "label_passes", "labels_scored_per_row", "svm_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -68,6 +69,9 @@ SUMMARY_EXPONENTS = (0.0, 0.5, 1.0)
 #: margins are about 1 where the cosines are a few tenths, so the grid runs from a nudge of the cosines' ranking to
 #: the classifiers' own (measured, docs/large-labels.md: 1/16 to 1/8 on both text-like shapes we have)
 SVM_WEIGHTS = (0.0, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
+#: share of the fitting process's available memory that the classifiers may take (:func:`classifiers_fit`; the
+#: share that ``xmldask train`` allows a whole fit)
+SVM_MEMORY_SHARE = 0.6
 #: the SVMs' C (Parabel's and Omikuji's default)
 SVM_C = 1.0
 #: share of a worker's memory limit (without a limit: of this machine's memory) that a task training the
@@ -192,18 +196,23 @@ def _group_svms(pair, offsets: np.ndarray, *, n_features: int, seed: int) -> tup
 
 
 def svm_groups(cluster_entries: np.ndarray, budget_bytes: float, min_groups: int) -> np.ndarray:
-    """Cluster ranges ``bounds[j]:bounds[j + 1]`` whose classifiers one task trains: about equal bounds on their rows'
-    entries (``cluster_entries``), two copies of a group's rows (:data:`_ENTRY_BYTES` an entry) within
-    ``budget_bytes``, and at least ``min_groups`` of them (the workers' threads) where there are as many clusters. A
-    cluster larger than the budget is a group of its own."""
-    sizes = np.asarray(cluster_entries, np.float64)
+    """Cluster ranges ``bounds[j]:bounds[j + 1]`` whose classifiers one task trains: consecutive clusters while two
+    copies of their rows' entries (``cluster_entries``, bounds; :data:`_ENTRY_BYTES` an entry) fit ``budget_bytes``
+    (a cluster past it is a group of its own), cut further into about equal bounds where that gives fewer than
+    ``min_groups`` (the workers' threads) and there are as many clusters."""
+    sizes = 2 * np.asarray(cluster_entries, np.float64) * _ENTRY_BYTES
     n = len(sizes)
     if not n:
         return np.zeros(1, np.int64)
-    n_groups = int(min(n, max(min_groups, math.ceil(2 * sizes.sum() * _ENTRY_BYTES / max(budget_bytes, 1.0)))))
+    cuts, held = [0], 0.0
+    for c, size in enumerate(sizes):
+        if held and held + size > budget_bytes:
+            cuts.append(c)
+            held = 0.0
+        held += size
     cum = np.cumsum(sizes)
-    cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_groups) / n_groups, side="right")
-    return np.unique(np.concatenate([[0], cuts, [n]])).astype(np.int64)
+    even = np.searchsorted(cum, cum[-1] * np.arange(1, min(n, min_groups)) / min(n, min_groups), side="right")
+    return np.unique(np.concatenate([cuts, even, [n]])).astype(np.int64)
 
 
 def _unit_and_norms(P: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray]:
@@ -554,9 +563,9 @@ def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks:
     ``fit_process``: the fitting process holds the unit centroids and, at once, one more copy (the label blocks
     stacked, the clustering's copy of a subtree, the copy in cluster order, the centroids without the held-out
     rows) and two sets of cluster summaries (the held-out choice of their weights compares two at a time), each with
-    its transposed copy about as large as the centroids (at 1M labels the summaries have half their entries), and
-    the labels' classifiers (pruned: fewer entries than the centroids, 0.4-0.6 of them measured); ``worker``: a
-    task holds a row block's sums (``block_entries``, the largest row block's bound) and their pieces, and a
+    its transposed copy about as large as the centroids (at 1M labels the summaries have half their entries): the
+    path without the labels' classifiers, which ``svm_weight="auto"`` trains only when the memory then available
+    holds them (:func:`classifiers_fit`); ``worker``: a task holds a row block's sums (``block_entries``, the largest row block's bound) and their pieces, and a
     combine task two partial sums and their sum, of all the labels or of the largest label block
     (``label_block_entries``, when the workers sum in label blocks: :func:`label_block_bounds`); a task training
     the classifiers of a group of clusters takes at most :data:`SVM_GROUP_SHARE` of a worker's limit (its rows, as
@@ -565,7 +574,15 @@ def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks:
     stored = min(entries, float(n_labels) * n_features) * _ENTRY_BYTES + 8 * (n_labels + 1)
     block = stored if label_block_entries is None else min(stored, label_block_entries * _ENTRY_BYTES)
     worker = (3 * block if n_blocks > 1 else block) + 2 * block_entries * _ENTRY_BYTES
-    return {"entries": float(entries), "model_bytes": 2 * stored, "fit_process": 5 * stored, "worker": worker}
+    return {"entries": float(entries), "model_bytes": stored, "fit_process": 4 * stored, "worker": worker}
+
+
+def classifiers_fit(centroid_entries: int, available: float) -> bool:
+    """Whether the labels' classifiers fit the fitting process's ``available`` bytes: :data:`SVM_MEMORY_SHARE` of
+    them must hold two copies of their weights (the pieces the workers return and their stack), each bounded by the
+    centroids' entries (pruned at :data:`~xmldask.models._svm.PRUNE`, they hold 0.4 to 0.6 of them on the text-like
+    sets measured)."""
+    return 2 * centroid_entries * _ENTRY_BYTES <= SVM_MEMORY_SHARE * available
 
 
 def labels_scored_per_row(n_labels: int, *, beam: int = 20, leaf_labels: int = 100) -> int:
@@ -815,7 +832,13 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         logger.info(f"label clusters: {len(offsets) - 1:,} of at most {self.leaf_labels} labels")
         self.order_, self.offsets_ = order.astype(np.int64), offsets
         self.V_, self.svm_bias_ = None, None
-        if self.svm_weight == "auto" or self.svm_weight > 0:
+        fits = self.svm_weight != "auto" or classifiers_fit(self.W_.nnz, psutil.virtual_memory().available)
+        if not fits:
+            logger.warning(f"label classifiers not trained: two copies of their weights (at most "
+                           f"{2 * self.W_.nnz * _ENTRY_BYTES / 2**30:.1f} GiB) exceed {SVM_MEMORY_SHARE:.0%} of the "
+                           f"{psutil.virtual_memory().available / 2**30:.1f} GiB available; the centroids alone score "
+                           "the candidates (svm_weight 0)")
+        if fits and (self.svm_weight == "auto" or self.svm_weight > 0):
             release_memory()  # what the sums and the clustering freed, before the classifiers' rows are gathered
             self.V_, self.svm_bias_, n = self._fit_svms(X, Y, idf, first["entries"], share=share, seed=seed)
             release_memory()
