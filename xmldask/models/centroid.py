@@ -565,9 +565,10 @@ def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks:
     rows) and two sets of cluster summaries (the held-out choice of their weights compares two at a time), each with
     its transposed copy about as large as the centroids (at 1M labels the summaries have half their entries): the
     path without the labels' classifiers, which ``svm_weight="auto"`` trains only when the memory then available
-    holds them (:func:`classifiers_fit`); ``worker``: a task holds a row block's sums (``block_entries``, the largest row block's bound) and their pieces, and a
-    combine task two partial sums and their sum, of all the labels or of the largest label block
-    (``label_block_entries``, when the workers sum in label blocks: :func:`label_block_bounds`); a task training
+    holds them (:func:`classifiers_fit`); ``worker``: a task holds a row block's sums (``block_entries``, the
+    largest row block's bound) and their pieces, and a combine task two partial sums and their sum, of all the
+    labels or of the largest label block (``label_block_entries``, when the workers sum in label blocks:
+    :func:`label_block_bounds`); a task training
     the classifiers of a group of clusters takes at most :data:`SVM_GROUP_SHARE` of a worker's limit (its rows, as
     :func:`svm_groups` cuts them).
     """
