@@ -8,7 +8,8 @@ al. 2008, liblinear's ``-s 1`` solver), and its weights below :data:`PRUNE` in m
 
 from __future__ import annotations
 
-import numba
+import functools
+
 import numpy as np
 import scipy.sparse as sp
 
@@ -24,7 +25,16 @@ MAX_PASSES = 100
 TOL = 0.1
 
 
-@numba.njit(cache=True, nogil=True)
+@functools.cache
+def _compiled():
+    """:func:`_dual_cd` compiled by Numba (cached on disk), imported on first use: Numba adds about 50 MB to a
+    process, which a worker that never trains a classifier should not carry (measured: a 256 MiB worker of
+    ``bench/scale.py --quick`` went from 175 to 216 MiB and was paused)."""
+    import numba
+
+    return numba.njit(cache=True, nogil=True)(_dual_cd)
+
+
 def _dual_cd(indptr, indices, data, pos_indptr, pos_rows, n_cols, C, max_passes, tol, seed):  # pragma: no cover
     n = len(indptr) - 1
     m = len(pos_indptr) - 1
@@ -100,7 +110,7 @@ def squared_hinge_svms(X: sp.csr_matrix, positives: sp.csc_matrix, *, C: float =
     """
     X = sp.csr_matrix(X)
     positives = sp.csc_matrix(positives)
-    return _dual_cd(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
+    return _compiled()(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data.astype(np.float64),
                     positives.indptr.astype(np.int64), positives.indices.astype(np.int64), X.shape[1], float(C),
                     int(max_passes), float(tol), int(seed))
 
