@@ -887,7 +887,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             return sp.csr_matrix((0, X.shape[1]), dtype=np.float32), np.zeros(0, np.float32), 0
         position = np.full(Y.shape[1], -1, np.int64)
         position[self.order_] = np.arange(len(self.order_))
-        entries = np.minimum(np.asarray(label_entries, np.float64), X.shape[1])[self.order_]
+        # a label's rows' entries, not clipped at the features as a centroid's are: its rows are gathered whole
+        entries = np.asarray(label_entries, np.float64)[self.order_]
         limit = worker_memory_limit()
         budget = SVM_GROUP_SHARE * (limit or memory_for_data())
         groups = svm_groups(np.add.reduceat(entries, self.offsets_[:-1]) if len(entries) else entries, budget,
