@@ -389,6 +389,43 @@ def test_cluster_classifiers_train_on_their_clusters_rows_and_prune():
         np.testing.assert_allclose(bias[a:b], ref[:, -1], atol=1e-5)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_candidate_kernel_matches_dense_scores_of_the_chosen_clusters(dtype):
+    """``candidate_topk``: uneven clusters (one empty), rows that chose several clusters, one or none, fewer
+    candidates than ``k``, exact ties broken to the smaller label id, with and without the weighted classifiers:
+    the k best of a dense NumPy score matrix masked to each row's clusters."""
+    from xmldask.models._candidates import candidate_topk
+
+    rng = np.random.default_rng(3)
+    n, d, k = 40, 300, 7
+    offsets = np.array([0, 5, 5, 19, 20, 44, 60])
+    L = offsets[-1]
+    order = rng.permutation(200)[:L]  # labels in cluster order: any ids
+    X = sp.random(n, d, density=0.05, format="csr", random_state=1, dtype=dtype)
+    W = sp.random(L, d, density=0.1, format="csr", random_state=2, dtype=dtype)
+    W[7] = W[8]  # two labels of one cluster with equal scores on every row
+    V = sp.random(L, d, density=0.05, format="csr", random_state=4, dtype=dtype)
+    bias = rng.normal(size=L)
+    chosen = [rng.choice(6, size=rng.integers(0, 4), replace=False) for _ in range(n)]
+    rows = np.concatenate([np.full(len(c), i) for i, c in enumerate(chosen)]).astype(np.int64)
+    clusters = np.concatenate(chosen).astype(np.int64)
+    for weight in (0.0, 0.5):
+        labels, scores = candidate_topk(X, rows, clusters, W, order, offsets, k, V=V, bias=bias, weight=weight)
+        S = (X @ W.T).toarray().astype(np.float64) + weight * ((X @ V.T).toarray() + bias)
+        for i, c in enumerate(chosen):
+            cand = np.concatenate([np.arange(offsets[j], offsets[j + 1]) for j in c] + [np.zeros(0, int)])
+            ranked = sorted(cand, key=lambda j: (-S[i, j], order[j]))[:k]
+            m = len(ranked)
+            np.testing.assert_allclose(scores[i, :m], S[i, ranked], rtol=1e-5, atol=1e-6)
+            assert list(labels[i, :m]) == [order[j] for j in ranked] or np.allclose(np.diff(S[i, ranked]), 0)
+            assert (labels[i, m:] == -1).all() and np.isneginf(scores[i, m:]).all()
+        tied = [i for i, c in enumerate(chosen) if 2 in c and S[i, 7] == S[i, 8] and S[i, 7] >= scores[i, k - 1]]
+        for i in tied:  # the smaller id first
+            where = {lab: t for t, lab in enumerate(labels[i])}
+            first, second = sorted([order[7], order[8]])
+            assert where[first] < where.get(second, k)
+
+
 def test_scores_add_the_weighted_classifiers_of_the_candidates(small):
     """Uneven row blocks: with every parameter given (no held-out rows), the classifiers are those of every
     training row, and a candidate's score is its cosine plus svm_weight times its classifier's margin (NumPy)."""

@@ -38,6 +38,7 @@ from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
+from ._candidates import candidate_topk
 from ._svm import cluster_svms
 
 __all__ = ["CENTROID_VERSION", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory", "classifiers_fit",
@@ -337,40 +338,9 @@ def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, MH=None, head=Non
         b = min(beam, n_clusters)
         step = max(1, SUMMARY_BUDGET // n_clusters)
         best = np.vstack([_best_clusters(Xb[i:i + step], MT, b, dense)[0] for i in range(0, n, step)])
-        labels, scores = _candidate_topk(Xb, np.repeat(np.arange(n), b), best.ravel(), W, order, offsets, k,
+        labels, scores = candidate_topk(Xb, np.repeat(np.arange(n), b), best.ravel(), W, order, offsets, k,
                                          V=V, bias=bias, weight=weight)
     return _filled(labels, scores, fallback)
-
-
-def _candidate_topk(Xb, rows, clusters, W, order, offsets, k: int, *, V=None, bias=None,
-                    weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` labels (-1 where a row has fewer candidates) and scores (-inf there) of the rows of ``Xb`` (unit,
-    transformed) among the labels of their clusters: row ``rows[t]`` scores the labels of cluster ``clusters[t]``
-    (``order[offsets[c]:offsets[c + 1]]``, centroids ``W[offsets[c]:offsets[c + 1]]``), one product per cluster
-    for all the rows that chose it; best first, ties to the smaller label id. A label's score is its cosine, plus
-    ``weight`` times its classifier's ``x V_l + bias_l`` (the rows of ``V`` and ``bias`` in ``W``'s order) when
-    ``weight`` is not 0."""
-    n, n_clusters = Xb.shape[0], len(offsets) - 1
-    labels, scores = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
-    if not len(rows):
-        return labels, scores
-    by_cluster = np.argsort(clusters, kind="stable")
-    rows, clusters = rows[by_cluster], clusters[by_cluster]
-    bounds = np.searchsorted(clusters, np.arange(n_clusters + 1))
-    cand_rows, cand_labels, cand_scores = [], [], []
-    for c in np.flatnonzero(np.diff(bounds)):
-        r = rows[bounds[c]:bounds[c + 1]]
-        start, stop = offsets[c], offsets[c + 1]
-        Sc = (Xb[r] @ W[start:stop].T).toarray()
-        if weight:
-            Sc += weight * ((Xb[r] @ V[start:stop].T).toarray() + bias[start:stop])
-        kk = min(k, stop - start)
-        top = np.argpartition(-Sc, kk - 1, axis=1)[:, :kk] if kk < Sc.shape[1] else \
-            np.broadcast_to(np.arange(kk), (len(r), kk))
-        cand_rows.append(np.repeat(r, kk))
-        cand_labels.append(order[start + top].ravel())
-        cand_scores.append(np.take_along_axis(Sc, top, axis=1).ravel())
-    return _best_k(*(np.concatenate(a) for a in (cand_rows, cand_labels, cand_scores)), n=n, k=k)
 
 
 def _best_k(r, lab, s, *, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -504,15 +474,15 @@ def _candidate_group(Xt, best, url: str, ranges, *, k: int, weight: float = 0.0)
 
 
 def _candidate_part(Xt, best, url: str, first: int, stop: int, *, k: int, weight: float = 0.0):
-    """:func:`_candidate_topk` of the rows of ``Xt`` among the labels of their clusters ``best`` (global ids) that
-    fall in ``first:stop``, the clusters' labels, centroids and (``weight`` not 0) classifiers read from the model
-    store."""
+    """:func:`._candidates.candidate_topk` of the rows of ``Xt`` among the labels of their clusters ``best`` (global
+    ids) that fall in ``first:stop``, the clusters' labels, centroids and (``weight`` not 0) classifiers read from the
+    model store."""
     offsets = _read_rows(url, "offsets", first, stop + 1)
     a, b = int(offsets[0]), int(offsets[-1])
     order, W = _read_rows(url, "order", a, b), _read_rows(url, "W", a, b)
     V, bias = (_read_rows(url, "V", a, b), _read_rows(url, "svm_bias", a, b)) if weight else (None, None)
     rows, slots = np.nonzero((best >= first) & (best < stop))
-    return _candidate_topk(Xt, rows, best[rows, slots] - first, W, order, offsets - a, k, V=V, bias=bias,
+    return candidate_topk(Xt, rows, best[rows, slots] - first, W, order, offsets - a, k, V=V, bias=bias,
                            weight=weight)
 
 

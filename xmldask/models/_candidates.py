@@ -1,0 +1,136 @@
+"""Scores of the candidate labels of rows, cluster by cluster: the prediction kernel of the label-centroid tree.
+
+A block kernel (NumPy and a Numba loop; no Dask). Each row has chosen a few label clusters; a label's score is
+``x . w_l`` (its centroid) plus ``weight * (x . v_l + b_l)`` (its classifier) and a row keeps its ``k`` best.
+
+The clusters are taken one at a time: their labels' weights are turned feature-major once (an inverted index of
+the cluster's features, held in scratch arrays sized by the largest cluster), and every row that chose the
+cluster adds, for each of its features the cluster has, that feature's entries to the labels' scores. A
+(row, cluster) pair costs the row's features and the entries they meet, a cluster its entries once per call,
+and nothing costs the number of features ``d`` or of labels ``L``: SciPy's product of a row block with a
+cluster's transposed centroids allocates ``d + 1`` row pointers per cluster, the cost that grew with the label
+space (at 1M labels, 8,192 clusters of 500,000 features).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = ["candidate_topk"]
+
+
+@functools.cache
+def _compiled():
+    """:func:`_topk_by_cluster` compiled by Numba (cached on disk), imported on first use (Numba adds about 50 MB
+    to a process: :func:`xmldask.models._svm._compiled`)."""
+    import numba
+
+    return numba.njit(cache=True, nogil=True)(_topk_by_cluster)
+
+
+def _topk_by_cluster(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, order,  # pragma: no cover
+                     w_indptr, w_indices, w_data, v_indptr, v_indices, v_data, bias, weight,
+                     n_features, scratch, k):
+    n = len(x_indptr) - 1
+    labels = np.full((n, k), -1, np.int64)
+    scores = np.full((n, k), -np.inf)
+    loc = np.full(n_features, -1, np.int64)
+    feats = np.empty(scratch, np.int64)
+    ptr = np.zeros(scratch + 1, np.int64)
+    slot = np.empty(scratch, np.int64)
+    value = np.empty(scratch)
+    width = 0
+    for c in range(len(offsets) - 1):
+        width = max(width, offsets[c + 1] - offsets[c])
+    acc = np.empty(max(width, 1))
+    sources = 2 if weight != 0.0 else 1
+    for c in range(len(offsets) - 1):
+        if pair_ptr[c] == pair_ptr[c + 1]:
+            continue
+        a, b = offsets[c], offsets[c + 1]
+        # the cluster's features, numbered in order of appearance, and how many entries each has
+        nf = 0
+        for j in range(a, b):
+            for source in range(sources):
+                indptr, indices = (w_indptr, w_indices) if source == 0 else (v_indptr, v_indices)
+                for e in range(indptr[j], indptr[j + 1]):
+                    f = indices[e]
+                    if loc[f] < 0:
+                        loc[f] = nf
+                        feats[nf] = f
+                        ptr[nf + 1] = 0
+                        nf += 1
+                    ptr[loc[f] + 1] += 1
+        ptr[0] = 0
+        for t in range(nf):
+            ptr[t + 1] += ptr[t]
+        # the entries feature-major: (label slot in the cluster, value), the classifiers' scaled by the weight
+        for j in range(a, b):
+            for source in range(sources):
+                indptr, indices, data = (w_indptr, w_indices, w_data) if source == 0 else (v_indptr, v_indices, v_data)
+                scale = 1.0 if source == 0 else weight
+                for e in range(indptr[j], indptr[j + 1]):
+                    t = loc[indices[e]]
+                    slot[ptr[t]] = j - a
+                    value[ptr[t]] = scale * data[e]
+                    ptr[t] += 1
+        for t in range(nf - 1, -1, -1):  # the fill moved each pointer to its feature's end: back to the starts
+            ptr[t + 1] = ptr[t]
+        ptr[0] = 0
+        for p in range(pair_ptr[c], pair_ptr[c + 1]):
+            i = pair_rows[p]
+            for j in range(b - a):
+                acc[j] = weight * bias[a + j] if sources == 2 else 0.0
+            for q in range(x_indptr[i], x_indptr[i + 1]):
+                t = loc[x_indices[q]]
+                if t >= 0:
+                    xv = x_data[q]
+                    for e in range(ptr[t], ptr[t + 1]):
+                        acc[slot[e]] += xv * value[e]
+            for j in range(b - a):  # into the row's best, kept sorted: score descending, then the smaller label
+                s, lab = acc[j], order[a + j]
+                if s < scores[i, k - 1] or (s == scores[i, k - 1] and lab > labels[i, k - 1] >= 0):
+                    continue
+                h = k - 1
+                while h > 0 and (s > scores[i, h - 1] or (s == scores[i, h - 1] and lab < labels[i, h - 1])):
+                    scores[i, h] = scores[i, h - 1]
+                    labels[i, h] = labels[i, h - 1]
+                    h -= 1
+                scores[i, h] = s
+                labels[i, h] = lab
+        for t in range(nf):
+            loc[feats[t]] = -1
+    return labels, scores
+
+
+def candidate_topk(X: sp.csr_matrix, rows: np.ndarray, clusters: np.ndarray, W: sp.csr_matrix, order: np.ndarray,
+                   offsets: np.ndarray, k: int, *, V: sp.csr_matrix | None = None, bias: np.ndarray | None = None,
+                   weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` labels (-1 where a row has fewer candidates) and scores (-inf there) of the rows of ``X`` among
+    the labels of their clusters, best first, ties to the smaller label id.
+
+    Row ``rows[t]`` scores the labels of cluster ``clusters[t]``: ``order[offsets[c]:offsets[c + 1]]``, whose
+    centroids are those rows of ``W`` (and classifiers those of ``V``, biases of ``bias``); a label's score is
+    ``X[i] . W[j]``, plus ``weight * (X[i] . V[j] + bias[j])`` when ``weight`` is not 0. A row names a cluster once.
+    """
+    X = sp.csr_matrix(X)
+    rows, clusters = np.asarray(rows, np.int64), np.asarray(clusters, np.int64)
+    offsets = np.asarray(offsets, np.int64)
+    by_cluster = np.argsort(clusters, kind="stable")
+    pair_ptr = np.searchsorted(clusters[by_cluster], np.arange(len(offsets)))
+    weight = float(weight)
+    if not weight or V is None:
+        V, bias, weight = sp.csr_matrix(W.shape, dtype=W.dtype), np.zeros(0), 0.0
+    V = sp.csr_matrix(V, dtype=W.dtype)  # in W's types: the kernel reads both through the same variables
+    V = sp.csr_matrix((V.data, V.indices.astype(W.indices.dtype), V.indptr.astype(W.indptr.dtype)), shape=V.shape)
+    bias = np.asarray(bias, np.float64)
+    entries = np.diff(W.indptr)[None, :] + (np.diff(V.indptr) if weight else 0)
+    per_cluster = np.add.reduceat(np.append(entries.ravel(), 0), offsets[:-1]) if len(offsets) > 1 else np.zeros(1)
+    per_cluster = np.where(np.diff(offsets) > 0, per_cluster, 0)
+    scratch = int(per_cluster.max()) if len(per_cluster) else 0
+    return _compiled()(X.indptr, X.indices, X.data, pair_ptr, rows[by_cluster], offsets,
+                       np.asarray(order, np.int64), W.indptr, W.indices, W.data, V.indptr, V.indices, V.data, bias,
+                       weight, int(max(X.shape[1], W.shape[1])), scratch, int(k))
