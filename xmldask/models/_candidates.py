@@ -37,11 +37,11 @@ def _topk_by_cluster(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, 
     n = len(x_indptr) - 1
     labels = np.full((n, k), -1, np.int64)
     scores = np.full((n, k), -np.inf)
-    loc = np.full(n_features, -1, np.int64)
-    feats = np.empty(scratch, np.int64)
+    loc = np.full(n_features, -1, np.int32)  # 4 bytes an entry: the table a row's features look up, kept small
+    feats = np.empty(scratch, np.int32)
     ptr = np.zeros(scratch + 1, np.int64)
-    slot = np.empty(scratch, np.int64)
-    value = np.empty(scratch)
+    slot = np.empty(scratch, np.int32)
+    value = np.empty(scratch, np.float32)
     width = 0
     for c in range(len(offsets) - 1):
         width = max(width, offsets[c + 1] - offsets[c])
@@ -90,9 +90,13 @@ def _topk_by_cluster(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, 
                     xv = x_data[q]
                     for e in range(ptr[t], ptr[t + 1]):
                         acc[slot[e]] += xv * value[e]
+            last = scores[i, k - 1]
             for j in range(b - a):  # into the row's best, kept sorted: score descending, then the smaller label
-                s, lab = acc[j], order[a + j]
-                if s < scores[i, k - 1] or (s == scores[i, k - 1] and lab > labels[i, k - 1] >= 0):
+                s = acc[j]
+                if s < last:
+                    continue
+                lab = order[a + j]
+                if s == last and lab > labels[i, k - 1] >= 0:
                     continue
                 h = k - 1
                 while h > 0 and (s > scores[i, h - 1] or (s == scores[i, h - 1] and lab < labels[i, h - 1])):
@@ -101,6 +105,7 @@ def _topk_by_cluster(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, 
                     h -= 1
                 scores[i, h] = s
                 labels[i, h] = lab
+                last = scores[i, k - 1]
         for t in range(nf):
             loc[feats[t]] = -1
     return labels, scores
