@@ -193,6 +193,11 @@ def test_label_block_bounds_cut_the_labels_into_blocks_of_equal_entries():
     assert bounds[0] == 0 and bounds[-1] == len(entries) and (np.diff(bounds) > 0).all() and len(bounds) <= 9
     sums = np.add.reduceat(entries, bounds[:-1])
     assert (sums <= entries.sum() / 8 + entries.max()).all() and sums.min() > entries.sum() / 8 - entries.max()
+    # a multiple of the tasks that share the blocks out: 3 on 2 threads become 4 (one thread idle no more)
+    limit = int(3 * entries.sum() * 8 / LABEL_BLOCK_SHARE / 2.5)
+    assert len(label_block_bounds(entries, limit)) - 1 == 3
+    assert len(label_block_bounds(entries, limit, multiple_of=2)) - 1 == 4
+    assert label_block_bounds(entries, int(1e12), multiple_of=2) is None  # one block still fits whole
 
 
 def test_label_passes_group_consecutive_blocks_within_the_workers_memory():

@@ -19,16 +19,34 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["candidate_topk"]
+__all__ = ["candidate_topk", "sparse_product_dense"]
 
 
 @functools.cache
-def _compiled():
-    """:func:`_topk_by_cluster` compiled by Numba (cached on disk), imported on first use (Numba adds about 50 MB
-    to a process: :func:`xmldask.models._svm._compiled`)."""
+def _compiled(name: str = "_topk_by_cluster"):
+    """The kernel ``name`` of this module compiled by Numba (cached on disk), imported on first use (Numba adds
+    about 50 MB to a process: :func:`xmldask.models._svm._compiled`)."""
     import numba
 
-    return numba.njit(cache=True, nogil=True)(_topk_by_cluster)
+    return numba.njit(cache=True, nogil=True)(globals()[name])
+
+
+def _product_dense(x_indptr, x_indices, x_data, m_indptr, m_indices, m_data, out):  # pragma: no cover
+    for i in range(len(x_indptr) - 1):
+        for q in range(x_indptr[i], x_indptr[i + 1]):
+            f, xv = x_indices[q], x_data[q]
+            for e in range(m_indptr[f], m_indptr[f + 1]):
+                out[i, m_indices[e]] += xv * m_data[e]
+    return out
+
+
+def sparse_product_dense(X: sp.csr_matrix, M: sp.csr_matrix, out: np.ndarray | None = None) -> np.ndarray:
+    """``X @ M`` (both CSR) added into a dense float32 array (zeros when ``out`` is None), without the sparse
+    product SciPy builds first: a row's cluster summaries, which at a thousand clusters and more are dense."""
+    X, M = sp.csr_matrix(X), sp.csr_matrix(M)
+    if out is None:
+        out = np.zeros((X.shape[0], M.shape[1]), np.float32)
+    return _compiled("_product_dense")(X.indptr, X.indices, X.data, M.indptr, M.indices, M.data, out)
 
 
 def _topk_by_cluster(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, order,  # pragma: no cover

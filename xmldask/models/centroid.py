@@ -38,7 +38,7 @@ from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
-from ._candidates import candidate_topk
+from ._candidates import candidate_topk, sparse_product_dense
 from ._svm import cluster_svms
 
 __all__ = ["CENTROID_VERSION", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory", "classifiers_fit",
@@ -253,11 +253,12 @@ def label_passes(bounds, label_entries, workers_memory: int | None) -> list:
 
 
 def label_block_bounds(label_entries: np.ndarray, worker_limit: int | None, *,
-                       share: float | None = None) -> np.ndarray | None:
+                       share: float | None = None, multiple_of: int = 1) -> np.ndarray | None:
     """Label blocks in which the workers sum ``Y^T X``: consecutive label ranges ``bounds[j]:bounds[j + 1]`` of about
     equal entry bounds (``label_entries``, :func:`entry_bound` by label), as many as make three copies of a block's
     sums (a combine task's two partial sums and theirs) at most ``share`` (:data:`LABEL_BLOCK_SHARE`) of
-    ``worker_limit`` bytes; ``None`` (one block) without a limit or when one block fits."""
+    ``worker_limit`` bytes, rounded up to a multiple of ``multiple_of`` (groups of blocks that tasks share
+    evenly); ``None`` (one block) without a limit or when one block fits."""
     label_entries = np.asarray(label_entries, np.float64)
     if not worker_limit or not len(label_entries):
         return None
@@ -265,6 +266,7 @@ def label_block_bounds(label_entries: np.ndarray, worker_limit: int | None, *,
     n_blocks = math.ceil(3 * label_entries.sum() * _ENTRY_BYTES / (share * worker_limit))
     if n_blocks <= 1:
         return None
+    n_blocks = math.ceil(n_blocks / multiple_of) * multiple_of
     cum = np.cumsum(label_entries)
     cuts = np.searchsorted(cum, cum[-1] * np.arange(1, n_blocks) / n_blocks, side="right")
     bounds = np.unique(np.concatenate([[0], cuts, [len(label_entries)]])).astype(np.int64)
@@ -375,10 +377,12 @@ def _best_clusters(Xb, MT, b: int, dense=None) -> tuple[np.ndarray, np.ndarray]:
     """The ``b`` clusters of highest summary cosine of each row (unordered) and their cosines, shape
     ``(n_rows, b)``; ``dense``: the summaries' dense columns and their feature ids (:func:`_split_summaries`), the
     rest in ``MT``."""
-    S = (Xb @ MT).toarray() if sp.issparse(MT) else np.asarray(Xb @ MT)
     if dense is not None:
         MH, head = dense
-        S += _head_columns(sp.csr_matrix(Xb), head) @ MH
+        S = np.asarray(_head_columns(sp.csr_matrix(Xb), head) @ MH, np.float32)
+    else:
+        S = None
+    S = sparse_product_dense(Xb, MT, S) if sp.issparse(MT) else np.asarray(Xb @ MT) + (0 if S is None else S)
     n_clusters = S.shape[1]
     if b < n_clusters:
         top = np.argpartition(-S, b - 1, axis=1)[:, :b]
@@ -494,12 +498,13 @@ def _merge_candidates(a, b, *, k: int):
     return _best_k(np.repeat(np.arange(n), m)[real], labels.ravel()[real], scores.ravel()[real], n=n, k=k)
 
 
-def _cluster_blocks(cluster_bytes: np.ndarray, worker_limit: int | None) -> np.ndarray | None:
+def _cluster_blocks(cluster_bytes: np.ndarray, worker_limit: int | None, tasks: int = 1) -> np.ndarray | None:
     """Cluster ranges ``bounds[j]:bounds[j + 1]`` of about equal bytes (``cluster_bytes``: a cluster's summary and
     centroids), as many as make three copies of a block's arrays (read, split, scored) at most
-    :data:`PREDICT_BLOCK_SHARE` of ``worker_limit``; ``None`` (the whole model in each task) when one block fits."""
+    :data:`PREDICT_BLOCK_SHARE` of ``worker_limit``, a multiple of the ``tasks`` that share them out (3 blocks on 2
+    threads left one idle a third of the time); ``None`` (the whole model in each task) when one block fits."""
     return label_block_bounds(np.asarray(cluster_bytes, np.float64) / _ENTRY_BYTES, worker_limit,
-                              share=PREDICT_BLOCK_SHARE)
+                              share=PREDICT_BLOCK_SHARE, multiple_of=tasks)
 
 
 def _unwrap(A):
@@ -993,7 +998,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         url = getattr(self, "store_url_", None)
         limit = worker_memory_limit() if url else None
         if limit:
-            bounds = _cluster_blocks(self._cluster_bytes(), limit)
+            bounds = _cluster_blocks(self._cluster_bytes(), limit, parallelism())
             if bounds is not None:
                 return self._predict_in_cluster_blocks(X, k, fallback, url, bounds)
         MT, MH, head = _split_summaries(self.M_)
