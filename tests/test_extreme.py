@@ -431,6 +431,21 @@ def test_candidate_kernel_matches_dense_scores_of_the_chosen_clusters(dtype):
             assert where[first] < where.get(second, k)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_sparse_product_dense_is_scipys_product_added_to_the_array(dtype):
+    from xmldask.models._candidates import sparse_product_dense
+
+    X = sp.random(37, 200, density=0.05, format="csr", random_state=5, dtype=dtype)
+    X[3] = 0  # a row without features
+    M = sp.random(200, 61, density=0.2, format="csr", random_state=6, dtype=dtype)
+    np.testing.assert_allclose(sparse_product_dense(X, M), (X @ M).toarray(), rtol=1e-5, atol=1e-6)
+    base = np.random.default_rng(7).normal(size=(37, 61)).astype(np.float32)
+    out = sparse_product_dense(X, M, base.copy())
+    np.testing.assert_allclose(out, base + (X @ M).toarray(), rtol=1e-5, atol=1e-5)
+    assert out.dtype == np.float32
+    np.testing.assert_array_equal(out[3], base[3])  # nothing added to the row without features
+
+
 def test_scores_add_the_weighted_classifiers_of_the_candidates(small):
     """Uneven row blocks: with every parameter given (no held-out rows), the classifiers are those of every
     training row, and a candidate's score is its cosine plus svm_weight times its classifier's margin (NumPy)."""
