@@ -327,8 +327,9 @@ def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, MH=None, head=Non
     ``MT``: the cluster summaries transposed (``d x n_clusters``), without the rows of the features ``head`` whose
     columns ``MH`` holds dense (:func:`_split_summaries`); ``W``: the label centroids in cluster order.
     A row scores the summaries (in batches whose dense ``rows x n_clusters`` scores hold at most
-    :data:`SUMMARY_BUDGET` entries), then the labels of its ``beam`` best clusters, one product per cluster for
-    all the block's rows that chose it (the cosine, plus ``weight`` times the label's classifier ``V``, ``bias``);
+    :data:`SUMMARY_BUDGET` entries), then the labels of its ``beam`` best clusters, cluster by cluster for all the
+    block's rows that chose it (:func:`._candidates.candidate_topk`: the cosine, plus ``weight`` times the label's
+    classifier ``V``, ``bias``);
     slots left over (fewer candidates than ``k``) get the ``fallback`` labels (the most frequent) below every score.
     """
     MT, W, V = _unwrap(MT), _unwrap(W), _unwrap(V)
@@ -341,7 +342,7 @@ def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, MH=None, head=Non
         step = max(1, SUMMARY_BUDGET // n_clusters)
         best = np.vstack([_best_clusters(Xb[i:i + step], MT, b, dense)[0] for i in range(0, n, step)])
         labels, scores = candidate_topk(Xb, np.repeat(np.arange(n), b), best.ravel(), W, order, offsets, k,
-                                         V=V, bias=bias, weight=weight)
+                                        V=V, bias=bias, weight=weight)
     return _filled(labels, scores, fallback)
 
 
