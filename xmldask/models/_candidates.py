@@ -7,9 +7,9 @@ The clusters are taken one at a time: their labels' weights are turned feature-m
 the cluster's features, held in scratch arrays sized by the largest cluster), and every row that chose the
 cluster adds, for each of its features the cluster has, that feature's entries to the labels' scores. A
 (row, cluster) pair costs the row's features and the entries they meet, a cluster its entries once per call,
-and a call one table of ``d`` entries (the feature lookup), never ``d`` per cluster nor ``L``: SciPy's product of a row block with a
-cluster's transposed centroids allocates ``d + 1`` row pointers per cluster, the cost that grew with the label
-space (at 1M labels, 8,192 clusters of 500,000 features).
+and a call one table of ``d`` entries (the feature lookup), never ``d`` per cluster nor ``L``: SciPy's product
+of a row block with a cluster's transposed centroids allocates ``d + 1`` row pointers per cluster, the cost that
+grew with the label space (at 1M labels, 8,192 clusters of 500,000 features).
 """
 
 from __future__ import annotations
