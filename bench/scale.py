@@ -446,7 +446,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--stages", nargs="+", choices=STAGES, default=None, metavar="STAGE",
                         help=f"run only these stages (of {', '.join(STAGES)}; default all that apply)")
     parser.add_argument("--model", default=None, metavar="JSON",
-                        help="training parameters (xmldask.params.TrainParams), default "
+                        help="training parameters (xmldask.models.TrainParams), default "
                              "'{\"search\": null, \"kernel\": \"none\", \"k\": 16}', with --preset '{}' (the "
                              "defaults: the label-centroid tree past about 2,000 labels)")
     parser.add_argument("--cache", default=None, metavar="DIR",

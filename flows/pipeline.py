@@ -33,7 +33,8 @@ from prefect.cache_policies import NONE
 from pydantic import Field
 
 from xmldask.embedding.spectrum import SPECTRUM_COMPONENTS
-from xmldask.params import DEFAULTS, TrainParams, TreeParams, add_arguments, from_args
+from xmldask.models import DEFAULTS, TrainParams
+from xmldask.params import TreeParams, add_arguments, from_args
 from xmldask.store import exists
 
 from .stage_flows import (
@@ -143,7 +144,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
     format, one_based, normalize
         How text files are ingested.
     model : TrainParams or dict
-        The training parameters (:class:`xmldask.params.TrainParams`, the options of ``xmldask train``),
+        The training parameters (:class:`xmldask.models.TrainParams`, the options of ``xmldask train``),
         e.g. ``{"k": 32, "kernel": "none"}``; its ``seed`` also seeds the synthetic data and the spectrum.
     top_k : int
         Labels predicted per row (at least 10, for P@1..10).

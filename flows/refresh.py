@@ -27,7 +27,7 @@ from prefect.cache_policies import NONE
 from pydantic import Field
 
 from xmldask.embedding.spectrum import SPECTRUM_COMPONENTS
-from xmldask.params import DEFAULTS, TrainParams
+from xmldask.models import DEFAULTS, TrainParams
 from xmldask.store import StoreBusyError, exists, is_local, open_dataset, publish, temporary_sibling
 
 from .pipeline import run_downstream, summary

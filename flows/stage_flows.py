@@ -47,7 +47,8 @@ from typing_extensions import TypedDict
 
 from xmldask import jobs
 from xmldask.embedding.spectrum import SPECTRUM_COMPONENTS
-from xmldask.params import DEFAULTS, TrainParams, TreeParams, add_arguments, from_args
+from xmldask.models import DEFAULTS, TrainParams
+from xmldask.params import TreeParams, add_arguments, from_args
 from xmldask.progress import progress_to
 from xmldask.store import is_local, zarr_store
 
@@ -283,7 +284,7 @@ def add_command_line_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--storage", metavar="URL", help="storage root: a directory or an fsspec URL (default "
                         "$XMLDASK_STORAGE or storage/)")
     parser.add_argument("-v", "--verbose", action="store_true", help="also show the log lines of Dask and xmldask")
-    add_arguments(parser)
+    add_arguments(parser, TrainParams)
 
 
 def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None,
@@ -291,7 +292,7 @@ def parse_command_line(parser: argparse.ArgumentParser, argv: list[str] | None,
     """Parse a flow's command line (options of :func:`add_command_line_options`) and set the verbosity: the
     namespace, the training parameters given, and the other options but ``skip``."""
     args = parser.parse_args(argv)
-    model = from_args(args)
+    model = from_args(args, TrainParams)
     set_verbosity(args.verbose)
     others = {name: value for name, value in vars(args).items()
               if name not in TrainParams.model_fields and name not in ("verbose", *skip)}
@@ -580,7 +581,7 @@ def train_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 def train_flow(train: Store, *, model: TrainParams = DEFAULTS, storage: str | None = None,
                run_dir: str | None = None, scheduler: str | None = None,
                local_cluster: LocalClusterOptions | None = None) -> dict:
-    """Train on the dataset store ``train`` the model that ``model`` describes (:class:`xmldask.params.TrainParams`,
+    """Train on the dataset store ``train`` the model that ``model`` describes (:class:`xmldask.models.TrainParams`,
     the options of ``xmldask train``, e.g. ``{"k": 32, "search": {"alpha": [0.001, 1]}}``; the fields not given
     keep their defaults): by default the self-tuned embedding classifier. ``storage``, ``run_dir``,
     ``scheduler`` and ``local_cluster`` as in :func:`spectrum_flow`. Returns the stage record;

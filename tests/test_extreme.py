@@ -591,7 +591,7 @@ def test_model_auto_takes_the_centroid_tree_past_a_flat_models_cost(stores, caps
     assert jobs.choose_model(train, {}) == "centroid"
     assert jobs.choose_model(train, {"k": 20}) == "embedding"  # an option of the flat model keeps it
     assert jobs.choose_model(train, {"search": None, "seed": 3}) == "centroid"
-    from xmldask.params import DEFAULTS  # what the flows pass when nothing is given: every default, dumped
+    from xmldask.models import DEFAULTS  # what the flows pass when nothing is given: every default, dumped
 
     assert jobs.choose_model(train, DEFAULTS.model_dump()) == "centroid"
     assert jobs.choose_model(train, {**DEFAULTS.model_dump(), "kernel": "none"}) == "embedding"

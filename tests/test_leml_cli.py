@@ -91,7 +91,7 @@ def test_every_model_without_a_mask_refuses_masked_data(tmp_path, capsys, schedu
     for what, argv in {"the embedding classifier": ["train", masked, "--out", out, "--k", "4"],
                        "GradFac": ["train", masked, "--out", out, "--model", "gradfac"],
                        "OneVsRestBoosting": ["train", masked, "--out", out, "--model", "ovr"],
-                       "the tree classifier": ["train", masked, "--out", out, "--tree", tree],
+                       "TreeClassifier": ["train", masked, "--out", out, "--tree", tree],
                        "the spectral tree": ["tree", masked, "--out", out]}.items():
         assert main([*argv, "--scheduler", scheduler]) == 2, what
         err = capsys.readouterr().err

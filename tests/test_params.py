@@ -13,8 +13,8 @@ from flows import pipeline as pipeline_module
 from flows.refresh import refresh
 from flows.stage_flows import train_flow
 from xmldask import cli, jobs
-from xmldask.models import EmbeddingClassifier, load_model
-from xmldask.params import TrainParams, TreeParams, from_args, parse_grid, validated
+from xmldask.models import EmbeddingClassifier, TrainParams, load_model
+from xmldask.params import TreeParams, from_args, parse_grid, validated
 
 
 def test_every_path_has_the_same_defaults():
@@ -25,7 +25,7 @@ def test_every_path_has_the_same_defaults():
     parsed = [cli.build_parser().parse_args(["train", "data.zarr", "--out", "model.zarr"]),
               pipeline_module.build_parser().parse_args([]), deploy.build_parser().parse_args(["--test", "t.zarr"])]
     for args in parsed:
-        assert from_args(args) == {}
+        assert from_args(args, TrainParams) == {}
     # and the job's estimator has the same defaults as its parameters
     est = EmbeddingClassifier().get_params()
     assert est["n_components"] == defaults.k and est["random_state"] in (None, defaults.seed)
@@ -71,9 +71,10 @@ def test_every_option_is_generated_with_its_default_and_help():
 def test_command_line_values_are_validated_and_parsed():
     args = cli.build_parser().parse_args(["train", "d", "--out", "m", "--k", "32", "--alpha", "0.5",
                                           "--search", "k=8,16", "--search", "kernel=none,gaussian"])
-    assert from_args(args) == {"k": 32, "alpha": 0.5, "search": {"k": [8, 16], "kernel": ["none", "gaussian"]}}
+    assert from_args(args, TrainParams) == {"k": 32, "alpha": 0.5,
+                                            "search": {"k": [8, 16], "kernel": ["none", "gaussian"]}}
     with pytest.raises(ValueError, match=r"invalid training parameters: k = 0: Input should be greater than 0"):
-        from_args(cli.build_parser().parse_args(["train", "d", "--out", "m", "--k", "0"]))
+        from_args(cli.build_parser().parse_args(["train", "d", "--out", "m", "--k", "0"]), TrainParams)
     assert cli.main(["train", "d", "--out", "m", "--n-estimators", "0"]) == 2  # the error, before any work
     with pytest.raises(ValueError, match="extra_inputs|Extra inputs are not permitted"):
         validated(TrainParams, {"kernal": "none"})
@@ -82,7 +83,7 @@ def test_command_line_values_are_validated_and_parsed():
 def test_one_kernel_vocabulary_that_reads_the_former_names(tmp_path):
     """none|gaussian|laplacian on every path; the former identity (decoder) and cauchy (command line) still read."""
     args = cli.build_parser().parse_args(["train", "d", "--out", "m", "--kernel", "cauchy"])
-    assert from_args(args) == {"kernel": "laplacian"}
+    assert from_args(args, TrainParams) == {"kernel": "laplacian"}
     assert TrainParams(kernel="cauchy") == TrainParams(kernel="laplacian")
     assert jobs._search_grid({"kernel": ["identity", "cauchy", "gaussian"]}) == {"kernel": ["none", "laplacian",
                                                                                             "gaussian"]}
@@ -121,14 +122,15 @@ def test_auto_search_chooses_what_is_not_given():
     assert TrainParams().search_screen and not TrainParams(search_screen=False).search_screen
     assert TrainParams().search_repeats == "auto" and TrainParams(search_repeats=3).search_repeats == 3
     parser = cli.build_parser()
-    assert from_args(parser.parse_args(["train", "d", "--out", "m", "--search-repeats", "2"])) == {"search_repeats": 2}
+    repeats = parser.parse_args(["train", "d", "--out", "m", "--search-repeats", "2"])
+    assert from_args(repeats, TrainParams) == {"search_repeats": 2}
     with pytest.raises(ValueError, match="search_repeats"):
         TrainParams(search_repeats=0)
     assert TrainParams(search=None).search is None
     assert TrainParams(search={"alpha": [0.1, 1]}).search == {"alpha": [0.1, 1]}  # an explicit search as given
     assert TrainParams(**TrainParams(k=8).model_dump()) == TrainParams(k=8)  # resolved once: dumps round-trip
     no_search = cli.build_parser().parse_args(["train", "d", "--out", "m", "--no-search"])
-    assert from_args(no_search) == {"search": None}
+    assert from_args(no_search, TrainParams) == {"search": None}
 
 
 def test_auto_ensemble_follows_the_search():
@@ -142,7 +144,8 @@ def test_auto_ensemble_follows_the_search():
     assert TrainParams(model="leml").n_estimators == 1 and TrainParams(tree="t.zarr").n_estimators == 1
     assert TrainParams(n_estimators=2).n_estimators == 2 and TrainParams(search=None, n_estimators=5).n_estimators == 5
     parser = cli.build_parser()
-    assert TrainParams(**from_args(parser.parse_args(["train", "d", "--out", "m", "--no-search"]))).n_estimators == 1
+    no_search = parser.parse_args(["train", "d", "--out", "m", "--no-search"])
+    assert TrainParams(**from_args(no_search, TrainParams)).n_estimators == 1
     with pytest.raises(ValueError, match="n_estimators"):
         TrainParams(model="leml", n_estimators=3)
 
@@ -152,8 +155,8 @@ def test_tree_defaults_are_one_value_on_every_path():
     estimators and the growth function (each reads the constant of xmldask.params)."""
     import inspect
 
-    from xmldask.models.tree_classifier import TreeClassifier
-    from xmldask.params import TREE_PASSES, TrainParams, TreeParams
+    from xmldask.models.tree_classifier import TreeClassifier, TreeClassifierParams
+    from xmldask.params import TreeParams
     from xmldask.tree import SpectralLabelTree
     from xmldask.tree.growth import grow_tree
 
@@ -162,5 +165,75 @@ def test_tree_defaults_are_one_value_on_every_path():
         params = inspect.signature(func).parameters
         assert params["max_depth"].default == fields["depth"].default
         assert params["leaf_labels"].default == fields["leaf_labels"].default
-    assert inspect.signature(TreeClassifier).parameters["n_epochs"].default == TREE_PASSES
-    assert TrainParams(tree="t.zarr").max_epochs == TREE_PASSES
+    passes = TreeClassifierParams.model_fields["max_epochs"].default
+    assert inspect.signature(TreeClassifier).parameters["n_epochs"].default == passes
+    assert TrainParams(tree="t.zarr").max_epochs == passes
+
+
+def _families():
+    from xmldask.base import FAMILIES
+
+    return sorted(FAMILIES.items())
+
+
+@pytest.mark.parametrize("name, cls", _families(), ids=[name for name, _ in _families()])
+def test_each_family_schema_matches_its_estimator(name, cls):
+    """Each family's schema lives next to its estimator: every field of its own sets a constructor parameter of the
+    same default (the constructors read the schema's defaults), and the shared block's seed and budget set the
+    estimator's where it takes them; the joined TrainParams takes the schema's field as it is."""
+    from xmldask.models.families import SCHEMAS
+
+    schema = cls.params_schema
+    assert SCHEMAS[name] is schema and name in schema.family_names()
+    signature = inspect.signature(cls).parameters
+    for field in schema.own_fields():
+        if field in schema.job_fields:
+            continue
+        parameter = schema.estimator_names.get(field, field)
+        assert parameter in signature, (name, field)
+        default = schema.model_fields[field].default
+        if (name, field) != ("tree", "tree"):  # the estimator's tree: a specification by default (grown in fit)
+            assert signature[parameter].default == default, (name, field)
+        joined = TrainParams.model_fields[field]
+        assert joined.annotation == schema.model_fields[field].annotation, (name, field)
+    for field in ("seed", "time_budget"):
+        parameter = schema.estimator_names.get(field, field)
+        assert parameter in signature or field == "time_budget" or name == "br", (name, field)
+
+
+@pytest.mark.parametrize("name, cls", _families(), ids=[name for name, _ in _families()])
+def test_each_family_takes_its_own_fields_with_its_defaults(name, cls):
+    """TrainParams keyed on ``model``: a family gets its own defaults for the fields not given (the centroids'
+    tf-idf rows, the tree classifier's 200 passes), refuses another family's fields by name, and builds its
+    estimator from them (from_params) with the values given."""
+    from xmldask.models.families import FAMILY_PARAMS
+
+    schema = cls.params_schema
+    base = {"model": name, **({"tree": "t.zarr"} if name == "tree" else {})}
+    params, family = TrainParams(**base), schema(**base)
+    for field in schema.model_fields:
+        assert getattr(params, field) == getattr(family, field), (name, field)
+    assert TrainParams(model="centroid").features == "tfidf" != TrainParams().features
+    foreign = next(field for other in FAMILY_PARAMS for field in other.own_fields()
+                   if field not in schema.model_fields and other.model_fields[field].default is not None)
+    other_value = {"embedding": "pca", "kernel": "none", "k": 7, "loss": "logistic", "rounds": 3,
+                   "tree_form": "per_label", "features": "l2"}.get(foreign)
+    if other_value is not None:
+        with pytest.raises(ValueError, match=f"{foreign} do\\(es\\) not apply with model={name}"):
+            TrainParams(**base, **{foreign: other_value})
+    est = cls.from_params(TrainParams(**base, seed=3))
+    assert est.get_params().get(schema.estimator_names.get("seed", "seed"), 3) == 3
+    assert type(est) is cls
+
+
+def test_the_tree_classifier_is_a_family_with_a_tree_store():
+    with pytest.raises(ValueError, match="model=tree needs tree=URL"):
+        TrainParams(model="tree")
+    assert TrainParams(tree="t.zarr").model == "tree" == TrainParams(model="tree", tree="t.zarr").model
+    assert TrainParams(tree="t.zarr").search is None and TrainParams(model="centroid").search is None
+    with pytest.raises(ValueError, match="search does not apply with model=tree"):
+        TrainParams(tree="t.zarr", search={"k": [1, 2]})
+    with pytest.raises(ValueError, match="k do\\(es\\) not apply with model=br"):
+        TrainParams(model="br", k=5)
+    old = TrainParams(tree="t.zarr").model_dump() | {"model": "auto"}  # a dump from before model="tree"
+    assert TrainParams(**old) == TrainParams(tree="t.zarr")

@@ -691,7 +691,7 @@ def test_cli_tree_tree_info_train_predict_evaluate(tmp_path, capsys, scheduler):
     assert main(["evaluate", pred2, test, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["P@1"] > 1 / 30
     assert main(["train", train, "--out", str(tmp_path / "m3.zarr"), "--tree-form", "per_label"]) == 2
-    assert "tree_form applies only with tree=" in capsys.readouterr().err
+    assert "tree_form do(es) not apply with model=auto" in capsys.readouterr().err
     # refusals before any pass: an existing store, a bad depth, data of another feature count
     assert main(["tree", train, "--out", tree]) == 2
     assert "already exists" in capsys.readouterr().err

@@ -99,7 +99,7 @@ def registered_class(name: str) -> type | None:
         return MODEL_CLASSES[name]
     bare = [cls for cls in MODEL_CLASSES.values() if cls.__name__ == name]
     return bare[0] if len(bare) == 1 else None
-#: the model families of ``xmldask train --model NAME`` (:class:`~xmldask.params.TrainParams`'s ``model``):
+#: the model families of ``xmldask train --model NAME`` (:class:`~xmldask.models.TrainParams`'s ``model``):
 #: the classes that set ``family = NAME``, trained by :func:`xmldask.jobs.train` through their
 #: :meth:`ParamsMixin.from_params` and :meth:`ParamsMixin.fit_dataset`
 FAMILIES: dict[str, type] = {}
@@ -126,6 +126,8 @@ class ParamsMixin:
     _param_names: tuple[str, ...] | None = None
     #: the name of ``--model`` that trains this class (see :data:`FAMILIES`), if any
     family: str | None = None
+    #: the family's training parameters (a :class:`~xmldask.params.FamilyParams`), next to the class
+    params_schema: type | None = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -137,9 +139,15 @@ class ParamsMixin:
 
     @classmethod
     def from_params(cls, params, **extra):
-        """The estimator that :class:`~xmldask.params.TrainParams` ``params`` describe (``extra``: further
-        constructor parameters). A family overrides this to map the shared names onto its own."""
-        raise NotImplementedError(f"{cls.__name__} is not a model family of xmldask train")
+        """The estimator that a family's training parameters describe (``params``: an instance of its
+        :attr:`params_schema`, a :class:`~xmldask.params.FamilyParams`), with further constructor parameters
+        ``extra``."""
+        if cls.params_schema is None:
+            raise NotImplementedError(f"{cls.__name__} is not a model family of xmldask train")
+        if not isinstance(params, cls.params_schema):
+            params = cls.params_schema.model_validate({name: getattr(params, name)
+                                                       for name in cls.params_schema.model_fields})
+        return cls(**params.estimator_params(cls._get_param_names()), **extra)
 
     def fit_dataset(self, data):
         """Fit on a dataset store opened by :func:`xmldask.store.open_dataset` (its ``X`` and ``Y``);

@@ -261,7 +261,7 @@ def _add_fitting(p, params, title: str, *, out: tuple[str, str], keys: str) -> N
 
 
 def _add_train(p) -> None:
-    from .params import TrainParams
+    from .models import TrainParams
 
     _add_fitting(p, TrainParams, "training parameters", out=("model store", "MODEL_URL"),
                  keys="model, seconds, params, held_out")
@@ -280,9 +280,10 @@ def _cmd_train(args) -> int:
     candidate-restricted classifier.
     """
     from . import jobs
+    from .models import TrainParams
     from .params import from_args
 
-    params = from_args(args)
+    params = from_args(args, TrainParams)
     jobs.check_search(params)
     _refuse_target_early(args.out, "model", args.overwrite, [args.train_url, params.get("tree")])
     with _cluster_context(args, args.train_url):

@@ -34,7 +34,8 @@ import dask.array as da
 import numpy as np
 
 from .base import FAMILIES, BudgetError, ParamsMixin, check_fully_observed, registered_class
-from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TrainParams, TreeParams, kernel_name, validated
+from .models.families import SCHEMAS, TrainParams
+from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, FamilyParams, TreeParams, kernel_name, validated
 from .scheduling import concurrent_fits, memory_for_data, release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
 
@@ -44,7 +45,8 @@ __all__ = ["evaluate", "predict", "train", "tree", "tree_info"]
 
 
 def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict:
-    """Fit an :class:`~xmldask.models.EmbeddingClassifier` (or a tree, LEML or BR model) on a dataset store; save it.
+    """Fit the model family that ``model`` names on a dataset store and save it: one path for every family (the
+    embedding classifier adds its screened search and its ensemble).
 
     Parameters
     ----------
@@ -55,7 +57,8 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     overwrite : bool
         Replace an existing model store.
     **params
-        :class:`~xmldask.params.TrainParams` (``embedding``, ``k``, ``kernel``, ``features``, ``alpha``,
+        :class:`~xmldask.models.TrainParams` (``model`` and its family's fields: for the embedding classifier
+        ``embedding``, ``k``, ``kernel``, ``features``, ``alpha``,
         ``n_random_features``, ``max_epochs``, ``seed``, ``n_estimators``, ``search``,
         ``search_strategy``, ``search_extensions``, ``search_screen``; their defaults are the command line's and the
         flows'), and further :class:`~xmldask.models.EmbeddingClassifier` parameters (e.g.
@@ -82,14 +85,12 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     _check_trainable(train_url)
     if p.model == "auto" and choose_model(train_url, params, extra) == "centroid":
         p = validated(TrainParams, {**_given(params), "model": "centroid"})
-    if p.tree is not None:
-        return _train_tree_classifier(train_url, out, p, overwrite=overwrite, **extra)
     if p.model not in ("embedding", "auto"):
         return _train_family(train_url, out, p, overwrite=overwrite, given=_given(params), **extra)
     unknown = sorted(set(extra) - set(EmbeddingClassifier._get_param_names()) | set(extra) & _SET_BY_THE_JOB)
     if unknown:
-        raise ValueError(f"unknown training parameter(s) {', '.join(unknown)}; known: "
-                         f"{', '.join([*TrainParams.model_fields, *_estimator_only()])}")
+        known = [*SCHEMAS["embedding"].own_fields(), *FamilyParams.model_fields, "model", *_estimator_only()]
+        raise ValueError(f"unknown training parameter(s) {', '.join(unknown)}; known: {', '.join(known)}")
     _check_model_target(out, overwrite, [train_url], tree=False)
     data = open_dataset(train_url)
     check_fully_observed(data, "the embedding classifier")
@@ -98,9 +99,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     start = time.perf_counter()
     if search or p.n_estimators != 1:
         data = _held_in_memory(data)
-    model = EmbeddingClassifier(embedding=p.embedding, n_components=k, kernel=p.kernel, features=p.features,
-                                alpha=p.alpha, n_random_features=p.n_random_features, max_epochs=p.max_epochs,
-                                time_budget=p.time_budget, random_state=p.seed, **extra)
+    model = EmbeddingClassifier.from_params(p.model_copy(update={"k": k}), **extra)
     grid = _search_grid(search) if search else None
     chosen = {}
     if grid:
@@ -194,7 +193,7 @@ def _held_in_memory(data):
     return dataclasses.replace(data, X=X, Y=Y)
 
 
-#: estimator parameters the job sets from :class:`~xmldask.params.TrainParams` (under the job's names)
+#: estimator parameters the job sets from :class:`~xmldask.models.TrainParams` (under the job's names)
 _SET_BY_THE_JOB = frozenset({"n_components", "random_state"})
 
 
@@ -250,7 +249,9 @@ def _fit_to_data(p: TrainParams, data, given=frozenset()) -> tuple[int, dict | N
 def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, given: dict | None = None,
                   **extra) -> dict:
     """``train(..., model=NAME)``: fit and save the model family registered under ``NAME``
-    (:data:`xmldask.base.FAMILIES`: LEML, binary relevance, ...) on the dataset store."""
+    (:data:`xmldask.base.FAMILIES`: LEML, binary relevance, the boosting models, the centroids, a tree's
+    classifier) on the dataset store, with the held-out search of its ``auto_search`` unless its parameters are
+    given."""
     from . import models  # noqa: F401  (defines the families)
 
     cls = FAMILIES[p.model]
@@ -262,7 +263,8 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
         est = cls.from_params(p, **extra)
     except TypeError as exc:  # a constructor parameter that the training parameters set
         raise ValueError(f"--model {p.model}: {exc}; give it as a training parameter") from None
-    _check_model_target(out, overwrite, [train_url], tree=False)
+    schema = SCHEMAS[p.model]
+    _check_model_target(out, overwrite, [train_url, *([p.tree] if p.model == "tree" else [])], tree=False)
     data = open_dataset(train_url)
     grid = _family_grid(cls, p, {**(given or {}), **extra})
     start = time.perf_counter()
@@ -282,14 +284,19 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
                                                               started=start)
         est = fitted.best_estimator_
     else:
+        if getattr(cls, "many_passes", False):  # a pass per epoch: the rows read from the store once
+            data = _held_in_memory(data)
         est.fit_dataset(data)
         if "time_budget" not in est.get_params(deep=False):  # a model that cannot stop early: its one fit
             _check_one_fit(p.time_budget, time.perf_counter() - start)
     seconds = time.perf_counter() - start
-    est.save(out, overwrite=overwrite, meta={"train_url": train_url, **({"search": fitted.record()} if grid else {})})
+    meta = {"train_url": train_url, **({"tree_url": p.tree} if p.model == "tree" else {}),
+            **({"search": fitted.record()} if grid else {})}
+    est.save(out, overwrite=overwrite, meta=meta)
     return {"model": out, "train": train_url, "seconds": round(seconds, 3),
-            "params": {"model": p.model, "seed": p.seed, **_public(est.get_params(deep=False))}, **est.train_summary(),
-            **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {})}
+            "params": {"model": p.model, "seed": p.seed, **_public(est.get_params(deep=False), schema)},
+            **est.train_summary(),
+            **({"search": [{**r, "params": _public(r["params"], schema)} for r in fitted.results_]} if grid else {})}
 
 
 def _family_grid(cls, p: TrainParams, given: dict) -> dict | None:
@@ -299,16 +306,19 @@ def _family_grid(cls, p: TrainParams, given: dict) -> dict | None:
     if not p.search:
         return None
     if p.search == "auto":
-        given = {_ESTIMATOR_NAMES.get(name, name) for name in given}
+        names = SCHEMAS[p.model].estimator_names
+        given = {names.get(name, name) for name in given}
         grid = {name: list(values) for name, values in getattr(cls, "auto_search", {}).items() if name not in given}
         return grid or None
     check_search({"model": p.model, "search": p.search})
-    return _search_grid(p.search)
+    return _search_grid(p.search, SCHEMAS[p.model])
 
 
-#: the parameters of ``model="auto"`` that only the embedding classifier takes: one of them given keeps it
-_EMBEDDING_ONLY = ("embedding", "k", "kernel", "alpha", "n_random_features", "max_epochs", "n_estimators", "tree",
-                   "tree_form", "search_strategy", "search_screen", "search_repeats", "search_extensions")
+#: the parameters of ``model="auto"`` that the embedding classifier takes and the centroids do not (they search
+#: nothing): one of them given keeps the embedding classifier
+_EMBEDDING_ONLY = tuple(name for name in SCHEMAS["embedding"].model_fields
+                        if name not in SCHEMAS["centroid"].own_fields() and name not in ("model", "seed", "search",
+                                                                                         "time_budget"))
 
 
 def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:
@@ -379,13 +389,10 @@ def _check_memory(est, data) -> None:
     return need
 
 
-#: estimator parameters under their training parameters' names (:class:`~xmldask.params.TrainParams`)
-_ESTIMATOR_NAMES = {"k": "n_components", "depth": "max_depth"}
-
-
-def _public(params: dict) -> dict:
-    """Estimator parameters in the job's names: ``n_components`` as ``k``, ``max_depth`` as ``depth``."""
-    public = {estimator: job for job, estimator in _ESTIMATOR_NAMES.items()}
+def _public(params: dict, schema: type[FamilyParams] = FamilyParams) -> dict:
+    """Estimator parameters in the job's names (``schema``'s :attr:`~xmldask.params.FamilyParams.estimator_names`:
+    ``n_components`` as ``k``, ``max_depth`` as ``depth``, ...)."""
+    public = {estimator: job for job, estimator in schema.estimator_names.items() if job != "seed"}
     return {public.get(name, name): value for name, value in params.items()}
 
 
@@ -405,20 +412,20 @@ def check_search(params: dict) -> None:
     else:
         from . import models  # noqa: F401  (defines the families)
 
-        known = list(_public(dict.fromkeys(FAMILIES[model]._get_param_names())))
+        known = list(_public(dict.fromkeys(FAMILIES[model]._get_param_names()), SCHEMAS[model]))
         what = f"of --model {model}; it has"
     unknown = [name for name in search if name not in known]
     if unknown:
         raise ValueError(f"--search {', '.join(unknown)}: not a parameter {what} {', '.join(known)}")
 
 
-def _search_grid(search: dict) -> dict:
-    """The classifier's names for a search given in the job's names (``k``; a former kernel name read as the
-    kernel it names)."""
+def _search_grid(search: dict, schema: type[FamilyParams] = FamilyParams) -> dict:
+    """The estimator's names for a search given in the job's names (``schema``'s: ``k``, ``depth``; a former kernel
+    name read as the kernel it names)."""
     grid = {}
     for name, values in search.items():
         values = list(values) if isinstance(values, (list, tuple)) else [values]
-        grid[_ESTIMATOR_NAMES.get(name, name)] = [kernel_name(v) for v in values] if name == "kernel" else values
+        grid[schema.estimator_names.get(name, name)] = [kernel_name(v) for v in values] if name == "kernel" else values
     return grid
 
 
@@ -653,32 +660,3 @@ def tree_info(tree_url: str, data_url: str) -> dict:
     return {**figures, "n_nodes": int(len(model.table_)), "n_leaves": model.n_leaves_,
             "max_depth": int(model.max_depth), "leaf_labels": int(model.leaf_labels), "tree": tree_url,
             "data": data_url}
-
-
-def _train_tree_classifier(train_url: str, out: str, p: TrainParams, *, overwrite: bool, **extra) -> dict:
-    """``train(..., tree=URL)``: the candidate-restricted classifier of that tree (rank ``k``, ``max_epochs``
-    passes at most, early-stopped on held-out training rows: the kept pass is ``best_epoch``)."""
-    from .models.tree_classifier import TreeClassifier
-
-    unknown = sorted(set(extra) - set(TreeClassifier._get_param_names())
-                     | set(extra) & {"tree", "n_components", "form", "n_epochs"})
-    if unknown:
-        raise ValueError(f"{', '.join(unknown)} do not apply to the tree classifier (tree=); its options are "
-                         f"k (n_components), tree_form (form), max_epochs (passes), seed and "
-                         f"{', '.join(TreeClassifier._get_param_names())}")
-    _check_model_target(out, overwrite, [train_url, p.tree], tree=False)
-    data = open_dataset(train_url)
-    check_fully_observed(data, "the tree classifier")
-    model = TreeClassifier(p.tree, n_components=p.k, form=p.tree_form, n_epochs=p.max_epochs, random_state=p.seed,
-                           time_budget=p.time_budget, **extra)
-    start = time.perf_counter()
-    rows = _held_in_memory(data)  # a pass per epoch
-    model.fit(rows.X, rows.Y)
-    seconds = time.perf_counter() - start
-    model.save(out, overwrite=overwrite, meta={"train_url": train_url, "tree_url": p.tree})
-    return {"model": out, "train": train_url, "tree": p.tree, "seconds": round(seconds, 3),
-            "n_passes": int(model.n_passes_), "task": model.task_,
-            "params": {"k": p.k, "tree_form": p.tree_form, "max_epochs": p.max_epochs, "seed": p.seed, **extra},
-            "training": {key: model.history_[-1][key] for key in ("loss", "skipped")},
-            "held_out": dict(model.held_out_), "best_epoch": int(model.best_epoch_),
-            "backoffs": sum(bool(h.get("backoff")) for h in model.history_)}

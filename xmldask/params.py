@@ -1,20 +1,22 @@
-"""The parameters of training, defined once: ``xmldask train``, :func:`xmldask.jobs.train`, the train stage
-flow, the pipeline and the refresh flow all take :class:`TrainParams`; ``xmldask tree``,
-:func:`xmldask.jobs.tree`, the tree stage flow and the pipeline's tree options take :class:`TreeParams`.
+"""The parameters of training, defined once: the shared block of every model family (:class:`FamilyParams`;
+each family's schema, next to its estimator, adds its own fields) and the spectral label tree's
+(:class:`TreeParams`: ``xmldask tree``, :func:`xmldask.jobs.tree`, the tree stage flow and the pipeline's tree
+options). :class:`xmldask.models.TrainParams` joins the families' schemas, keyed on ``model``: ``xmldask
+train``, :func:`xmldask.jobs.train`, the train stage flow, the pipeline and the refresh flow all take it.
 
 The command line's options are generated from the fields (:func:`add_arguments`, :func:`from_args`), the
 Prefect flows take the model itself as a typed parameter (validated, and shown as one form in the UI),
 and :func:`xmldask.jobs.train` validates its keyword arguments with it. A field's type, default and
-description are written here and nowhere else.
+description are written once, in its schema.
 
 Examples
 --------
->>> TrainParams(k=32, kernel="none").k
-32
->>> TrainParams(k=0)                                          # doctest: +ELLIPSIS
+>>> TreeParams(depth=8).leaf_labels
+25
+>>> TreeParams(depth=0)                                       # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
-pydantic_core._pydantic_core.ValidationError: 1 validation error for TrainParams
+pydantic_core._pydantic_core.ValidationError: 1 validation error for TreeParams
 ...
 """
 
@@ -27,8 +29,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-__all__ = ["AUTO_ESTIMATORS", "AUTO_SEARCH", "BOOSTING_MODELS", "DEFAULTS", "KERNELS", "KERNEL_ALIASES",
-           "TrainParams", "TreeParams", "add_arguments", "from_args", "kernel_name", "parse_grid", "validated"]
+__all__ = ["AUTO_ESTIMATORS", "AUTO_SEARCH", "FEATURES_HELP", "KERNELS", "KERNEL_ALIASES", "FamilyParams",
+           "TreeParams", "add_arguments", "from_args", "kernel_name", "parse_grid", "validated"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -69,65 +71,42 @@ MAX_SCREEN_REPEATS = 5
 #: holding out its own rows) and the probabilities averaged, as Omikuji's default averages 3 trees (its
 #: measurements: docs/measurements.md). Without a search (``--no-search``): 1
 AUTO_ESTIMATORS = 3
-#: passes of the tree classifier (``tree=``) unless ``max_epochs`` is given: its
-#: :class:`~xmldask.models.tree_classifier.TreeClassifier` default (the reference code trains 200-250)
-TREE_PASSES = 200
 #: a spectral label tree's maximum depth and leaf label budget: the defaults of :class:`TreeParams`,
 #: :class:`~xmldask.tree.SpectralLabelTree` and :func:`~xmldask.tree.growth.grow_tree` (the reference code's)
 TREE_DEPTH, TREE_LEAF_LABELS = 14, 25
-#: the parameters that apply with ``tree=`` and with ``model="leml"|"br"``
-_SEARCH_PARAMS = {"search", "search_strategy", "search_extensions", "search_screen", "search_repeats", "time_budget"}
-_TREE_PARAMS = {"model", "tree", "tree_form", "k", "max_epochs", "seed", *_SEARCH_PARAMS}
-_LOW_RANK_PARAMS = {"model", "k", "loss", "lam", "n_iter", "features", "seed", *_SEARCH_PARAMS}
-#: the model families of multiclass boosting, and the parameters that apply to them
-BOOSTING_MODELS = ("gradfac", "gfen", "mll", "ovr")
-_BOOSTING_PARAMS = {"model", "rounds", "learning_rate", "depth", "seed", *_SEARCH_PARAMS}
-#: the parameters that apply with ``model="centroid"`` (the label-centroid classifier of large label spaces)
-_CENTROID_PARAMS = {"model", "features", "seed", *_SEARCH_PARAMS}
+#: the input features of the families that take ``features``
+Features = Literal["raw", "l2", "tfidf"]
+FEATURES_HELP = ("input rows as they are, scaled to unit L2 norm, or tf-idf weighted then scaled (idf of the training "
+                 "rows, kept in the model)")
 
 
-def _resolve_for(cls, data: dict, what: str, applicable: set, *, searched: bool = False) -> dict:
-    """``data`` without an ensemble (and, unless the family is ``searched`` by the job, without a search), after
-    refusing the parameters given (not at their defaults) that do not apply."""
-    fields = cls.model_fields
-    ignored = sorted(name for name, value in data.items()
-                     if name in fields and name not in applicable and value != fields[name].default
-                     and not (name == "n_estimators" and value == 1))  # 1: what "auto" resolves to here
-    if ignored or (not searched and data.get("search") not in (None, "auto")):
-        raise ValueError(f"{', '.join(ignored) or 'search'} do(es) not apply with {what} (it takes "
-                         f"{', '.join(sorted(applicable - _SEARCH_PARAMS))})")
-    return {**data, "n_estimators": 1} if searched else {**data, "search": None, "n_estimators": 1}
+class FamilyParams(BaseModel):
+    """The training parameters every model family takes (the shared block). A family's schema subclasses it
+    next to its estimator, sets ``model`` to the family's names (a ``Literal`` with a default) and adds its own
+    fields with their defaults; :class:`xmldask.models.TrainParams` joins the schemas, keyed on ``model``.
 
-
-class TrainParams(BaseModel):
-    """How a model is trained from a dataset store (every path takes these names and defaults)."""
+    A field named as the job names it (``k``, ``seed``, ``depth``) sets the estimator parameter that
+    :attr:`estimator_names` maps it to (``n_components``, ``random_state``, ``max_depth``); the others set the
+    estimator parameter of their own name, whose constructor default is the field's (tests/test_params.py checks
+    every family). The fields in :attr:`job_fields` are the job's (the search, the ensemble), no estimator's.
+    """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+    #: the job's names of estimator parameters
+    estimator_names: typing.ClassVar[dict[str, str]] = {"k": "n_components", "seed": "random_state"}
+    #: fields the job reads, which set no estimator parameter
+    job_fields: typing.ClassVar[tuple[str, ...]] = (
+        "model", "search", "search_strategy", "search_screen", "search_repeats", "search_extensions")
+    #: whether ``search="auto"`` searches this family (by its estimator's ``auto_search``); else no search is taken
+    searched: typing.ClassVar[bool] = True
 
-    embedding: Literal["rembrandt", "cs", "plst", "pca"] = Field(
-        "rembrandt", description="label embedding (rembrandt, cs, plst) or feature embedding (pca)")
-    k: PositiveInt = Field(50, description="embedding dimension; at most the number of labels (a larger k is "
-                                           "lowered to it, with a message)")
-    kernel: Kernel = Field(
-        "gaussian", description="random Fourier features of the embedded predictions: none (linear), gaussian or "
-                                "laplacian (cauchy, its former name, is read too)")
-    features: Literal["raw", "l2", "tfidf"] = Field(
-        "raw", description="input rows as they are, scaled to unit L2 norm, or tf-idf weighted then scaled (idf of "
-                           "the training rows, kept in the model)")
-    alpha: Annotated[float, Field(ge=0)] = Field(1e-3, description="ridge of the regression onto the embedding "
-                                                                   "(relative to the mean squared feature norm)")
-    n_random_features: PositiveInt = Field(2000, description="random features of the kernel")
-    max_epochs: Annotated[int, Field(ge=0)] = Field(10, description="decoder epochs at most (early-stopped on "
-                                                                     "held-out training rows)")
     seed: int = Field(0, ge=0, description="seed of every random step (same seed, same model)")
-    n_estimators: PositiveInt | Literal["auto"] = Field(
-        "auto", description="an ensemble of N models with different seeds, each holding out its own rows, predicting "
-                            f"their mean probability; auto: {AUTO_ESTIMATORS} after a search, 1 without")
     search: dict[str, list[int | float | str]] | Literal["auto"] | None = Field(
-        "auto", description="parameters chosen by held-out P@1 on the training rows: a parameter and the values to "
-                            "try, e.g. --search alpha=0.001,1 --search k=50,150 (in Python, {'alpha': [0.001, 1], "
-                            "'k': [50, 150]}); auto: the input features, k, alpha and the kernel, each unless it is "
-                            "given; none (--no-search): one fit")
+        "auto", description="parameters chosen by held-out scores on the training rows: a parameter and the values "
+                            "to try, e.g. --search alpha=0.001,1 --search k=50,150 (in Python, {'alpha': [0.001, 1], "
+                            "'k': [50, 150]}); auto: each family's own choices (embedding: the input features, k, "
+                            "alpha and the kernel; leml and br: lam, row scaling and an intercept; boosting: the "
+                            "depth), each unless it is given; none (--no-search): one fit")
     search_strategy: Literal["coordinate", "grid"] = Field(
         "coordinate", description="coordinate: one parameter at a time, in the order given; grid: every combination")
     search_screen: bool = Field(
@@ -143,68 +122,41 @@ class TrainParams(BaseModel):
         None, description="seconds the training may take: the search stops when its next fit would not end in "
                           "time, the ensemble keeps the members that fit, and the best model so far is saved "
                           "(a budget shorter than one fit is refused with that fit's time); none: no limit")
-    model: Literal["auto", "embedding", "centroid", "leml", "br", "gradfac", "gfen", "mll", "ovr"] = Field(
-        "auto", description="auto: centroid when it scores fewer labels a row than a flat model (more than about "
-                            "2,000 labels: xmldask.jobs.choose_model), else embedding, unless an option of one of "
-                            "them is given; embedding: the label-embedding classifier, which scores every label; "
-                            "centroid: label centroids in a balanced label tree, scoring the labels of a row's best "
-                            "clusters only (large label spaces); leml: low-rank Z = W H^T of rank k "
-                                 "(Yu et al. 2014) on the observed label entries (missing labels); br: binary "
-                                 "relevance on them (LEML's baseline); multiclass boosting of oblivious trees: "
-                                 "gradfac (one tree a round, the factorised gradient), gfen (its Elastic-Net "
-                                 "factorisation), mll (one tree per class a round), ovr (one-vs-rest)")
-    loss: Literal["squared", "logistic", "sqhinge"] = Field("squared", description="leml and br: the loss")
-    lam: Annotated[float, Field(gt=0)] = Field(0.1, description="leml and br: the regulariser lam of eq. (4); "
-                                                                 "chosen on held-out rows unless given (search auto)")
-    n_iter: PositiveInt = Field(5, description="leml: alternations of the H- and W-steps")
-    rounds: PositiveInt = Field(1000, description="boosting: rounds at most (early-stopped on held-out training "
-                                                  "rows); a round grows 1 tree (gradfac, gfen) or one per class")
-    learning_rate: Annotated[float, Field(gt=0)] = Field(0.3, description="boosting: shrinkage of every tree")
-    depth: Annotated[int, Field(ge=1, le=16)] = Field(6, description="boosting: depth of the oblivious trees")
-    tree: str | None = Field(
-        None, description="a spectral label tree store (xmldask tree): train its candidate-restricted classifier "
-                          f"instead (rank k, max_epochs passes at most, default {TREE_PASSES}, early-stopped on "
-                          "held-out training rows; seed)")
-    tree_form: Literal["low_rank", "per_label"] = Field(
-        "low_rank", description="with tree: the classifier's form, low_rank (rank-k U shared by the leaves, V and b "
-                                "per leaf: the paper's ALOI form) or per_label (a weight vector per label shared by "
-                                "the leaves, a bias per leaf and candidate: its text form)")
 
     @model_validator(mode="before")
     @classmethod
-    def _resolve_defaults(cls, data):
-        """``search="auto"`` (the default) becomes the :data:`AUTO_SEARCH` of the parameters not given; with
-        ``tree`` no search, :data:`TREE_PASSES` passes unless given, and the parameters of the embedding
-        classifier refused (resolved here once, so a dumped and reloaded model is the same)."""
-        if not isinstance(data, dict):
+    def _resolve(cls, data):
+        return cls.resolve(data) if isinstance(data, dict) else data
+
+    @classmethod
+    def family_names(cls) -> tuple[str, ...]:
+        """The values of ``model`` that this schema describes."""
+        return typing.get_args(cls.model_fields["model"].annotation)
+
+    @classmethod
+    def own_fields(cls) -> tuple[str, ...]:
+        """The fields this family adds to the shared block."""
+        return tuple(name for name in cls.model_fields if name not in FamilyParams.model_fields and name != "model")
+
+    @classmethod
+    def resolve(cls, data: dict) -> dict:
+        """The family's rules on the parameters given (``data``, before validation): none by default, and for a
+        family that is not :attr:`searched`, no search (one given is refused)."""
+        if cls.searched:
             return data
-        if isinstance(data.get("kernel"), str):
-            data = {**data, "kernel": KERNEL_ALIASES.get(data["kernel"], data["kernel"])}
-        model = data.get("model", "auto")
-        if model == "centroid":
-            return _resolve_for(cls, data, "model=centroid", _CENTROID_PARAMS)
-        if model in BOOSTING_MODELS:
-            return _resolve_for(cls, data, f"model={model}", _BOOSTING_PARAMS, searched=True)
-        only_boosting = sorted(name for name in ("rounds", "learning_rate", "depth")
-                               if name in data and data[name] != cls.model_fields[name].default)
-        if only_boosting:
-            raise ValueError(f"{', '.join(only_boosting)} apply only with model={'|'.join(BOOSTING_MODELS)}")
-        if model not in ("embedding", "auto"):
-            return _resolve_for(cls, data, f"model={model}", _LOW_RANK_PARAMS, searched=True)
-        if data.get("tree"):
-            return _resolve_for(cls, {"max_epochs": TREE_PASSES, **data}, "tree=", _TREE_PARAMS)
-        if data.get("tree_form", "low_rank") != "low_rank":
-            raise ValueError("tree_form applies only with tree=")
-        only_low_rank = sorted(name for name in ("loss", "lam", "n_iter")
-                               if name in data and data[name] != cls.model_fields[name].default)
-        if only_low_rank:
-            raise ValueError(f"{', '.join(only_low_rank)} apply only with model=leml or model=br")
-        if data.get("search", "auto") == "auto":
-            data = {**data, "search": {name: list(values) for name, values in AUTO_SEARCH.items()
-                                       if name not in data} or None}
-        if data.get("n_estimators", "auto") == "auto":
-            data = {**data, "n_estimators": AUTO_ESTIMATORS if data["search"] else 1}
-        return data
+        if data.get("search") not in (None, "auto"):
+            raise ValueError(f"search does not apply with model={cls.family_names()[0]} (it takes "
+                             f"{', '.join(cls.own_fields())})")
+        return {**data, "search": None}
+
+    def estimator_params(self, names) -> dict:
+        """The parameters these fields set of an estimator whose constructor takes ``names``."""
+        out = {}
+        for field in type(self).model_fields:
+            name = self.estimator_names.get(field, field)
+            if field not in self.job_fields and name in names:
+                out[name] = getattr(self, field)
+        return out
 
 
 def parse_grid(items: list[str], aliases: dict[str, str] | None = None) -> dict[str, list]:
@@ -232,10 +184,6 @@ def parse_grid(items: list[str], aliases: dict[str, str] | None = None) -> dict[
             raise ValueError(f"parameter {name!r} is given twice in the search")
         grid[name] = [value(v.strip()) for v in values.split(",") if v.strip()]
     return grid
-
-
-#: the defaults (frozen): the default ``model`` parameter of every flow
-DEFAULTS = TrainParams()
 
 
 class TreeParams(BaseModel):
@@ -268,7 +216,7 @@ def _dest(prefix: str, name: str) -> str:
     return (prefix + name).replace("-", "_")
 
 
-def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel] = TrainParams, *,
+def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], *,
                   title: str | None = "training parameters", prefix: str = "", exclude: tuple[str, ...] = ()) -> None:
     """Add one ``--PREFIXname`` option per field of ``model`` but ``exclude`` (type, choices, default and help
     from the field), in a new argument group named ``title`` (``None``: to ``parser`` itself, e.g. a group).
@@ -319,7 +267,7 @@ def _number_or(kind, words: tuple[str, ...]):
     return convert
 
 
-def from_args(args: argparse.Namespace, model: type[BaseModel] = TrainParams, *, prefix: str = "") -> dict:
+def from_args(args: argparse.Namespace, model: type[BaseModel], *, prefix: str = "") -> dict:
     """The fields given on the command line (options added by :func:`add_arguments` with the same
     ``prefix``; ``search`` parsed into a dict), validated by ``model``."""
     given = {name: getattr(args, _dest(prefix, name)) for name in model.model_fields
@@ -358,5 +306,5 @@ def validated(model: type[BaseModel], given: dict) -> BaseModel:
     except ValidationError as exc:
         problems = "; ".join(f"{'.'.join(str(p) for p in err['loc'])} = {err.get('input')!r}: {err['msg']}"
                              for err in exc.errors())
-        what = "training" if model is TrainParams else model.__name__.removesuffix("Params").lower()
+        what = "training" if model.__name__ == "TrainParams" else model.__name__.removesuffix("Params").lower()
         raise ValueError(f"invalid {what} parameters: {problems}") from None

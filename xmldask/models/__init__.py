@@ -10,7 +10,8 @@ minimisation with missing labels (Yu et al. 2014), :class:`BinaryRelevance` its 
 :class:`TreeClassifier` the candidates of a spectral label tree's leaves.
 :class:`GradFac`, :class:`GradFacEN`, :class:`MultinomialBoosting` and :class:`OneVsRestBoosting` are
 multiclass gradient boosting of oblivious trees (GradFac: one tree a round for any number of classes).
-:func:`load_model` reads any of them.
+:func:`load_model` reads any of them. Each family's training parameters are a schema next to its estimator;
+:class:`TrainParams` joins them, keyed on ``model`` (:mod:`xmldask.models.families`).
 """
 
 from ..base import MODEL_CLASSES, NotFittedError, kept_epoch, registered_class
@@ -18,15 +19,16 @@ from ._graph import HeldOut
 from .centroid import CENTROID_VERSION, LabelCentroidClassifier
 from .embedding_classifier import MODEL_VERSION, EmbeddingClassifier
 from .ensemble import ENSEMBLE_VERSION, EnsembleClassifier
-from .gradfac import BOOSTING_VERSION, GradFac, GradFacEN, MultinomialBoosting, OneVsRestBoosting
-from .leml import LEML, LEML_VERSION, BinaryRelevance
+from .families import DEFAULTS, FAMILY_PARAMS, TrainParams
+from .gradfac import BOOSTING_VERSION, BoostingParams, GradFac, GradFacEN, MultinomialBoosting, OneVsRestBoosting
+from .leml import LEML, LEML_VERSION, BinaryRelevance, BinaryRelevanceParams, LEMLParams
 from .tree_classifier import TreeClassifier
 
-__all__ = ["BOOSTING_VERSION", "CENTROID_VERSION", "ENSEMBLE_VERSION", "LEML", "LEML_VERSION", "MODEL_VERSION",
-           "BinaryRelevance", "EmbeddingClassifier", "EnsembleClassifier", "GradFac", "GradFacEN", "HeldOut",
-           "LabelCentroidClassifier", "MultinomialBoosting", "NotFittedError", "OneVsRestBoosting", "TreeClassifier",
-           "kept_epoch",
-           "load_model"]
+__all__ = ["BOOSTING_VERSION", "BinaryRelevance", "BinaryRelevanceParams", "BoostingParams", "CENTROID_VERSION",
+           "DEFAULTS", "ENSEMBLE_VERSION", "EmbeddingClassifier", "EnsembleClassifier", "FAMILY_PARAMS", "GradFac",
+           "GradFacEN", "HeldOut", "LEML", "LEMLParams", "LEML_VERSION", "LabelCentroidClassifier", "MODEL_VERSION",
+           "MultinomialBoosting", "NotFittedError", "OneVsRestBoosting", "TrainParams", "TreeClassifier",
+           "kept_epoch", "load_model"]
 
 
 

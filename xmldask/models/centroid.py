@@ -23,16 +23,19 @@ import functools
 import logging
 import math
 import operator
+from typing import Literal
 
 import dask
 import dask.array as da
 import numpy as np
 import psutil
 import scipy.sparse as sp
+from pydantic import Field
 
 from ..base import ParamsMixin, as_rows, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
 from ..metrics import paired_gain
+from ..params import FamilyParams
 from ..scheduling import memory_for_data, parallelism, release_memory, worker_memory_limit
 from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
@@ -41,8 +44,9 @@ from . import _kernels as K
 from ._candidates import candidate_topk, sparse_product_dense
 from ._svm import cluster_svms
 
-__all__ = ["CENTROID_VERSION", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory", "classifiers_fit",
-           "entry_bound", "label_block_bounds", "label_passes", "labels_scored_per_row", "svm_groups"]
+__all__ = ["CENTROID_VERSION", "CentroidParams", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory",
+           "classifiers_fit", "entry_bound", "label_block_bounds", "label_passes", "labels_scored_per_row",
+           "svm_groups"]
 
 logger = logging.getLogger(__name__)
 
@@ -614,6 +618,25 @@ def _checked(value, name: str, where: str):
     return value
 
 
+class CentroidParams(FamilyParams):
+    """``xmldask train --model centroid`` (and ``auto`` on large label spaces): label centroids in a balanced label
+    tree (:class:`LabelCentroidClassifier`); its beam, weights and classifiers are chosen on held-out rows in its
+    fit, so the job searches nothing."""
+
+    searched = False
+
+    model: Literal["centroid"] = "centroid"
+    features: Literal["raw", "l2", "tfidf"] = Field(
+        "tfidf", description="rows tf-idf weighted (idf of the training rows) then scaled to unit L2 norm, or only "
+                             "scaled (l2; raw is read as l2: centroids are compared by cosine)")
+
+    @classmethod
+    def resolve(cls, data: dict) -> dict:
+        """No search; ``features="raw"`` is ``"l2"`` (rows are always scaled)."""
+        data = super().resolve(data)
+        return {**data, "features": "l2"} if data.get("features") == "raw" else data
+
+
 class LabelCentroidClassifier(ParamsMixin, SavedModel):
     """Label centroids in a balanced label tree: candidates from the ``beam`` best label clusters of a row.
 
@@ -672,6 +695,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     """
 
     family = "centroid"
+    params_schema = CentroidParams
     W_ = _StoredArray()
     M_ = _StoredArray()
     #: the fitted arrays that a loaded model reads when first used (:class:`_StoredArray`)
@@ -683,16 +707,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     _SCALARS = ("n_features_in", "n_labels", "n_samples_seen", "n_unseen_labels", "n_passes", "task", "beam",
                 "held_out", "summary_exponent", "svm_weight")
 
-    @classmethod
-    def from_params(cls, params, **extra) -> LabelCentroidClassifier:
-        """``xmldask train --model centroid``: ``features`` (tf-idf unless given) and ``seed``."""
-        features = params.features if "features" in params.model_fields_set else "tfidf"
-        if features == "raw":
-            features = "l2"  # the centroids are cosines: rows are always scaled
-        return cls(features=features, random_state=params.seed, **extra)
-
-    def __init__(self, *, features: str = "tfidf", leaf_labels: int = 100, beam="auto", summary_exponent="auto",
-                 svm_weight="auto", random_state=0):
+    def __init__(self, *, features: str = CentroidParams().features, leaf_labels: int = 100, beam="auto",
+                 summary_exponent="auto", svm_weight="auto", random_state=0):
         self.features, self.leaf_labels, self.beam, self.random_state = features, leaf_labels, beam, random_state
         self.summary_exponent, self.svm_weight = summary_exponent, svm_weight
 

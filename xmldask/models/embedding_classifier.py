@@ -33,24 +33,37 @@ import math
 import queue
 import threading
 import time
+from typing import Annotated, Literal
 
 import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
+from pydantic import Field
 
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..embedding import PLST, CompressedSensing, PCAEmbedding, Rembrandt
 from ..linalg import ridge_lstsq, x_q
-from ..params import kernel_name
+from ..params import (
+    AUTO_ESTIMATORS,
+    AUTO_SEARCH,
+    FEATURES_HELP,
+    KERNEL_ALIASES,
+    FamilyParams,
+    Features,
+    Kernel,
+    PositiveInt,
+    kernel_name,
+)
 from ..scheduling import parallelism
 from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
 from ._screen import Screener
 
-__all__ = ["MODEL_VERSION", "SGD_CHAIN_BLOCKS", "SGD_CLUSTER_ENTRIES", "EmbeddingClassifier", "NotFittedError"]
+__all__ = ["MODEL_VERSION", "SGD_CHAIN_BLOCKS", "SGD_CLUSTER_ENTRIES", "EmbeddingClassifier", "EmbeddingParams",
+           "NotFittedError"]
 
 logger = logging.getLogger("xmldask.models")
 
@@ -81,6 +94,51 @@ SGD_CLUSTER_ENTRIES = 1 << 28
 SGD_CHAIN_BLOCKS = 4
 
 
+class EmbeddingParams(FamilyParams):
+    """``xmldask train --model embedding`` (and ``auto`` where it scores fewer labels a row than the centroids):
+    the label-embedding classifier (:class:`EmbeddingClassifier`), which scores every label, searched and averaged
+    over an ensemble by default."""
+
+    job_fields = (*FamilyParams.job_fields, "n_estimators")
+
+    model: Literal["auto", "embedding"] = "auto"
+    embedding: Literal["rembrandt", "cs", "plst", "pca"] = Field(
+        "rembrandt", description="label embedding (rembrandt, cs, plst) or feature embedding (pca)")
+    k: PositiveInt = Field(50, description="embedding dimension; at most the number of labels (a larger k is "
+                                           "lowered to it, with a message)")
+    kernel: Kernel = Field(
+        "gaussian", description="random Fourier features of the embedded predictions: none (linear), gaussian or "
+                                "laplacian (cauchy, its former name, is read too)")
+    features: Features = Field("raw", description=FEATURES_HELP)
+    alpha: Annotated[float, Field(ge=0)] = Field(1e-3, description="ridge of the regression onto the embedding "
+                                                                   "(relative to the mean squared feature norm)")
+    n_random_features: PositiveInt = Field(2000, description="random features of the kernel")
+    max_epochs: Annotated[int, Field(ge=0)] = Field(10, description="decoder epochs at most (early-stopped on "
+                                                                     "held-out training rows)")
+    n_estimators: PositiveInt | Literal["auto"] = Field(
+        "auto", description="an ensemble of N models with different seeds, each holding out its own rows, predicting "
+                            f"their mean probability; auto: {AUTO_ESTIMATORS} after a search, 1 without")
+
+    @classmethod
+    def resolve(cls, data: dict) -> dict:
+        """A former kernel name read as the kernel it names; ``search="auto"`` (the default) becomes the
+        :data:`~xmldask.params.AUTO_SEARCH` of the parameters not given, and ``n_estimators="auto"``
+        :data:`~xmldask.params.AUTO_ESTIMATORS` after a search, else 1 (resolved once: a dumped and reloaded model
+        is the same)."""
+        if isinstance(data.get("kernel"), str):
+            data = {**data, "kernel": KERNEL_ALIASES.get(data["kernel"], data["kernel"])}
+        if data.get("search", "auto") == "auto":
+            data = {**data, "search": {name: list(values) for name, values in AUTO_SEARCH.items()
+                                       if name not in data} or None}
+        if data.get("n_estimators", "auto") == "auto":
+            data = {**data, "n_estimators": AUTO_ESTIMATORS if data["search"] else 1}
+        return data
+
+
+#: the defaults of :class:`EmbeddingParams`: the constructor's defaults of its fields
+_DEFAULTS = EmbeddingParams(search=None)
+
+
 def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
     """``out.put(item)`` unless ``stop`` is set first (checked every 0.1 s); whether it was put."""
     while not stop.is_set():
@@ -97,7 +155,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
 
     Parameters
     ----------
-    embedding : ndarray of shape (n_labels, k), str, or estimator
+    embedding : ndarray of shape (n_labels, k), str, or estimator, default "rembrandt"
         The label embedding ``R``; a name (``"rembrandt"``, ``"cs"``, ``"plst"``, ``"pca"``) of an
         estimator of :mod:`xmldask.embedding` (looked up at ``fit`` and fitted with
         ``n_components``); or an estimator with ``fit(X, Y)`` and ``embedding_`` (fitted at ``fit``
@@ -225,13 +283,17 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
     True
     """
 
+    family = "embedding"
+    params_schema = EmbeddingParams
     _MODEL_VERSION = MODEL_VERSION
     _ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
     _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
 
-    def __init__(self, *, embedding=None, n_components: int = 50, features: str = "raw", kernel: str = "gaussian",
-                 n_random_features: int = 2000, bandwidth_scale: float = 1.0, alpha: float = 1e-3,
-                 decoder_alpha: float = 1e-3, task: str = "auto", max_epochs: int = 10, batch_size: int = 4096,
+    def __init__(self, *, embedding=_DEFAULTS.embedding, n_components: int = _DEFAULTS.k,
+                 features: str = _DEFAULTS.features, kernel: str = _DEFAULTS.kernel,
+                 n_random_features: int = _DEFAULTS.n_random_features, bandwidth_scale: float = 1.0,
+                 alpha: float = _DEFAULTS.alpha, decoder_alpha: float = 1e-3, task: str = "auto",
+                 max_epochs: int = _DEFAULTS.max_epochs, batch_size: int = 4096,
                  learning_rate: float = 4.0, momentum: float = 0.9, l2: float = 0.0, sgd_chains="auto",
                  validation_fraction: float = 0.1, max_validation_rows: int = 10000, n_iter_no_change: int = 2,
                  early_stopping: str = "loss", bandwidth_sample: int = 2000, dtype=np.float32,

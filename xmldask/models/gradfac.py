@@ -44,21 +44,24 @@ import logging
 import math
 import time
 import uuid
+from typing import Annotated, Literal
 
 import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 import zarr
+from pydantic import Field
 
 from ..base import BudgetError, NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg import dense_operand
 from ..linalg.passes import ROWS, WHOLE, block_sum, per_block, per_block_objects
+from ..params import FamilyParams
 from ..store import remove, zarr_store
 from ..store.models import SavedModel
 from . import _boost_kernels as BK
 
-__all__ = ["BOOSTING_VERSION", "GradFac", "GradFacEN", "MultinomialBoosting", "OneVsRestBoosting"]
+__all__ = ["BOOSTING_VERSION", "BoostingParams", "GradFac", "GradFacEN", "MultinomialBoosting", "OneVsRestBoosting"]
 
 logger = logging.getLogger("xmldask.models")
 
@@ -76,6 +79,24 @@ EXACT_GRAM_CLASSES = 128
 LOCAL_STATE_BYTES = 256 << 20
 #: trees whose scores are formed at once at prediction
 PREDICT_TREES = 512
+
+
+class BoostingParams(FamilyParams):
+    """``xmldask train --model gradfac|gfen|mll|ovr``: multiclass boosting of oblivious trees (:class:`GradFac`,
+    :class:`GradFacEN`, :class:`MultinomialBoosting`, :class:`OneVsRestBoosting`); the depth chosen and the rounds
+    early-stopped on held-out rows unless given."""
+
+    estimator_names = {**FamilyParams.estimator_names, "depth": "max_depth"}
+
+    model: Literal["gradfac", "gfen", "mll", "ovr"] = "gradfac"
+    rounds: Annotated[int, Field(gt=0)] = Field(
+        1000, description="boosting: rounds at most (early-stopped on held-out training rows); a round grows 1 tree "
+                          "(gradfac, gfen) or one per class")
+    learning_rate: Annotated[float, Field(gt=0)] = Field(0.3, description="boosting: shrinkage of every tree")
+    depth: Annotated[int, Field(ge=1, le=16)] = Field(6, description="boosting: depth of the oblivious trees")
+
+
+_BOOSTING = BoostingParams()
 
 _tokens = itertools.count()
 
@@ -178,18 +199,14 @@ class _Boosting(SavedModel, ParamsMixin):
     #: on the same held-out rows; a grid whose deepest value wins is extended, at most to :data:`MAX_SEARCHED_DEPTH`)
     auto_search = {"max_depth": [6, 10]}
     search_scoring = "loss"
+    params_schema = BoostingParams
 
     def search_bounds(self, X, Y) -> dict[str, tuple]:
         """``max_depth`` is 1 to :data:`MAX_SEARCHED_DEPTH`."""
         return {"max_depth": (1, MAX_SEARCHED_DEPTH)}
 
-    @classmethod
-    def from_params(cls, params, **extra):
-        """``xmldask train --model NAME``: ``rounds``, ``learning_rate``, ``depth`` and ``seed``."""
-        return cls(rounds=params.rounds, learning_rate=params.learning_rate, max_depth=params.depth,
-                   time_budget=params.time_budget, random_state=params.seed, **extra)
-
-    def __init__(self, *, rounds: int = 1000, learning_rate: float = 0.3, max_depth: int = 6, max_bins: int = 64,
+    def __init__(self, *, rounds: int = _BOOSTING.rounds, learning_rate: float = _BOOSTING.learning_rate,
+                 max_depth: int = _BOOSTING.depth, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
                  block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
@@ -545,7 +562,8 @@ class GradFac(_Boosting):
     family = "gradfac"
     _trees = "factor"
 
-    def __init__(self, *, rounds: int = 1000, learning_rate: float = 0.3, max_depth: int = 6, max_bins: int = 64,
+    def __init__(self, *, rounds: int = _BOOSTING.rounds, learning_rate: float = _BOOSTING.learning_rate,
+                 max_depth: int = _BOOSTING.depth, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
                  power_iter: int = 1, block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
@@ -599,7 +617,8 @@ class GradFacEN(GradFac):
 
     family = "gfen"
 
-    def __init__(self, *, rounds: int = 1000, learning_rate: float = 0.3, max_depth: int = 6, max_bins: int = 64,
+    def __init__(self, *, rounds: int = _BOOSTING.rounds, learning_rate: float = _BOOSTING.learning_rate,
+                 max_depth: int = _BOOSTING.depth, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
                  power_iter: int = 1, en_l1_u: float = 0.05, en_l2_u: float = 0.0, en_l1_v: float = 0.05,

@@ -42,6 +42,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Annotated, Literal
 
 import dask
 import dask.array as da
@@ -50,17 +51,19 @@ import scipy.linalg
 import scipy.optimize
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
+from pydantic import Field
 
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg import dense_operand, x_q, xt_b, xt_x_q, yt_x_z
 from ..linalg import gram as linalg_gram
 from ..linalg.passes import block_sum
+from ..params import FEATURES_HELP, FamilyParams
 from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
 from . import _leml_kernels as LK
 
-__all__ = ["LEML", "LEML_VERSION", "BinaryRelevance"]
+__all__ = ["LEML", "LEML_VERSION", "BinaryRelevance", "BinaryRelevanceParams", "LEMLParams"]
 
 logger = logging.getLogger("xmldask.models")
 
@@ -272,6 +275,29 @@ def _solve_sym(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 # estimators
 
 
+class BinaryRelevanceParams(FamilyParams):
+    """``xmldask train --model br``: binary relevance (:class:`BinaryRelevance`) on the observed label entries;
+    ``lam``, row scaling and an intercept chosen on held-out rows unless given."""
+
+    model: Literal["br"] = "br"
+    loss: Literal["squared", "logistic", "sqhinge"] = Field("squared", description="leml and br: the loss")
+    lam: Annotated[float, Field(gt=0)] = Field(0.1, description="leml and br: the regulariser lam of eq. (4); "
+                                                                 "chosen on held-out rows unless given (search auto)")
+    features: Literal["raw", "l2", "tfidf"] = Field("raw", description=FEATURES_HELP)
+
+
+class LEMLParams(BinaryRelevanceParams):
+    """``xmldask train --model leml``: LEML (:class:`LEML`), low-rank ``Z = W H^T`` of rank ``k`` (Yu et al. 2014)
+    on the observed label entries; ``lam``, row scaling and an intercept chosen on held-out rows unless given."""
+
+    model: Literal["leml"] = "leml"
+    k: Annotated[int, Field(gt=0)] = Field(50, description="leml: the rank of Z = W H^T")
+    n_iter: Annotated[int, Field(gt=0)] = Field(5, description="leml: alternations of the H- and W-steps")
+
+
+_LEML, _BR = LEMLParams(), BinaryRelevanceParams()
+
+
 class _LowRankLinear(SavedModel, ParamsMixin):
     """Scores ``x^T W H^T``: prediction, persistence and input checks shared by LEML and binary relevance."""
 
@@ -445,6 +471,7 @@ class LEML(_LowRankLinear):
 
 
     family = "leml"
+    params_schema = LEMLParams
     #: ``xmldask train --model leml`` chooses these by held-out P@3 unless given (coordinate search, from the first
     #: values; the lam grid extended past a winning end): decades of lam, rows scaled or not, a constant feature
     auto_search = {"features": ["l2", "raw"], "fit_intercept": [True, False], "lam": [1.0, 10.0, 100.0]}
@@ -452,16 +479,10 @@ class LEML(_LowRankLinear):
     #: parameters saved under another name by earlier versions
     _FORMER_PARAMS = {"k": "n_components"}
 
-    @classmethod
-    def from_params(cls, params, **extra) -> LEML:
-        """``xmldask train --model leml``: rank ``k``, ``loss``, ``lam``, ``n_iter`` and ``seed``."""
-        return cls(n_components=params.k, loss=params.loss, lam=params.lam, n_iter=params.n_iter,
-                   features=params.features, random_state=params.seed, **extra)
-
-    def __init__(self, *, n_components: int = 50, loss: str = "squared", lam: float = 0.1, n_iter: int = 5,
-                 tol: float = 1e-3, max_cg_iter: int = 20, max_newton_iter: int = 10, init: str = "spectral",
-                 init_scale: float = 1.0, solver: str = "auto", features: str = "raw", fit_intercept: bool = False,
-                 random_state=None):
+    def __init__(self, *, n_components: int = _LEML.k, loss: str = _LEML.loss, lam: float = _LEML.lam,
+                 n_iter: int = _LEML.n_iter, tol: float = 1e-3, max_cg_iter: int = 20, max_newton_iter: int = 10,
+                 init: str = "spectral", init_scale: float = 1.0, solver: str = "auto", features: str = _LEML.features,
+                 fit_intercept: bool = False, random_state=None):
         self.n_components, self.loss, self.lam, self.n_iter = n_components, loss, lam, n_iter
         self.tol, self.max_cg_iter, self.max_newton_iter = tol, max_cg_iter, max_newton_iter
         self.init, self.init_scale, self.solver, self.random_state = init, init_scale, solver, random_state
@@ -682,16 +703,12 @@ class BinaryRelevance(_LowRankLinear):
 
 
     family = "br"
+    params_schema = BinaryRelevanceParams
     auto_search = LEML.auto_search
     search_scoring = LEML.search_scoring
 
-    @classmethod
-    def from_params(cls, params, **extra) -> BinaryRelevance:
-        """``xmldask train --model br``: ``loss`` and ``lam``."""
-        return cls(loss=params.loss, lam=params.lam, features=params.features, **extra)
-
-    def __init__(self, *, loss: str = "squared", lam: float = 0.1, tol: float = 1e-3, max_cg_iter: int = 100,
-                 max_newton_iter: int = 10, features: str = "raw", fit_intercept: bool = False):
+    def __init__(self, *, loss: str = _BR.loss, lam: float = _BR.lam, tol: float = 1e-3, max_cg_iter: int = 100,
+                 max_newton_iter: int = 10, features: str = _BR.features, fit_intercept: bool = False):
         self.loss, self.lam = loss, lam
         self.tol, self.max_cg_iter, self.max_newton_iter = tol, max_cg_iter, max_newton_iter
         self.features, self.fit_intercept = features, fit_intercept

@@ -25,17 +25,19 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import Annotated, Literal
 
 import dask
 import dask.array as da
 import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
+from pydantic import Field
 from threadpoolctl import threadpool_limits
 
 from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, gram, per_block, whole_operand
-from ..params import TREE_PASSES
+from ..params import FamilyParams
 from ..store.models import SavedModel
 from ..tree import leaf_of, route_pairs, rows_by_node
 from ..tree.growth import router_operand, routing_routers
@@ -43,7 +45,7 @@ from ..tree.model import SpectralLabelTree
 from . import _kernels as MK
 from ._graph import HeldOut
 
-__all__ = ["TREE_CLASSIFIER_VERSION", "CandidateScorer", "TreeClassifier"]
+__all__ = ["TREE_CLASSIFIER_VERSION", "CandidateScorer", "TreeClassifier", "TreeClassifierParams"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +76,38 @@ DIVERGENCE_FACTOR = 2.0
 #: halvings of the step size before training stops with an error (the step is then 1/1024 of the first)
 MAX_BACKOFFS = 10
 
+
+
+class TreeClassifierParams(FamilyParams):
+    """``xmldask train --model tree --tree URL`` (or ``--tree URL`` alone): the candidate-restricted classifier
+    (:class:`TreeClassifier`) of a spectral label tree, its passes early-stopped on held-out training rows."""
+
+    searched = False
+    estimator_names = {**FamilyParams.estimator_names, "tree_form": "form", "max_epochs": "n_epochs"}
+
+    model: Literal["tree"] = "tree"
+    tree: str | None = Field(
+        None, description="a spectral label tree store (xmldask tree): train its candidate-restricted classifier "
+                          "(--model tree; rank k, max_epochs passes at most, early-stopped on held-out training rows; "
+                          "seed)")
+    tree_form: Literal["low_rank", "per_label"] = Field(
+        "low_rank", description="with tree: the classifier's form, low_rank (rank-k U shared by the leaves, V and b "
+                                "per leaf: the paper's ALOI form) or per_label (a weight vector per label shared by "
+                                "the leaves, a bias per leaf and candidate: its text form)")
+    k: Annotated[int, Field(gt=0)] = Field(50, description="the rank of the classifier (tree_form low_rank)")
+    max_epochs: Annotated[int, Field(ge=0)] = Field(
+        200, description="passes at most (early-stopped on held-out training rows; the reference code trains "
+                         "200-250)")
+
+    @classmethod
+    def resolve(cls, data: dict) -> dict:
+        """No search; the tree store is required."""
+        if not data.get("tree"):
+            raise ValueError("model=tree needs tree=URL: a spectral label tree store (xmldask tree DATA --out URL)")
+        return super().resolve(data)
+
+
+_TREE = TreeClassifierParams(tree="<a tree store>")
 
 
 class TreeClassifier(SavedModel, ParamsMixin):
@@ -147,6 +181,10 @@ class TreeClassifier(SavedModel, ParamsMixin):
         diagonal (sparse rows); ``per_label``: the per-feature step scale.
     """
 
+    family = "tree"
+    params_schema = TreeClassifierParams
+    #: the job holds the training rows in memory for the fit (a pass per epoch)
+    many_passes = True
     _MODEL_VERSION = TREE_CLASSIFIER_VERSION
     _EARLIER_VERSIONS = (1,)  # the tree's W dense
     _FORMER_PARAMS = {"rank": "n_components"}
@@ -154,17 +192,25 @@ class TreeClassifier(SavedModel, ParamsMixin):
     _SCALARS = ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history",
                 "preconditioner", "best_epoch", "held_out")
 
-    def __init__(self, tree=None, *, n_components: int = 50, form: str = "low_rank", per_leaf: bool = True,
-                 routing: str = "randomized", n_epochs: int = TREE_PASSES, learning_rate="auto", decay="auto",
-                 momentum="auto", ridge: float = 1e-2, task: str = "auto", validation_fraction: float = 0.1,
-                 max_validation_rows: int = 10000, n_iter_no_change: int = 10, time_budget: float | None = None,
-                 random_state=0):
+    def __init__(self, tree=None, *, n_components: int = _TREE.k, form: str = _TREE.tree_form,
+                 per_leaf: bool = True, routing: str = "randomized", n_epochs: int = _TREE.max_epochs,
+                 learning_rate="auto", decay="auto", momentum="auto", ridge: float = 1e-2, task: str = "auto",
+                 validation_fraction: float = 0.1, max_validation_rows: int = 10000, n_iter_no_change: int = 10,
+                 time_budget: float | None = None, random_state=0):
         self.tree, self.n_components, self.form = tree, n_components, form
         self.validation_fraction, self.max_validation_rows = validation_fraction, max_validation_rows
         self.n_iter_no_change, self.time_budget = n_iter_no_change, time_budget
         self.per_leaf, self.routing = per_leaf, routing
         self.n_epochs, self.learning_rate, self.decay, self.momentum = n_epochs, learning_rate, decay, momentum
         self.ridge, self.task, self.random_state = ridge, task, random_state
+
+    def train_summary(self) -> dict:
+        """What :func:`xmldask.jobs.train` reports of the fitted classifier: its tree store (if given as one), the
+        passes, the last epoch's loss and skipped share, the held-out figures, the kept epoch and the backoffs."""
+        return {**({"tree": self.tree} if isinstance(self.tree, str) else {}), "n_passes": int(self.n_passes_),
+                "task": self.task_, "training": {key: self.history_[-1][key] for key in ("loss", "skipped")},
+                "held_out": dict(self.held_out_), "best_epoch": int(self.best_epoch_),
+                "backoffs": sum(bool(h.get("backoff")) for h in self.history_)}
 
     # -- fitting --------------------------------------------------------------------------------
 
