@@ -226,7 +226,7 @@ def run(args, rows: _Rows) -> None:
                           (None, "det_routing_accuracy_test"))]
         for name, options, (key_tr, key_te) in variants if args.epochs else []:
             start = time.perf_counter()
-            model = TreeClassifier(frac, n_components=args.rank, n_epochs=args.epochs, random_state=seed,
+            model = TreeClassifier(frac, n_components=args.rank, max_epochs=args.epochs, random_state=seed,
                                    validation_fraction=0, **options).fit(train.X, train.Y)  # the paper's passes
             rows.add(*_classifier_rows(model, train, test, f"{args.classifier_tree} tree + {name}, "
                                        f"{args.epochs} passes, seed {seed}", time.perf_counter() - start,

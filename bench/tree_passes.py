@@ -70,7 +70,7 @@ def main(argv=None) -> None:
     for name, options in (("early-stopped (default)", {}), ("every pass (validation_fraction=0)",
                                                            {"validation_fraction": 0})):
         start = time.perf_counter()
-        model = TreeClassifier(tree, form=args.form, n_epochs=args.epochs, random_state=0, **options).fit(
+        model = TreeClassifier(tree, form=args.form, max_epochs=args.epochs, random_state=0, **options).fit(
             train.X, train.Y)
         seconds = time.perf_counter() - start
         labels, _ = (a.compute() for a in model.predict_topk(test.X, k=3))

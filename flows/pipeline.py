@@ -34,7 +34,7 @@ from pydantic import Field
 
 from xmldask.embedding.spectrum import SPECTRUM_COMPONENTS
 from xmldask.models import DEFAULTS, TrainParams
-from xmldask.params import TreeParams, add_arguments, from_args
+from xmldask.params import TOP_K, TreeParams, add_arguments, from_args
 from xmldask.store import exists
 
 from .stage_flows import (
@@ -123,7 +123,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
              threads_per_worker: PositiveInt | None = None, processes: bool | None = None,
              memory_limit: str = "auto", dashboard_address: str | None = ":8787",
              format: Format = "auto", one_based: bool = False, normalize: Normalize = "none",
-             model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
+             model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=TOP_K)] = TOP_K,
              spectrum_components: PositiveInt = SPECTRUM_COMPONENTS, tree: TreeParams | None = None,
              synthetic_samples: PositiveInt = 20_000, synthetic_features: PositiveInt = 2_000,
              synthetic_labels: PositiveInt = 500) -> dict:
@@ -205,7 +205,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--format", default="auto", choices=["auto", "xc", "libsvm", "vw"])
     parser.add_argument("--one-based", action="store_true", help="ids in the text files start at 1")
     parser.add_argument("--normalize", default="none", choices=["none", "l2", "l1", "sqrt"])
-    parser.add_argument("--top-k", type=int, default=10)
+    parser.add_argument("--top-k", type=int, default=TOP_K)
     tree = parser.add_argument_group("label tree (a tree stage, then its candidate-restricted classifier)")
     tree.add_argument("--grow-tree", action="store_true", help="grow a spectral label tree and train its classifier")
     add_arguments(tree, TreeParams, title=None, prefix="tree-", exclude=("unseen_labels", "seed"))

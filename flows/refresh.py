@@ -28,6 +28,7 @@ from pydantic import Field
 
 from xmldask.embedding.spectrum import SPECTRUM_COMPONENTS
 from xmldask.models import DEFAULTS, TrainParams
+from xmldask.params import TOP_K
 from xmldask.store import StoreBusyError, exists, is_local, open_dataset, publish, temporary_sibling
 
 from .pipeline import run_downstream, summary
@@ -173,7 +174,8 @@ def refresh(test: list[str], *, incoming: str | None = None, dataset: str | None
             storage: str | None = None, scheduler: str | None = None, n_workers: PositiveInt | None = None,
             threads_per_worker: PositiveInt | None = None, processes: bool | None = None,
             dashboard_address: str | None = ":8787", format: Format = "auto", one_based: bool = False,
-            normalize: Normalize = "none", model: TrainParams = DEFAULTS, top_k: Annotated[int, Field(ge=10)] = 10,
+            normalize: Normalize = "none", model: TrainParams = DEFAULTS,
+            top_k: Annotated[int, Field(ge=TOP_K)] = TOP_K,
             spectrum_components: PositiveInt | None = SPECTRUM_COMPONENTS, metric: str = "P@1") -> dict:
     """Pick up new files, append them once, retrain, and promote the new model if it is not worse.
 

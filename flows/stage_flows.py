@@ -48,7 +48,7 @@ from typing_extensions import TypedDict
 from xmldask import jobs
 from xmldask.embedding.spectrum import SPECTRUM_COMPONENTS
 from xmldask.models import DEFAULTS, TrainParams
-from xmldask.params import TreeParams, add_arguments, from_args
+from xmldask.params import TOP_K, TreeParams, add_arguments, from_args
 from xmldask.progress import progress_to
 from xmldask.store import is_local, zarr_store
 
@@ -606,7 +606,7 @@ def predict_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
 @flow(name="xmldask-predict", log_prints=True)
 @interruptible
-def predict_flow(model: Store, test: Store, *, top_k: Annotated[int, Field(ge=1)] = 10, name: str = "predict",
+def predict_flow(model: Store, test: Store, *, top_k: Annotated[int, Field(ge=1)] = TOP_K, name: str = "predict",
                  storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
                  local_cluster: LocalClusterOptions | None = None) -> dict:
     """Top-``top_k`` labels and scores of every row of the dataset store ``test`` by the model store ``model``,

@@ -209,7 +209,7 @@ def _estimators():
     from xmldask.base import MODEL_CLASSES
 
     small = {"EmbeddingClassifier": {"embedding": "rembrandt", "n_components": 3, "kernel": "none", "max_epochs": 1},
-             "EnsembleClassifier": None, "TreeClassifier": {"n_components": 3, "n_epochs": 2},
+             "EnsembleClassifier": None, "TreeClassifier": {"n_components": 3, "max_epochs": 2},
              "SpectralLabelTree": {"max_depth": 2}, "LabelCentroidClassifier": {"leaf_labels": 3},
              "LEML": {"n_components": 3, "n_iter": 2}, "BinaryRelevance": {},
              "GradFac": {"rounds": 3}, "GradFacEN": {"rounds": 3}, "MultinomialBoosting": {"rounds": 3},

@@ -166,7 +166,7 @@ def test_tree_defaults_are_one_value_on_every_path():
         assert params["max_depth"].default == fields["depth"].default
         assert params["leaf_labels"].default == fields["leaf_labels"].default
     passes = TreeClassifierParams.model_fields["max_epochs"].default
-    assert inspect.signature(TreeClassifier).parameters["n_epochs"].default == passes
+    assert inspect.signature(TreeClassifier).parameters["max_epochs"].default == passes
     assert TrainParams(tree="t.zarr").max_epochs == passes
 
 

@@ -6,6 +6,7 @@ import dask.array as da
 import numpy as np
 import pytest
 import scipy.sparse as sp
+import zarr
 from scipy.special import erf
 
 from xmldask.cluster import cluster
@@ -481,12 +482,12 @@ def test_tree_classifier_on_sparse_rows_steps_only_the_leaf_features(monkeypatch
     Xd[np.abs(Xd) < 1.0] = 0  # sparse rows
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=3, leaf_labels=6, random_state=0).fit(X, Y)
-    assert TC.TreeClassifier(tree, n_components=5, n_epochs=1).fit(X, Y).preconditioner_ == "full"
+    assert TC.TreeClassifier(tree, n_components=5, max_epochs=1).fit(X, Y).preconditioner_ == "full"
     monkeypatch.setattr(TC, "DENSE_PRECONDITIONER_MAX_FEATURES", 4)  # 12 features: the diagonal, sparse rows
-    lazy = TC.TreeClassifier(tree, n_components=5, n_epochs=4, random_state=0).fit(X, Y)
+    lazy = TC.TreeClassifier(tree, n_components=5, max_epochs=4, random_state=0).fit(X, Y)
     assert lazy.preconditioner_ == "diagonal"
     monkeypatch.setattr(TC, "_RowHeavyBall", TC._DenseHeavyBall)
-    dense = TC.TreeClassifier(tree, n_components=5, n_epochs=4, random_state=0).fit(X, Y)
+    dense = TC.TreeClassifier(tree, n_components=5, max_epochs=4, random_state=0).fit(X, Y)
     for name in ("U_", "V_", "b_"):
         np.testing.assert_allclose(getattr(lazy, name), getattr(dense, name), rtol=1e-4, atol=1e-6)
     assert lazy.history_[-1]["loss"] < lazy.history_[0]["loss"]
@@ -506,7 +507,7 @@ def test_tree_classifier_joins_row_blocks_into_one_round_of_leaf_steps(monkeypat
     one = tuple(da.from_array(sp.csr_matrix(a.astype(np.float32)), chunks=(len(Xd), -1), asarray=False)
                 for a in (Xd, Yd))
     tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
-    kw = dict(n_components=6, n_epochs=3, random_state=0, validation_fraction=0)  # every row, as in one block
+    kw = dict(n_components=6, max_epochs=3, random_state=0, validation_fraction=0)  # every row, as in one block
     joined, single = TC.TreeClassifier(tree, **kw).fit(X, Y), TC.TreeClassifier(tree, **kw).fit(*one)
     for name in ("U_", "V_", "b_"):
         np.testing.assert_allclose(getattr(joined, name), getattr(single, name), rtol=1e-5, atol=1e-6)
@@ -567,7 +568,7 @@ def test_tree_classifier_per_label_form_matches_a_numpy_reference(multilabel):
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=3, leaf_labels=5, random_state=0).fit(X, Y)
     kw = dict(epochs=3, eta=0.5, momentum=0.9, decay=0.95, multilabel=multilabel)
-    model = TreeClassifier(tree, form="per_label", routing="deterministic", n_epochs=kw["epochs"],
+    model = TreeClassifier(tree, form="per_label", routing="deterministic", max_epochs=kw["epochs"],
                            learning_rate=kw["eta"], momentum=kw["momentum"], decay=kw["decay"],
                            validation_fraction=0, random_state=0).fit(X, Y)
     assert model.U_ is None and model.V_.shape == (Xd.shape[1], Yd.shape[1])
@@ -589,7 +590,7 @@ def test_tree_classifier_fits_predicts_within_candidates_and_round_trips(tmp_pat
     Xd, Yd = _clustered(seed=4)
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
-    model = TreeClassifier(tree, n_components=6, n_epochs=15, random_state=0, **options).fit(X, Y)
+    model = TreeClassifier(tree, n_components=6, max_epochs=15, random_state=0, **options).fit(X, Y)
     assert model.history_[-1]["loss"] < model.history_[0]["loss"]
     labels, scores = (a.compute() for a in model.predict_topk(X, k=3))
     leaf = tree.route(X).compute()
@@ -604,6 +605,11 @@ def test_tree_classifier_fits_predicts_within_candidates_and_round_trips(tmp_pat
     model.save(url)
     loaded = load_model(url)
     np.testing.assert_array_equal(loaded.predict_topk(X, k=3)[0].compute(), labels)
+    # a store written when the passes were the parameter n_epochs loads with it as max_epochs
+    params, fitted, _ = model._parts()
+    params["n_epochs"] = params.pop("max_epochs")
+    former = TreeClassifier._from_parts(params, fitted, zarr.open_group(url, mode="r"))
+    assert former.max_epochs == 15 and former.get_params() == loaded.get_params()
 
 
 def test_pair_chunks_give_the_same_tree(monkeypatch):
@@ -798,7 +804,7 @@ def test_tree_classifier_logs_a_line_a_pass(caplog):
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=2, leaf_labels=3, random_state=0).fit(X, Y)
     with caplog.at_level("INFO", logger="xmldask.models.tree_classifier"):
-        model = TreeClassifier(tree, n_components=4, n_epochs=3, random_state=0).fit(X, Y)
+        model = TreeClassifier(tree, n_components=4, max_epochs=3, random_state=0).fit(X, Y)
     lines = [r.getMessage() for r in caplog.records if r.name == "xmldask.models.tree_classifier"]
     assert [line.split(":")[0] for line in lines] == [f"tree classifier pass {i} of 3" for i in (1, 2, 3)]
     assert f"loss {model.history_[-1]['loss']:.4f}" in lines[-1]
@@ -815,7 +821,7 @@ def test_tree_classifier_backs_off_a_diverging_step_and_converges(caplog):
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
     with caplog.at_level("WARNING", logger="xmldask.models.tree_classifier"):
-        model = TC.TreeClassifier(tree, n_components=6, n_epochs=25, learning_rate=40.0, momentum=0.9,
+        model = TC.TreeClassifier(tree, n_components=6, max_epochs=25, learning_rate=40.0, momentum=0.9,
                                   validation_fraction=0, random_state=0).fit(X, Y)  # every pass: the back-offs
     losses = [h["loss"] for h in model.history_]
     backoffs = [h["epoch"] for h in model.history_ if h.get("backoff")]
@@ -839,7 +845,7 @@ def test_tree_classifier_that_diverges_at_every_step_size_stops_with_the_numbers
     tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
     monkeypatch.setattr(TC, "DIVERGENCE_FACTOR", 0.0)  # every pass "diverges"
     with pytest.raises(FloatingPointError, match=r"diverged: pass 11's training loss .* after 10 halvings"):
-        TC.TreeClassifier(tree, n_components=6, n_epochs=30, random_state=0).fit(X, Y)
+        TC.TreeClassifier(tree, n_components=6, max_epochs=30, random_state=0).fit(X, Y)
 
 
 def test_tree_classifier_time_budget_stops_the_passes(monkeypatch):
@@ -859,11 +865,11 @@ def test_tree_classifier_time_budget_stops_the_passes(monkeypatch):
         return clock.now
 
     monkeypatch.setattr(TC, "time", SimpleNamespace(perf_counter=tick))
-    full = TC.TreeClassifier(tree, n_components=6, n_epochs=12, random_state=0).fit(X, Y)
-    cut = TC.TreeClassifier(tree, n_components=6, n_epochs=12, random_state=0, time_budget=12).fit(X, Y)
+    full = TC.TreeClassifier(tree, n_components=6, max_epochs=12, random_state=0).fit(X, Y)
+    cut = TC.TreeClassifier(tree, n_components=6, max_epochs=12, random_state=0, time_budget=12).fit(X, Y)
     assert cut.history_[-1]["stopped"] == "time_budget" and 1 <= len(cut.history_) < len(full.history_)
     assert [h["loss"] for h in cut.history_] == [h["loss"] for h in full.history_[:len(cut.history_)]]
-    one = TC.TreeClassifier(tree, n_components=6, n_epochs=12, random_state=0, time_budget=0.1).fit(X, Y)
+    one = TC.TreeClassifier(tree, n_components=6, max_epochs=12, random_state=0, time_budget=0.1).fit(X, Y)
     assert len(one.history_) == 1  # at least one pass
     with pytest.raises(ValueError, match="time_budget"):
         TC.TreeClassifier(tree, time_budget=0).fit(X, Y)
@@ -878,7 +884,7 @@ def test_tree_classifier_early_stops_on_held_out_rows_and_keeps_the_best_pass():
     Xd, Yd = _clustered(seed=4)
     X, Y = _dask(Xd, Yd)
     tree = SpectralLabelTree(max_depth=2, leaf_labels=6, random_state=0).fit(X, Y)
-    model = TC.TreeClassifier(tree, n_components=6, n_epochs=60, n_iter_no_change=3, validation_fraction=0.2,
+    model = TC.TreeClassifier(tree, n_components=6, max_epochs=60, n_iter_no_change=3, validation_fraction=0.2,
                               random_state=0).fit(X, Y)
     scores = [h["val_p@1"] for h in model.history_]
     assert model.history_[-1]["stopped"] == "n_iter_no_change" and len(scores) < 60
@@ -893,7 +899,7 @@ def test_tree_classifier_early_stops_on_held_out_rows_and_keeps_the_best_pass():
     # the held-out rows are not trained on: other labels there change the held-out scores, not the passes
     Yd2 = Yd.copy()
     Yd2[held] = np.roll(Yd2[held], 1, axis=1)
-    kw = dict(n_components=6, n_epochs=4, n_iter_no_change=10, validation_fraction=0.2, random_state=0)
+    kw = dict(n_components=6, max_epochs=4, n_iter_no_change=10, validation_fraction=0.2, random_state=0)
     other = TC.TreeClassifier(tree, **kw).fit(*_dask(Xd, Yd2))
     same = TC.TreeClassifier(tree, **kw).fit(X, Y)
     assert [h["loss"] for h in other.history_] == pytest.approx([h["loss"] for h in same.history_], rel=1e-6)

@@ -331,11 +331,12 @@ def _cmd_mask(args) -> int:
 
 def _add_predict(p) -> None:
     from .cluster import add_cluster_arguments
+    from .params import TOP_K
 
     p.add_argument("model_url", metavar="MODEL_URL", help="model store (xmldask train --out)")
     p.add_argument("data_url", metavar="DATA_URL", help="dataset store to predict, with the model's features")
     _add_out(p, "prediction store", "PRED_URL", progress=True)
-    p.add_argument("--top-k", type=_positive, default=10, help="labels per row (default 10)")
+    p.add_argument("--top-k", type=_positive, default=TOP_K, help=f"labels per row (default {TOP_K})")
     add_cluster_arguments(p)
 
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from .base import FAMILIES, BudgetError, ParamsMixin, check_fully_observed, registered_class
 from .models.families import SCHEMAS, TrainParams
-from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, FamilyParams, TreeParams, kernel_name, validated
+from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TOP_K, FamilyParams, TreeParams, kernel_name, validated
 from .scheduling import concurrent_fits, memory_for_data, release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
 
@@ -441,7 +441,7 @@ def check_predict_inputs(model_url: str, data_url: str) -> None:
                          "predict on data ingested like the training data")
 
 
-def predict(model_url: str, data_url: str, out: str, *, top_k: int = 10, overwrite: bool = False,
+def predict(model_url: str, data_url: str, out: str, *, top_k: int = TOP_K, overwrite: bool = False,
             progress: bool = False) -> dict:
     """Top-``top_k`` labels and scores of every row of a dataset store into a prediction store.
 

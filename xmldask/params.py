@@ -30,7 +30,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 __all__ = ["AUTO_ESTIMATORS", "AUTO_SEARCH", "FEATURES_HELP", "KERNELS", "KERNEL_ALIASES", "FamilyParams",
-           "TreeParams", "add_arguments", "from_args", "kernel_name", "parse_grid", "validated"]
+           "TOP_K", "TreeParams", "add_arguments", "from_args", "kernel_name", "parse_grid", "validated"]
 
 PositiveInt = Annotated[int, Field(gt=0)]
 
@@ -71,6 +71,8 @@ MAX_SCREEN_REPEATS = 5
 #: holding out its own rows) and the probabilities averaged, as Omikuji's default averages 3 trees (its
 #: measurements: docs/measurements.md). Without a search (``--no-search``): 1
 AUTO_ESTIMATORS = 3
+#: labels a row that prediction keeps by default: the report's P@1 .. P@10 (``xmldask predict``, the flows)
+TOP_K = 10
 #: a spectral label tree's maximum depth and leaf label budget: the defaults of :class:`TreeParams`,
 #: :class:`~xmldask.tree.SpectralLabelTree` and :func:`~xmldask.tree.growth.grow_tree` (the reference code's)
 TREE_DEPTH, TREE_LEAF_LABELS = 14, 25

@@ -24,7 +24,7 @@ import scipy.sparse as sp
 
 from ..base import NotFittedError, ParamsMixin, as_rows, kept_epoch, seed_of
 from ..metrics import paired_gain
-from ..params import kernel_name
+from ..params import AUTO_ESTIMATORS, kernel_name
 from ..scheduling import thread_map
 from ..store.models import SavedModel, jsonable
 from . import _graph
@@ -105,8 +105,8 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
 
     _MODEL_VERSION = ENSEMBLE_VERSION
 
-    def __init__(self, estimator=None, *, n_estimators: int = 3, random_state=None, share_embedding: bool = True,
-                 n_jobs: int | None = None, early_stopping: bool = False):
+    def __init__(self, estimator=None, *, n_estimators: int = AUTO_ESTIMATORS, random_state=None,
+                 share_embedding: bool = True, n_jobs: int | None = None, early_stopping: bool = False):
         self.estimator, self.n_estimators = estimator, n_estimators
         self.random_state, self.share_embedding, self.n_jobs = random_state, share_embedding, n_jobs
         self.early_stopping = early_stopping

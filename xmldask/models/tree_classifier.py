@@ -83,7 +83,7 @@ class TreeClassifierParams(FamilyParams):
     (:class:`TreeClassifier`) of a spectral label tree, its passes early-stopped on held-out training rows."""
 
     searched = False
-    estimator_names = {**FamilyParams.estimator_names, "tree_form": "form", "max_epochs": "n_epochs"}
+    estimator_names = {**FamilyParams.estimator_names, "tree_form": "form"}
 
     model: Literal["tree"] = "tree"
     tree: str | None = Field(
@@ -135,13 +135,13 @@ class TreeClassifier(SavedModel, ParamsMixin):
         every leaf" ablation).
     routing : {"randomized", "deterministic"}, default "randomized"
         Leaf of a training row: re-sampled every pass, or the deterministic one (ablation).
-    n_epochs : int, default 200
+    max_epochs : int, default 200
         Passes over the training rows at most (the reference code: 200 to 250), early-stopped on held-out rows.
     validation_fraction : float, default 0.1
         Training rows held out (a seeded random share of every row block, at most ``max_validation_rows``):
         after each pass their P@1 (deterministic routing, the leaf's candidates) is measured, training stops
         after ``n_iter_no_change`` passes without a better one and the weights of the best pass are kept. 0:
-        every row trains and all ``n_epochs`` passes are made (the reference code's loop).
+        every row trains and all ``max_epochs`` passes are made (the reference code's loop).
     max_validation_rows : int, default 10000
     n_iter_no_change : int, default 10
         Passes without a better held-out P@1 before training stops.
@@ -187,13 +187,13 @@ class TreeClassifier(SavedModel, ParamsMixin):
     many_passes = True
     _MODEL_VERSION = TREE_CLASSIFIER_VERSION
     _EARLIER_VERSIONS = (1,)  # the tree's W dense
-    _FORMER_PARAMS = {"rank": "n_components"}
+    _FORMER_PARAMS = {"rank": "n_components", "n_epochs": "max_epochs"}
     _ARRAYS = ("U", "V", "b", "cand_indptr", "cand_indices", "table", "W")
     _SCALARS = ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history",
                 "preconditioner", "best_epoch", "held_out")
 
     def __init__(self, tree=None, *, n_components: int = _TREE.k, form: str = _TREE.tree_form,
-                 per_leaf: bool = True, routing: str = "randomized", n_epochs: int = _TREE.max_epochs,
+                 per_leaf: bool = True, routing: str = "randomized", max_epochs: int = _TREE.max_epochs,
                  learning_rate="auto", decay="auto", momentum="auto", ridge: float = 1e-2, task: str = "auto",
                  validation_fraction: float = 0.1, max_validation_rows: int = 10000, n_iter_no_change: int = 10,
                  time_budget: float | None = None, random_state=0):
@@ -201,7 +201,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
         self.validation_fraction, self.max_validation_rows = validation_fraction, max_validation_rows
         self.n_iter_no_change, self.time_budget = n_iter_no_change, time_budget
         self.per_leaf, self.routing = per_leaf, routing
-        self.n_epochs, self.learning_rate, self.decay, self.momentum = n_epochs, learning_rate, decay, momentum
+        self.max_epochs, self.learning_rate, self.decay, self.momentum = max_epochs, learning_rate, decay, momentum
         self.ridge, self.task, self.random_state = ridge, task, random_state
 
     def train_summary(self) -> dict:
@@ -222,7 +222,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
         if not isinstance(tree, SpectralLabelTree):
             raise ValueError("tree must be a SpectralLabelTree (fitted, or a specification to grow) or the URL of a "
                              f"saved one (xmldask tree TRAIN_URL --out TREE_URL), but is {self.tree!r}")
-        for name in ("n_components", "n_epochs"):
+        for name in ("n_components", "max_epochs"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
                 raise ValueError(f"{name} must be a positive integer, but is {value!r}")
@@ -333,7 +333,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
         best = {"loss": np.inf, "epoch": 1, "weights": None}
         kept = {"p@1": -np.inf, "epoch": 0, "weights": None}  # the best held-out P@1 so far
         backoffs, longest = 0, 0.0
-        for epoch in range(int(self.n_epochs)):
+        for epoch in range(int(self.max_epochs)):
             epoch_start = time.perf_counter()
             # a pass's loss is that of the weights it starts from, moved by the steps before each leaf's
             weights = _copies(None if per_label else steps.result(), V, b)
@@ -387,7 +387,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
                                   "skipped": 1 - rows_used / max(rows_seen, 1),
                                   "seconds": round(time.perf_counter() - start, 3)})
             logger.info("tree classifier pass %d of %d: loss %.4f, %.1f%% of the rows skipped (%.1f s)", epoch + 1,
-                        self.n_epochs, loss, 100 * self.history_[-1]["skipped"], self.history_[-1]["seconds"])
+                        self.max_epochs, loss, 100 * self.history_[-1]["skipped"], self.history_[-1]["seconds"])
             if rows_used and not loss <= DIVERGENCE_FACTOR * best["loss"]:  # also NaN
                 backoffs += 1
                 if backoffs > MAX_BACKOFFS:
@@ -419,7 +419,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
                                 held[0].shape[0])
                     break
             longest = max(longest, time.perf_counter() - epoch_start)
-            if epoch + 1 < int(self.n_epochs) and time.perf_counter() + longest > deadline:
+            if epoch + 1 < int(self.max_epochs) and time.perf_counter() + longest > deadline:
                 self.history_[-1]["stopped"] = "time_budget"
                 logger.info("time budget of %g s: the tree classifier stops after %d passes", self.time_budget,
                             epoch + 1)
