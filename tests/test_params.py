@@ -237,3 +237,24 @@ def test_the_tree_classifier_is_a_family_with_a_tree_store():
         TrainParams(model="br", k=5)
     old = TrainParams(tree="t.zarr").model_dump() | {"model": "auto"}  # a dump from before model="tree"
     assert TrainParams(**old) == TrainParams(tree="t.zarr")
+
+
+@pytest.mark.parametrize("name, cls", _families(), ids=[name for name, _ in _families()])
+def test_no_family_default_is_typed_twice(name, cls):
+    """A constructor reads its family's defaults from the schema (``n_components=_LEML.k``), never types them again:
+    each parameter that a schema field sets has an attribute of the schema's defaults as its default, not a literal."""
+    import ast
+    import textwrap
+
+    schema = cls.params_schema
+    init = next(c.__init__ for c in cls.__mro__ if "__init__" in c.__dict__)
+    node = ast.parse(textwrap.dedent(inspect.getsource(init))).body[0]
+    args = node.args
+    positional = args.posonlyargs + args.args
+    defaults = {a.arg: d for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults)}
+    defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+    for field in schema.own_fields():
+        parameter = schema.estimator_names.get(field, field)
+        if (name, field) == ("tree", "tree") or field in schema.job_fields:
+            continue  # the estimator's tree: a specification by default (grown in fit); the job's is a store
+        assert isinstance(defaults[parameter], ast.Attribute), (name, parameter, ast.unparse(defaults[parameter]))
