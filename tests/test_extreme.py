@@ -163,10 +163,16 @@ def test_beam_restricts_candidates_to_the_best_clusters(small):
     assert p1 > 0.3
 
 
-def test_centroids_without_the_held_out_rows_are_recovered_from_the_unit_ones(small):
+@pytest.mark.parametrize("slice_entries", [None, 97])
+def test_centroids_without_the_held_out_rows_are_recovered_from_the_unit_ones(small, slice_entries, monkeypatch):
     """The held-out choice of the beam scores centroids without the held-out rows, recovered from the unit centroids
-    and their norms (no second copy of the sums): the reference's ``unit(Y^T X - Y_h^T X_h)``."""
+    and their norms (no second copy of the sums): the reference's ``unit(Y^T X - Y_h^T X_h)``, whole or written a
+    slice of a few entries at a time."""
+    from xmldask.models import centroid
     from xmldask.models.centroid import _unit_rows
+
+    if slice_entries:
+        monkeypatch.setattr(centroid, "WITHOUT_ENTRIES", slice_entries)
 
     X, Y, _, _ = small
     model = LabelCentroidClassifier(features="l2", leaf_labels=40, beam=3, random_state=0).fit(X, Y)
@@ -179,7 +185,12 @@ def test_centroids_without_the_held_out_rows_are_recovered_from_the_unit_ones(sm
     expected = (expected / np.where(lengths > 0, lengths, 1))[model.order_]
     rest = np.asarray(Y64.sum(axis=0) - Y64[:150].sum(axis=0)).ravel()
     assert (rest[np.flatnonzero(np.diff(D.indptr))] == 0).any()  # some labels have all their rows held out
-    np.testing.assert_allclose(model._without(norms, D, rest).toarray(), expected, atol=1e-5)
+    W = model._without(norms, D, rest)
+    np.testing.assert_allclose(W.toarray(), expected, atol=1e-5)
+    assert W.dtype == np.float32 and W.indices.dtype == model.W_.indices.dtype and not (W.data == 0).any()
+    unchanged = np.flatnonzero(np.diff(D[model.order_].indptr) == 0)
+    assert len(unchanged) and len(unchanged) < len(model.order_)
+    np.testing.assert_array_equal(W[unchanged].toarray(), model.W_[unchanged].toarray())  # exactly as they were
 
 
 def test_label_block_bounds_cut_the_labels_into_blocks_of_equal_entries():

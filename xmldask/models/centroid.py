@@ -106,6 +106,9 @@ PREDICT_BLOCK_SHARE = 1 / 8
 LAZY_BYTES = 1 << 28
 #: bytes of one stored sparse entry (float32 value, int32 column id), as in the partial sums
 _ENTRY_BYTES = 8
+#: centroid entries recomputed at a time without the held-out rows (:meth:`LabelCentroidClassifier._without`): a
+#: slice's temporaries (a few copies of it, 8 bytes an entry) stay near 100 MiB beside the one centroid-sized copy
+WITHOUT_ENTRIES = 1 << 22
 #: a feature's summary column is kept dense when at least this share of the clusters have the feature: a row's
 #: frequent words are in most summaries (the head of a Zipf vocabulary), and a sparse-times-dense product walks
 #: such a column far faster than a sparse product, which accumulates each entry through a hash of columns
@@ -909,20 +912,35 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     def _without(self, norms: np.ndarray, D: sp.csr_matrix, rest=None) -> sp.csr_matrix:
         """The unit centroids (in cluster order) of the sums ``P - D``, ``P``'s rows being the centroids times their
         ``norms`` (by label): only the labels with a row in ``D`` change; those without a row left (``rest``: the
-        rows each label keeps, if given) get none (not the unit rounding error of the difference)."""
-        changed = np.flatnonzero(np.diff(D.indptr))
-        position = np.full(len(norms), -1, np.int64)
-        position[self.order_] = np.arange(len(self.order_))
-        changed = changed[position[changed] >= 0]
-        rows = position[changed]
-        old = self.W_[rows]
-        kept = np.ones(len(changed), np.float32) if rest is None else (rest[changed] > 0).astype(np.float32)
-        new = sp.diags(kept) @ _unit_rows(sp.diags(norms[changed].astype(np.float32)) @ old - D[changed])
-        R = sp.coo_matrix(new - old)
-        R = sp.csr_matrix((R.data.astype(np.float32), (rows[R.row], R.col)), shape=self.W_.shape)
-        W = sp.csr_matrix(self.W_ + R)
-        W.eliminate_zeros()
-        return W
+        rows each label keeps, if given) get none (not the unit rounding error of the difference).
+
+        Written a slice of :data:`WITHOUT_ENTRIES` entries of ``W_`` at a time into arrays of ``W_``'s size (a
+        difference has at most its centroid's entries: ``D``'s rows are parts of the sums), so that the copy is the
+        only centroid-sized allocation: most labels change when the held-out rows have many labels each."""
+        W, order = self.W_, self.order_
+        keeps = np.ones(len(order), bool) if rest is None else np.asarray(rest)[order] > 0
+        data, indices = np.empty(W.nnz, np.float32), np.empty(W.nnz, W.indices.dtype)
+        indptr = np.zeros(W.shape[0] + 1, W.indptr.dtype)
+        cuts = np.unique(np.r_[np.searchsorted(W.indptr, np.arange(0, W.nnz, WITHOUT_ENTRIES), side="right") - 1,
+                               W.shape[0]])
+        at = 0
+        for a, b in zip(cuts[:-1], cuts[1:]):
+            old, Dc = W[a:b], D[order[a:b]]
+            changed = np.diff(Dc.indptr) > 0
+            if changed.any():  # an unchanged row is kept as it is: times 1, minus nothing, times 1
+                piece = sp.csr_matrix(sp.diags(np.where(changed, norms[order[a:b]], 1.0).astype(np.float32)) @ old
+                                      - Dc.astype(np.float32), dtype=np.float32)
+                lengths = np.sqrt(np.asarray(piece.multiply(piece).sum(axis=1), dtype=np.float64).ravel())
+                scale = np.where(changed, 1.0 / np.where(lengths > 0, lengths, 1.0), 1.0) * keeps[a:b]
+                piece.data *= np.repeat(scale, np.diff(piece.indptr)).astype(np.float32)
+                piece.eliminate_zeros()
+            else:
+                piece = old
+            n = piece.nnz
+            data[at:at + n], indices[at:at + n] = piece.data, piece.indices
+            indptr[a + 1:b + 1] = at + piece.indptr[1:]
+            at += n
+        return sp.csr_matrix((data[:at], indices[:at], indptr), shape=W.shape)
 
     def _choose(self, norms, X_held, Y_held, counts) -> tuple[float, int, float, dict]:
         """The summary exponent (of :data:`SUMMARY_EXPONENTS`, compared at the narrowest beam), the beam (of
