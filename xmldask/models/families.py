@@ -25,6 +25,7 @@ pydantic_core._pydantic_core.ValidationError: 1 validation error for TrainParams
 
 from __future__ import annotations
 
+import copy
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
@@ -96,12 +97,19 @@ def _families_of(field: str) -> list[str]:
 
 
 def _joined_fields() -> dict:
-    """``model``, the families' own fields, then the shared block (the order of the options)."""
+    """``model``, the families' own fields, then the shared block (the order of the options); a field that families
+    take with other defaults says so in its description (its default is the first family's)."""
     fields = {"model": (Literal[("auto", *SCHEMAS)], Field("auto", description=MODEL_HELP))}
     for schema in FAMILY_PARAMS:
         for name in schema.own_fields():
-            info = schema.model_fields[name]
-            fields.setdefault(name, (info.annotation, info))
+            if name in fields:
+                continue
+            info = copy.copy(schema.model_fields[name])
+            others = {other.family_names()[0]: other.model_fields[name].default for other in FAMILY_PARAMS
+                      if name in other.own_fields() and other.model_fields[name].default != info.default}
+            if others:
+                info.description += "; default " + ", ".join(f"{v} with model={m}" for m, v in others.items())
+            fields[name] = (info.annotation, info)
     fields.update((name, (info.annotation, info)) for name, info in FamilyParams.model_fields.items())
     return fields
 
