@@ -224,9 +224,11 @@ def test_label_passes_group_consecutive_blocks_within_the_workers_memory():
     assert len(label_passes(bounds, entries, 1)) == 10  # a block a pass, even past the budget
 
 
-def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monkeypatch, caplog):
+@pytest.mark.parametrize("routing", ["summaries", "routers"])
+def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monkeypatch, caplog, routing):
     """Workers whose memory limit a label-sized sum exceeds sum ``Y^T X`` in label blocks, and predict a loaded
-    model read from its store in cluster blocks: the same centroids, clusters and top labels (uneven row blocks)."""
+    model read from its store in cluster blocks (of whole groups, with the routers): the same centroids, clusters
+    and top labels (uneven row blocks)."""
     import logging
 
     import distributed
@@ -238,20 +240,23 @@ def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monke
     Xd = da.from_array(X, chunks=(chunks, (X.shape[1],)), asarray=False, fancy=False)
     Yd = da.from_array(Y, chunks=(chunks, (Y.shape[1],)), asarray=False, fancy=False)
     Xtd = da.from_array(Xt, chunks=((180, 320), (Xt.shape[1],)), asarray=False, fancy=False)
-    reference = LabelCentroidClassifier(leaf_labels=40, beam=3, random_state=0).fit(Xd, Yd)
+    reference = LabelCentroidClassifier(leaf_labels=40, beam=3, routing=routing, random_state=0).fit(Xd, Yd)
     expected = [a.compute() for a in reference.predict_topk(Xtd, k=5)]
     monkeypatch.setattr(C, "LABEL_BLOCK_SHARE", 1e-3)
     monkeypatch.setattr(C, "PREDICT_BLOCK_SHARE", 1e-3)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit="2GiB",
                                   dashboard_address=":0") as cluster, distributed.Client(cluster):
-        model = LabelCentroidClassifier(leaf_labels=40, beam=3, random_state=0).fit(Xd, Yd)
+        model = LabelCentroidClassifier(leaf_labels=40, beam=3, routing=routing, random_state=0).fit(Xd, Yd)
         assert model.n_label_blocks_ > 2 and model.train_summary()["label_blocks"] == model.n_label_blocks_
         for name in ("order_", "offsets_", "label_counts_"):
             np.testing.assert_array_equal(getattr(model, name), getattr(reference, name))
         np.testing.assert_allclose(model.W_.toarray(), reference.W_.toarray(), atol=1e-6)
         monkeypatch.setattr(C, "PASS_SHARE", 1e-6)  # a pass a label block: the same centroids
-        passes = LabelCentroidClassifier(leaf_labels=40, beam=3, svm_weight=0, random_state=0).fit(Xd, Yd)
-        assert passes.n_passes_ == model.n_label_blocks_ + 1  # and the idf's pass
+        passes = LabelCentroidClassifier(leaf_labels=40, beam=3, svm_weight=0, routing=routing,
+                                         random_state=0).fit(Xd, Yd)
+        routers = 0 if routing == "summaries" else 2  # at least a pass for each level of routers
+        assert passes.n_passes_ - routers >= model.n_label_blocks_ + 1  # and the idf's pass
+        assert routing == "routers" or passes.n_passes_ == model.n_label_blocks_ + 1
         np.testing.assert_allclose(passes.W_.toarray(), reference.W_.toarray(), atol=1e-6)
         np.testing.assert_array_equal(passes.order_, reference.order_)
         url = model.save(str(tmp_path / "blocked.zarr"))
@@ -259,6 +264,7 @@ def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monke
         with caplog.at_level(logging.INFO, logger="xmldask.models.centroid"):
             labels, scores = (a.compute() for a in loaded.predict_topk(Xtd, k=5))
         assert "cluster blocks read from" in caplog.text
+        assert loaded.routing_ == routing
     np.testing.assert_allclose(scores, expected[1], atol=1e-5)
     assert (labels == expected[0]).mean() > 0.99  # up to float32 ties
     assert labels.dtype == np.int32 and scores.dtype == np.float32
@@ -566,6 +572,95 @@ def test_fewer_candidates_than_k_are_filled_by_frequent_labels():
     labels, scores = (a.compute() for a in model.predict_topk(X, k=3))
     assert set(labels[:, :2].ravel()) <= {0, 1} and (scores[:, 2] == -1).all()
     assert (labels[:, 2] >= 2).all() and (labels[:, 2] <= 3).all()  # unseen labels fill the last slot, score -1
+
+
+def _meta_labels(model, Y):
+    """The rows' clusters and groups of clusters as positives (rows x clusters, rows x groups), in NumPy."""
+    cluster_of = np.full(Y.shape[1], -1)
+    cluster_of[model.order_] = np.repeat(np.arange(model.n_clusters_), np.diff(model.offsets_))
+    Yd = sp.csr_matrix(Y).toarray() > 0
+    clusters = np.zeros((Y.shape[0], model.n_clusters_), bool)
+    for label in np.flatnonzero(cluster_of >= 0):
+        clusters[:, cluster_of[label]] |= Yd[:, label]
+    groups = np.stack([clusters[:, a:b].any(axis=1) for a, b in zip(model.group_offsets_[:-1],
+                                                                      model.group_offsets_[1:])], axis=1)
+    return sp.csr_matrix(clusters, dtype=np.float32), sp.csr_matrix(groups, dtype=np.float32)
+
+
+def test_router_groups_are_about_square_root_groups_of_consecutive_clusters():
+    from xmldask.models.centroid import router_groups
+
+    assert list(router_groups(9)) == [0, 3, 6, 9]
+    assert list(router_groups(10)) == [0, 4, 8, 10]
+    assert list(router_groups(1)) == [0, 1]
+    sizes = np.diff(router_groups(8192))
+    assert len(sizes) == 91 and sizes.max() == 91 and sizes.sum() == 8192
+
+
+def test_routers_are_squared_hinge_svms_and_route_as_a_numpy_reference(small):
+    """Uneven row blocks, every parameter given (no held-out rows): the group routers are one-vs-rest SVMs of all
+    rows with a label, the cluster routers those of their group's rows; a row's candidates are the labels of the
+    ``beam`` clusters of highest router margin among its ``groups`` best groups (dense NumPy scores)."""
+    from xmldask.models._svm import cluster_svms
+    from xmldask.models.centroid import _rows_block
+
+    X, Y, Xt, Yt = small
+    Xd = da.from_array(X, chunks=((700, 1100, 1200), (X.shape[1],)), asarray=False, fancy=False)
+    Yd = da.from_array(Y, chunks=((700, 1100, 1200), (Y.shape[1],)), asarray=False, fancy=False)
+    model = LabelCentroidClassifier(leaf_labels=8, beam=3, summary_exponent=0, svm_weight=0, routing="routers",
+                                    random_state=0).fit(Xd, Yd)
+    assert model.routing_ == "routers" and not model.held_out_ and model.M_.nnz == 0
+    n_groups = len(model.group_offsets_) - 1
+    assert model.group_beam_ == 4 and n_groups == np.ceil(model.n_clusters_ / np.ceil(np.sqrt(model.n_clusters_)))
+    Xu = _rows_block(X, model.idf_)
+    clusters, groups = _meta_labels(model, Y)
+    U, ubias = cluster_svms(Xu, clusters, model.group_offsets_, seed=0)
+    R, rbias = cluster_svms(Xu, groups, np.array([0, n_groups]), seed=0)
+    np.testing.assert_allclose(model.U_.toarray(), U.toarray(), atol=1e-5)
+    np.testing.assert_allclose(model.R_.toarray(), R.toarray(), atol=1e-5)
+    np.testing.assert_allclose(model.cluster_bias_, ubias, atol=1e-5)
+    np.testing.assert_allclose(model.router_bias_, rbias, atol=1e-5)
+
+    T = _rows_block(Xt, model.idf_).astype(np.float64)
+    G = (T @ model.R_.T).toarray() + model.router_bias_
+    Cm = (T @ model.U_.T).toarray() + model.cluster_bias_
+    S = np.full((Xt.shape[0], Y.shape[1]), -np.inf)
+    cos = (T @ model.W_.T).toarray()
+    for i in range(Xt.shape[0]):
+        best_groups = np.argsort(-G[i], kind="stable")[:4]
+        allowed = np.concatenate([np.arange(model.group_offsets_[g], model.group_offsets_[g + 1])
+                                  for g in best_groups])
+        best = allowed[np.argsort(-Cm[i, allowed], kind="stable")[:3]]
+        for c in best:
+            a, b = model.offsets_[c], model.offsets_[c + 1]
+            S[i, model.order_[a:b]] = cos[i, a:b]
+    labels, scores = (a.compute() for a in model.predict_topk(Xt, k=5))
+    finite = np.isfinite(-np.sort(-S, axis=1)[:, :5])
+    np.testing.assert_allclose(scores[finite], (-np.sort(-S, axis=1)[:, :5])[finite], atol=2e-5)
+    assert np.mean(labels[:, 0] == S.argmax(axis=1)) > 0.98  # up to float32 ties of margins and cosines
+    p1 = np.mean(np.asarray(Yt[np.arange(Yt.shape[0]), labels[:, 0]]).ravel())
+    assert p1 > 0.3
+
+
+def test_routing_auto_takes_routers_past_the_narrowest_candidates_and_chooses_the_groups(small, tmp_path):
+    """``routing="auto"``: the summaries while the clusters are at most ``min(AUTO_BEAMS) * leaf_labels``, the
+    routers past it, with the groups a row takes chosen on the held-out rows and saved."""
+    from xmldask.models.centroid import AUTO_BEAMS, AUTO_GROUPS
+
+    X, Y, Xt, _ = small
+    flat = LabelCentroidClassifier(leaf_labels=40, random_state=0).fit(X, Y)
+    assert flat.routing_ == "summaries" and flat.n_clusters_ <= min(AUTO_BEAMS) * 40 and flat.U_ is None
+    routed = LabelCentroidClassifier(leaf_labels=4, random_state=0).fit(X, Y)
+    assert routed.n_clusters_ > min(AUTO_BEAMS) * 4 and routed.routing_ == "routers"
+    assert set(routed.held_out_["p@1 by groups"]) == {min(g, len(routed.group_offsets_) - 1) for g in AUTO_GROUPS}
+    assert routed.group_beam_ == routed.held_out_["groups"]
+    assert routed.train_summary()["routing"] == "routers"
+    again = load_model(routed.save(str(tmp_path / "routed.zarr")))
+    assert again.routing_ == "routers" and again.group_beam_ == routed.group_beam_
+    for a, b in zip(routed.predict_topk(Xt, k=4), again.predict_topk(Xt, k=4)):
+        np.testing.assert_array_equal(a.compute(), b.compute())
+    with pytest.raises(ValueError, match="routing must be 'auto', 'summaries' or 'routers'"):
+        LabelCentroidClassifier(routing="tree").fit(X, Y)
 
 
 def test_save_load_and_bad_parameters(small, tmp_path):

@@ -50,14 +50,17 @@ __all__ = ["CENTROID_VERSION", "CentroidParams", "LabelCentroidClassifier", "bal
 
 logger = logging.getLogger(__name__)
 
-#: 2: the labels' classifiers (``V``, ``svm_bias``, ``svm_weight``); version 1 stores (centroids alone) still load
-CENTROID_VERSION = 2
+#: 3: the routers (``R``, ``router_bias``, ``U``, ``cluster_bias``, ``group_offsets``, ``routing``, ``groups``); 2: the
+#: labels' classifiers (``V``, ``svm_bias``, ``svm_weight``); version 1 and 2 stores (routed by summaries) still load
+CENTROID_VERSION = 3
 #: Lloyd iterations of each balanced 2-means split at most (a split stops earlier when its assignment stops changing).
 #: 20 was tried: at 100K labels P@1 at beam 10 over 10 seeds 79.9 +- 1.9 -> 80.7 +- 1.2, but the 1M-label set's
 #: default model (seed 0) lost 1.5 test P@1 (85.71 -> 84.17) and trained 46 % longer; 8 kept until more seeds decide
 SPLIT_ITERATIONS = 8
 #: beams that ``beam="auto"`` compares on held-out training rows (those above the number of clusters dropped)
 AUTO_BEAMS = (10, 20, 40, 80)
+#: groups whose cluster routers a routed row scores, that the held-out rows compare (those above the groups dropped)
+AUTO_GROUPS = (4, 8, 16)
 #: a wider beam is chosen when the held-out rows it gets right, less those it gets wrong that the narrower beam got
 #: right, exceed this many standard deviations of that paired difference (McNemar's sign test, about 2.5 %
 #: one-sided): its cost a row grows with the beam, a gain within the noise of the held-out rows does not pay it
@@ -158,15 +161,19 @@ def _held_out(n: int, share: float, seed: int, block) -> np.ndarray:
     return np.random.default_rng([seed, block or 0]).random(n) < share
 
 
-def _gather_block(Xb, Yb, idf=None, *, position, bounds, share: float = 0.0, seed: int = 0, block=None) -> tuple:
-    """The rows of one row block that train each group of label clusters: for the labels at cluster-order
-    positions ``bounds[j]:bounds[j + 1]`` (``position``: a label's position, -1 for a label in no cluster), the
-    block's rows with one of them, transformed, and their labels of the group (by position), the held-out rows left
-    out (those of :func:`_label_sums_block`). A pair ``([X pieces], [Y pieces])`` per group, the block transformed
-    :data:`GATHER_ROWS` rows at a time (a transform's copies of a whole block would outweigh what it gives)."""
+def _gather_block(Xb, Yb, idf=None, *, position, bounds, share: float = 0.0, seed: int = 0, block=None,
+                  keep: float = 1.0) -> tuple:
+    """The rows of one row block that train each group of classifiers: for the classifiers ``bounds[j]:bounds[j +
+    1]`` (``position``: a label's classifier, such as its position in cluster order, -1 for none), the block's rows
+    with a label of one of them, transformed, and their positives among them, the held-out rows left out (those of
+    :func:`_label_sums_block`), and of the others a seeded random ``keep`` share. A pair ``([X pieces], [Y
+    pieces])`` per group, the block transformed :data:`GATHER_ROWS` rows at a time (a transform's copies of a whole
+    block would outweigh what it gives)."""
     base, end = int(bounds[0]), int(bounds[-1])
     Y = sp.csr_matrix(Yb)
     train = ~_held_out(Y.shape[0], share, seed, block)
+    if keep < 1.0:
+        train &= np.random.default_rng([seed, block or 0, 1]).random(Y.shape[0]) < keep
     out = [([], []) for _ in range(len(bounds) - 1)]
     for start in range(0, Y.shape[0], GATHER_ROWS):
         stop = min(start + GATHER_ROWS, Y.shape[0])
@@ -202,6 +209,49 @@ def _group_svms(pair, offsets: np.ndarray, *, n_features: int, seed: int) -> tup
     if pair is None:  # no training row has a label of the group (every one held out)
         return sp.csr_matrix((int(offsets[-1]), n_features), dtype=np.float32), np.zeros(int(offsets[-1]), np.float32)
     return cluster_svms(pair[0], pair[1], offsets, C=SVM_C, seed=seed)
+
+
+def _train_svms(X: da.Array, Y: da.Array, idf, position: np.ndarray, offsets: np.ndarray, entries: np.ndarray, *,
+                share: float, seed: int, keep: float = 1.0) -> tuple[sp.csr_matrix, np.ndarray, int]:
+    """Classifiers of label clusters (:func:`~xmldask.models._svm.cluster_svms`) from one pass over the row blocks
+    (a few when the workers' memory asks for it: :func:`label_passes`): classifier ``j`` has the rows with a label
+    ``l`` of ``position[l] == j`` as positives and is trained on the rows of its cluster (``offsets``: cluster ``c``
+    is classifiers ``offsets[c]:offsets[c + 1]``); ``entries``: a bound on each classifier's rows' entries. Each
+    block gives every group of clusters (:func:`svm_groups`) its rows (the held-out rows left out; ``keep``: a
+    share of the others), the workers stack a group's rows and train its classifiers, and the process keeps the
+    weights alone. Returns the weights, the biases and the passes made."""
+    n_classifiers = int(offsets[-1])
+    if n_classifiers == 0:
+        return sp.csr_matrix((0, X.shape[1]), dtype=np.float32), np.zeros(0, np.float32), 0
+    entries = np.asarray(entries, np.float64)
+    limit = worker_memory_limit()
+    budget = SVM_GROUP_SHARE * (limit or memory_for_data())
+    groups = svm_groups(np.add.reduceat(entries, offsets[:-1]), budget, 2 * parallelism())
+    at = offsets[groups]  # the groups' first classifiers
+    position_ = dask.delayed(position, pure=True)
+    pieces, n_passes = [], 0
+    for bounds in label_passes(at, entries, memory_for_data() if limit else None):
+        parts = per_block_objects(_gather_block, X, Y, position=position_, idf=idf, bounds=[int(b) for b in bounds],
+                                  share=share, seed=seed, keep=keep)
+        todo = []
+        for j in range(len(bounds) - 1):
+            g = int(np.searchsorted(at, bounds[j]))  # the group's index: its clusters groups[g]:groups[g + 1]
+            clusters = offsets[groups[g]:groups[g + 1] + 1]
+            stacked = dask.delayed(_stack_pairs, pure=True)(*[part[j] for part in parts])
+            todo.append(dask.delayed(_group_svms, pure=True)(stacked, clusters - clusters[0], n_features=X.shape[1],
+                                                             seed=seed + int(groups[g])))
+        pieces += compute_each(todo)
+        n_passes += 1
+    V = sp.vstack([v for v, _ in pieces], format="csr", dtype=np.float32)
+    return V, np.concatenate([b for _, b in pieces]).astype(np.float32), n_passes
+
+
+def router_groups(n_clusters: int) -> np.ndarray:
+    """Offsets of the groups of consecutive clusters (neighbours in the clustering's depth-first order) that the
+    group routers choose among: about ``sqrt(n_clusters)`` groups of about as many clusters, the two levels of a
+    balanced tree (a row scores the group routers, then the cluster routers of its best groups)."""
+    size = max(1, math.ceil(math.sqrt(n_clusters)))
+    return np.unique(np.r_[np.arange(0, n_clusters, size), n_clusters]).astype(np.int64)
 
 
 def svm_groups(cluster_entries: np.ndarray, budget_bytes: float, min_groups: int) -> np.ndarray:
@@ -327,30 +377,57 @@ def balanced_clusters(W: sp.csr_matrix, labels: np.ndarray, leaf_labels: int, rn
     return order, offsets
 
 
-def _topk_block(Xb, MT, W, order, offsets, fallback, idf=None, MH=None, head=None, V=None, bias=None, *, beam: int,
-                k: int, weight: float = 0.0):
+def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, head=None, V=None, bias=None, RT=None,
+                rbias=None, U=None, ubias=None, goffsets=None, *, beam: int, k: int, weight: float = 0.0,
+                groups: int = 0):
     """Top-``k`` labels and scores of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
 
-    ``MT``: the cluster summaries transposed (``d x n_clusters``), without the rows of the features ``head`` whose
-    columns ``MH`` holds dense (:func:`_split_summaries`); ``W``: the label centroids in cluster order.
-    A row scores the summaries (in batches whose dense ``rows x n_clusters`` scores hold at most
-    :data:`SUMMARY_BUDGET` entries), then the labels of its ``beam`` best clusters, cluster by cluster for all the
-    block's rows that chose it (:func:`._candidates.candidate_topk`: the cosine, plus ``weight`` times the label's
-    classifier ``V``, ``bias``);
+    ``W``: the label centroids in cluster order. A row chooses its ``beam`` best clusters, by the routers when
+    given (:func:`_routed_clusters`: the group routers ``RT``, ``rbias``, then those of the clusters ``U``,
+    ``ubias`` of its ``groups`` best groups ``goffsets``), or else by the cluster summaries (``MT``, transposed,
+    without the rows of the features ``head`` whose columns ``MH`` holds dense: :func:`_split_summaries`; scored in
+    batches whose dense ``rows x n_clusters`` scores hold at most :data:`SUMMARY_BUDGET` entries); then it scores
+    the labels of those clusters, cluster by cluster for all the block's rows that chose it
+    (:func:`._candidates.candidate_topk`: the cosine, plus ``weight`` times the label's classifier ``V``, ``bias``);
     slots left over (fewer candidates than ``k``) get the ``fallback`` labels (the most frequent) below every score.
     """
-    MT, W, V = _unwrap(MT), _unwrap(W), _unwrap(V)
+    MT, W, V, RT, U = _unwrap(MT), _unwrap(W), _unwrap(V), _unwrap(RT), _unwrap(U)
     Xb = _rows_block(Xb, idf)
-    dense = (MH, head) if MH is not None and head is not None and len(head) else None
     n, n_clusters = Xb.shape[0], len(offsets) - 1
     labels, scores = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
     if n and n_clusters:
         b = min(beam, n_clusters)
-        step = max(1, SUMMARY_BUDGET // n_clusters)
-        best = np.vstack([_best_clusters(Xb[i:i + step], MT, b, dense)[0] for i in range(0, n, step)])
-        labels, scores = candidate_topk(Xb, np.repeat(np.arange(n), b), best.ravel(), W, order, offsets, k,
-                                        V=V, bias=bias, weight=weight)
+        if U is not None:
+            best = _routed_clusters(Xb, _best_groups(Xb, RT, rbias, groups), U, ubias, goffsets, beam=b)[0]
+        else:
+            dense = (MH, head) if MH is not None and head is not None and len(head) else None
+            step = max(1, SUMMARY_BUDGET // n_clusters)
+            best = np.vstack([_best_clusters(Xb[i:i + step], MT, b, dense)[0] for i in range(0, n, step)])
+        rows, slots = np.nonzero(best >= 0)
+        labels, scores = candidate_topk(Xb, rows, best[rows, slots], W, order, offsets, k, V=V, bias=bias,
+                                        weight=weight)
     return _filled(labels, scores, fallback)
+
+
+def _best_groups(Xb, RT, rbias, b: int) -> np.ndarray:
+    """The ``b`` groups of highest router margin of each row (unordered), shape ``(n_rows, min(b, n_groups))``:
+    ``RT`` the group routers transposed (``d x n_groups``), ``rbias`` their biases."""
+    S = sparse_product_dense(Xb, RT)
+    S += np.asarray(rbias, np.float32)
+    n_groups = S.shape[1]
+    if b < n_groups:
+        return np.argpartition(-S, b - 1, axis=1)[:, :b]
+    return np.broadcast_to(np.arange(n_groups), (S.shape[0], n_groups))
+
+
+def _routed_clusters(Xb, groups: np.ndarray, U, ubias, goffsets, *, beam: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``beam`` best clusters of each row by their routers (``U``, ``ubias``: a row of each cluster) among those
+    of its ``groups`` (group ids, ``-1`` for none; group ``g`` is clusters ``goffsets[g]:goffsets[g + 1]``), best
+    first, and their margins: ``(n_rows, beam)``, ``(-1, -inf)`` where the groups have fewer clusters."""
+    rows, slots = np.nonzero(groups >= 0)
+    centroids = sp.csr_matrix(U.shape, dtype=np.float32)  # no centroid term: the routers' margins alone
+    return candidate_topk(Xb, rows, groups[rows, slots], centroids, np.arange(U.shape[0]), goffsets, beam, V=U,
+                          bias=ubias, weight=1.0)
 
 
 def _best_k(r, lab, s, *, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -447,9 +524,18 @@ def _read_rows(url: str, name: str, start: int, stop: int):
     return sp.csr_matrix((data, indices, indptr - indptr[0]), shape=(stop - start, int(node.attrs["shape"][1])))
 
 
-def _route_part(Xt, url: str, first: int, stop: int, *, beam: int):
+def _route_part(Xt, url: str, first: int, stop: int, *, beam: int, groups=None, goffsets=None):
     """The ``beam`` best clusters of ``first:stop`` (read from the model store) of each transformed row of ``Xt``
-    and their summary cosines: ``(cluster ids, cosines)``, each ``(n_rows, <= beam)``."""
+    and their scores: ``(cluster ids, scores)``, each ``(n_rows, <= beam)``; by the summary cosines, or by the
+    routers of the clusters when the rows' best ``groups`` (global group ids of the ``goffsets``, whose bounds
+    ``first`` and ``stop`` are) are given, ``(-1, -inf)`` for no cluster."""
+    if groups is not None:
+        g0, g1 = np.searchsorted(goffsets, [first, stop])
+        local = np.where((groups >= g0) & (groups < g1), groups - g0, -1)
+        ids, margins = _routed_clusters(Xt, local, _read_rows(url, "U", first, stop),
+                                        _read_rows(url, "cluster_bias", first, stop), goffsets[g0:g1 + 1] - first,
+                                        beam=beam)
+        return np.where(ids >= 0, ids + first, -1), margins
     MT, MH, head = _split_summaries(_read_rows(url, "M", first, stop))
     dense, b = ((MH, head) if len(head) else None), min(beam, stop - first)
     step = max(1, SUMMARY_BUDGET // (stop - first))
@@ -467,11 +553,11 @@ def _merge_routes(a, b, *, beam: int):
     return np.take_along_axis(ids, top, axis=1), np.take_along_axis(cos, top, axis=1)
 
 
-def _route_group(Xt, url: str, ranges, *, beam: int):
+def _route_group(Xt, url: str, ranges, *, beam: int, groups=None, goffsets=None):
     """:func:`_route_part` of the cluster blocks ``ranges`` one after the other, merged as they come."""
     best = None
     for first, stop in ranges:
-        part = _route_part(Xt, url, first, stop, beam=beam)
+        part = _route_part(Xt, url, first, stop, beam=beam, groups=groups, goffsets=goffsets)
         best = part if best is None else _merge_routes(best, part, beam=beam)
     return best
 
@@ -667,6 +753,15 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         alone (no classifiers trained). ``"auto"``: of :data:`SVM_WEIGHTS`, chosen on the held-out rows at the chosen
         beam (a later one only for a gain beyond their noise; the classifiers are trained without those rows), 0
         keeping no classifier; recorded in ``svm_weight_`` and ``held_out_``.
+    routing : {"auto", "summaries", "routers"}, default "auto"
+        How a row chooses its clusters: by the cosine to every cluster's summary (``n_clusters`` summaries a row), or
+        by trained routers, Parabel's internal nodes in two levels (:func:`router_groups`: a squared-hinge SVM per
+        group of about ``sqrt(n_clusters)`` consecutive clusters, trained on every row, then one per cluster of
+        the row's best groups, trained on its group's rows; about ``sqrt(n_clusters) * (1 + groups)`` routers a
+        row). ``"auto"``: the routers when the clusters outnumber the candidate labels of the narrowest beam
+        (``n_clusters > min(AUTO_BEAMS) * leaf_labels``: scoring the summaries would cost a row more than its
+        candidates); the groups a row takes, of :data:`AUTO_GROUPS`, chosen on the held-out rows with the beam (the
+        fewest when the beam is given), recorded in ``group_beam_`` and ``held_out_``.
     random_state : int, optional
         Seed of the clustering and of the classifiers' coordinate descent.
 
@@ -676,6 +771,10 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         The unit centroids of the labels with a training row, in cluster order (``order_``).
     M_ : scipy.sparse.csr_matrix, shape (n_clusters, n_features)
         The unit cluster summaries.
+    R_, U_ : scipy.sparse.csr_matrix, or None
+        The routers (``routing_ == "routers"``) of the groups (``n_groups x n_features``) and of the clusters
+        (``n_clusters x n_features``), weights below :data:`~xmldask.models._svm.PRUNE` dropped; ``router_bias_``
+        and ``cluster_bias_`` their biases; ``group_offsets_`` the groups' clusters. ``M_`` is then empty.
     V_ : scipy.sparse.csr_matrix, shape (n_seen_labels, n_features), or None
         The labels' classifiers (in ``W_``'s order), weights below :data:`~xmldask.models._svm.PRUNE` dropped;
         ``svm_bias_`` their biases. None when ``svm_weight_`` is 0.
@@ -703,21 +802,24 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     M_ = _StoredArray()
     #: the fitted arrays that a loaded model reads when first used (:class:`_StoredArray`)
     V_ = _StoredArray()
-    _LAZY = ("W", "M", "V")
+    U_ = _StoredArray()
+    _LAZY = ("W", "M", "V", "U")
     _MODEL_VERSION = CENTROID_VERSION
-    _EARLIER_VERSIONS = (1,)
-    _ARRAYS = ("W", "M", "order", "offsets", "idf", "label_counts", "V", "svm_bias")
+    _EARLIER_VERSIONS = (1, 2)
+    _ARRAYS = ("W", "M", "order", "offsets", "idf", "label_counts", "V", "svm_bias", "R", "router_bias", "U",
+               "cluster_bias", "group_offsets")
     _SCALARS = ("n_features_in", "n_labels", "n_samples_seen", "n_unseen_labels", "n_passes", "task", "beam",
-                "held_out", "summary_exponent", "svm_weight")
+                "held_out", "summary_exponent", "svm_weight", "routing", "group_beam")
 
     def __init__(self, *, features: str = CentroidParams().features, leaf_labels: int = 100, beam="auto",
-                 summary_exponent="auto", svm_weight="auto", random_state=0):
+                 summary_exponent="auto", svm_weight="auto", routing="auto", random_state=0):
         self.features, self.leaf_labels, self.beam, self.random_state = features, leaf_labels, beam, random_state
-        self.summary_exponent, self.svm_weight = summary_exponent, svm_weight
+        self.summary_exponent, self.svm_weight, self.routing = summary_exponent, svm_weight, routing
 
     def __repr__(self) -> str:
         return f"LabelCentroidClassifier(features={self.features!r}, leaf_labels={self.leaf_labels!r}, " \
-               f"beam={self.beam!r}, summary_exponent={self.summary_exponent!r}, svm_weight={self.svm_weight!r})"
+               f"beam={self.beam!r}, summary_exponent={self.summary_exponent!r}, svm_weight={self.svm_weight!r}, " \
+               f"routing={self.routing!r})"
 
     def _check_params(self) -> None:
         if self.features not in ("tfidf", "l2"):
@@ -733,6 +835,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                                               and not isinstance(self.svm_weight, bool)
                                               and 0 <= self.svm_weight < math.inf):
             raise ValueError(f"svm_weight must be 'auto' or a number >= 0, but is {self.svm_weight!r}")
+        if self.routing not in ("auto", "summaries", "routers"):
+            raise ValueError(f"routing must be 'auto', 'summaries' or 'routers', but is {self.routing!r}")
 
     @property
     def n_clusters_(self) -> int:
@@ -840,13 +944,30 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             self.V_, self.svm_bias_, n = self._fit_svms(X, Y, idf, first["entries"], share=share, seed=seed)
             release_memory()
             passes += n
+        n_clusters = len(offsets) - 1
+        self.routing_ = self.routing if self.routing != "auto" else \
+            ("routers" if n_clusters > min(AUTO_BEAMS) * self.leaf_labels else "summaries")
+        self.R_ = self.router_bias_ = self.U_ = self.cluster_bias_ = self.group_offsets_ = None
+        self.group_beam_ = 0
+        if self.routing_ == "routers":
+            release_memory()
+            passes += self._fit_routers(X, Y, idf, first["entries"], share=share, seed=seed)
+            self.group_beam_ = min(min(AUTO_GROUPS), len(self.group_offsets_) - 1)
         self.beam_, self.held_out_ = self.beam, {}
         self.summary_exponent_ = SUMMARY_EXPONENTS[0] if self.summary_exponent == "auto" else self.summary_exponent
         self.svm_weight_ = SVM_WEIGHTS[0] if self.svm_weight == "auto" else float(self.svm_weight)
         if chosen and X_held.shape[0]:
-            self.summary_exponent_, self.beam_, self.svm_weight_, self.held_out_ = self._choose(norms, X_held, Y_held,
-                                                                                                 counts)
-            if self.summary_exponent == "auto":
+            exponent, groups, self.beam_, self.svm_weight_, self.held_out_ = self._choose(norms, X_held, Y_held,
+                                                                                          counts)
+            if self.routing_ == "routers":
+                self.group_beam_ = groups
+                if "p@1 by groups" in self.held_out_:
+                    logger.info(f"routers: {groups} of {len(self.group_offsets_) - 1} groups a row: held-out P@1 at "
+                                f"beam {self.held_out_['beam compared']} " + ", ".join(
+                                    f"{g} {p:.4f}" for g, p in self.held_out_["p@1 by groups"].items()))
+            else:
+                self.summary_exponent_ = exponent
+            if self.summary_exponent == "auto" and "p@1 by summary exponent" in self.held_out_:
                 logger.info(f"cluster summaries: label weights n ** {self.summary_exponent_:g}: held-out P@1 at beam "
                             f"{self.held_out_['beam compared']} " + ", ".join(
                                 f"{g} {p:.4f}" for g, p in self.held_out_["p@1 by summary exponent"].items()))
@@ -860,7 +981,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             self.beam_ = min(min(AUTO_BEAMS), len(offsets) - 1)
         if not self.svm_weight_:
             self.V_, self.svm_bias_ = None, None
-        self.M_ = _summaries(self.W_, offsets, counts[order] ** float(self.summary_exponent_))
+        self.M_ = sp.csr_matrix((n_clusters, X.shape[1]), dtype=np.float32) if self.routing_ == "routers" else \
+            _summaries(self.W_, offsets, counts[order] ** float(self.summary_exponent_))
         self.label_counts_ = counts.astype(np.int64)
         self.n_features_in_, self.n_labels_ = int(X.shape[1]), int(Y.shape[1])
         self.n_samples_seen_ = int(X.shape[0])
@@ -873,41 +995,45 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
 
     def _fit_svms(self, X: da.Array, Y: da.Array, idf, label_entries: np.ndarray, *, share: float,
                   seed: int) -> tuple[sp.csr_matrix, np.ndarray, int]:
-        """The labels' classifiers (:func:`~xmldask.models._svm.cluster_svms`), in ``W_``'s order, from one pass over
-        the row blocks (in a few when the workers' memory asks for it: :func:`label_passes`): each block gives every
-        group of clusters (:func:`svm_groups`) its rows with one of the group's labels (the held-out rows left out),
-        the workers stack a group's rows and train its classifiers, and the process keeps the weights alone. Returns
-        the weights, the biases and the passes made."""
-        if len(self.order_) == 0:
-            return sp.csr_matrix((0, X.shape[1]), dtype=np.float32), np.zeros(0, np.float32), 0
+        """The labels' classifiers (:func:`~xmldask.models._svm.cluster_svms`), in ``W_``'s order, each trained on its
+        cluster's rows (:func:`_train_svms`). Returns the weights, the biases and the passes made."""
         position = np.full(Y.shape[1], -1, np.int64)
         position[self.order_] = np.arange(len(self.order_))
         # a label's rows' entries, not clipped at the features as a centroid's are: its rows are gathered whole
         entries = np.asarray(label_entries, np.float64)[self.order_]
-        limit = worker_memory_limit()
-        budget = SVM_GROUP_SHARE * (limit or memory_for_data())
-        groups = svm_groups(np.add.reduceat(entries, self.offsets_[:-1]) if len(entries) else entries, budget,
-                            2 * parallelism())
-        at = self.offsets_[groups]  # the groups' first positions (label ranges in W_'s order)
-        position_ = dask.delayed(position, pure=True)
-        pieces, n_passes = [], 0
-        for bounds in label_passes(at, entries, memory_for_data() if limit else None):
-            parts = per_block_objects(_gather_block, X, Y, position=position_, idf=idf, bounds=[int(b) for b in bounds],
-                                      share=share, seed=seed)
-            todo = []
-            for j in range(len(bounds) - 1):
-                g = int(np.searchsorted(at, bounds[j]))  # the group's index: its clusters groups[g]:groups[g + 1]
-                clusters = self.offsets_[groups[g]:groups[g + 1] + 1]
-                stacked = dask.delayed(_stack_pairs, pure=True)(*[part[j] for part in parts])
-                todo.append(dask.delayed(_group_svms, pure=True)(stacked, clusters - clusters[0], n_features=X.shape[1],
-                                                                 seed=seed + int(groups[g])))
-            pieces += compute_each(todo)
-            n_passes += 1
-        V = sp.vstack([v for v, _ in pieces], format="csr", dtype=np.float32)
-        bias = np.concatenate([b for _, b in pieces]).astype(np.float32)
-        logger.info(f"label classifiers: {V.nnz:,} weights of {V.shape[0]:,} labels in {len(groups) - 1:,} groups of "
-                    f"clusters ({n_passes} pass{'es' if n_passes > 1 else ''})")
+        V, bias, n_passes = _train_svms(X, Y, idf, position, self.offsets_, entries, share=share, seed=seed)
+        logger.info(f"label classifiers: {V.nnz:,} weights of {V.shape[0]:,} labels ({n_passes} "
+                    f"pass{'es' if n_passes > 1 else ''})")
         return V, bias, n_passes
+
+    def _fit_routers(self, X: da.Array, Y: da.Array, idf, label_entries: np.ndarray, *, share: float,
+                     seed: int) -> int:
+        """The routers (:func:`_train_svms`): a classifier per group of clusters (:func:`router_groups`) trained
+        one-vs-rest on every training row (``R_``, ``router_bias_``), and one per cluster trained on its group's rows
+        (``U_``, ``cluster_bias_``), a row's positives the groups and clusters of its labels. Returns the passes."""
+        n_clusters = len(self.offsets_) - 1
+        self.group_offsets_ = router_groups(n_clusters)
+        n_groups = len(self.group_offsets_) - 1
+        cluster_of = np.full(Y.shape[1], -1, np.int64)
+        cluster_of[self.order_] = np.repeat(np.arange(n_clusters), np.diff(self.offsets_))
+        group_of = np.where(cluster_of >= 0, np.repeat(np.arange(n_groups), np.diff(self.group_offsets_))[cluster_of],
+                            -1)
+        entries = np.asarray(label_entries, np.float64)
+        by_cluster = np.bincount(cluster_of[cluster_of >= 0], weights=entries[cluster_of >= 0], minlength=n_clusters)
+        self.U_, self.cluster_bias_, passes = _train_svms(X, Y, idf, cluster_of, self.group_offsets_, by_cluster,
+                                                          share=share, seed=seed)
+        # one task trains the group routers on every row (a row is a negative of the groups it has no label in): a
+        # random sample of the rows where all of them would take more than a classifier task's memory
+        # (its rows' entries bounded by the labels' entry bounds, which count a row once per label)
+        total = float(entries.sum())
+        keep = min(1.0, SVM_GROUP_SHARE * (worker_memory_limit() or memory_for_data()) / max(2 * total * _ENTRY_BYTES,
+                                                                                              1.0))
+        whole = np.array([0, n_groups], np.int64)
+        self.R_, self.router_bias_, n = _train_svms(X, Y, idf, group_of, whole, np.full(n_groups, total / n_groups),
+                                                    share=share, seed=seed, keep=keep)
+        logger.info(f"routers: {n_groups:,} groups of clusters ({self.R_.nnz:,} weights), {n_clusters:,} clusters "
+                    f"({self.U_.nnz:,} weights; {passes + n} passes)")
+        return passes + n
 
     def _without(self, norms: np.ndarray, D: sp.csr_matrix, rest=None) -> sp.csr_matrix:
         """The unit centroids (in cluster order) of the sums ``P - D``, ``P``'s rows being the centroids times their
@@ -942,38 +1068,53 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             at += n
         return sp.csr_matrix((data[:at], indices[:at], indptr), shape=W.shape)
 
-    def _choose(self, norms, X_held, Y_held, counts) -> tuple[float, int, float, dict]:
-        """The summary exponent (of :data:`SUMMARY_EXPONENTS`, compared at the narrowest beam), the beam (of
-        :data:`AUTO_BEAMS`) and the classifiers' weight (of :data:`SVM_WEIGHTS`, at the chosen beam) with the best
-        P@1 on the held-out rows, each where ``"auto"``: a later one only for a gain beyond the noise of those rows;
-        scored by centroids without them (``P - Y_h^T X_h``, in the clusters of all rows), the summaries weighted by
-        the labels' rows left, and the classifiers (trained without them)."""
+    def _choose(self, norms, X_held, Y_held, counts) -> tuple[float, int, int, float, dict]:
+        """The routing's option (the summary exponent, of :data:`SUMMARY_EXPONENTS`, or the routers' groups, of
+        :data:`AUTO_GROUPS`; compared at the narrowest beam), the beam (of :data:`AUTO_BEAMS`) and the classifiers'
+        weight (of :data:`SVM_WEIGHTS`, at the chosen beam) with the best P@1 on the held-out rows, each where
+        ``"auto"``: a later one only for a gain beyond the noise of those rows; scored by centroids without them
+        (``P - Y_h^T X_h``, in the clusters of all rows), the summaries weighted by the labels' rows left, and the
+        classifiers and routers (trained without them). Returns the exponent, the groups, the beam, the weight and
+        the record."""
         n_clusters = len(self.offsets_) - 1
         beams = sorted({min(b, n_clusters) for b in AUTO_BEAMS}) if self.beam == "auto" else [int(self.beam)]
-        exponents = SUMMARY_EXPONENTS if self.summary_exponent == "auto" else (float(self.summary_exponent),)
         rest = counts - np.asarray(Y_held.sum(axis=0)).ravel()
         W = self._without(norms, (Y_held.T @ X_held).tocsr(), rest)
         fallback = np.argsort(-rest, kind="stable")[:1]
         weights = rest[self.order_].astype(np.float64)
 
-        def hits(route, beam: int, weight: float = 0.0) -> np.ndarray:
-            MT, MH, head = route
-            top = _topk_block(X_held, MT, W, self.order_, self.offsets_, fallback, MH=MH, head=head, V=self.V_,
-                              bias=self.svm_bias_, beam=beam, k=1, weight=weight)[:, 0].astype(np.int64)
+        def hits(route: dict, beam: int, weight: float = 0.0) -> np.ndarray:
+            top = _topk_block(X_held, W, self.order_, self.offsets_, fallback, V=self.V_, bias=self.svm_bias_,
+                              beam=beam, k=1, weight=weight, **route)[:, 0].astype(np.int64)
             return np.asarray(Y_held[np.arange(len(top)), top]).ravel() > 0
 
         def better(hit: np.ndarray, best: np.ndarray) -> bool:  # taken only for a gain the held-out rows resolve
             return paired_gain(hit, best, sigmas=BEAM_GAIN_SIGMAS)["resolved"]
 
-        by_exponent, exponent, route = {}, exponents[0], None  # two sets of summaries at most: the best so far's and
-        for g in exponents:  # the one compared
-            candidate = _split_summaries(_summaries(W, self.offsets_, weights ** g))
-            by_exponent[g] = hits(candidate, beams[0])
-            if route is None or better(by_exponent[g], by_exponent[exponent]):
-                exponent, route = g, candidate
+        if self.routing_ == "routers":
+            n_groups = len(self.group_offsets_) - 1
+            options = sorted({min(g, n_groups) for g in AUTO_GROUPS})
+            routers = {"RT": sp.csr_matrix(self.R_.T), "rbias": self.router_bias_, "U": self.U_,
+                       "ubias": self.cluster_bias_, "goffsets": self.group_offsets_}
+
+            def route_of(g):
+                return {**routers, "groups": g}
+            name = "groups"
+        else:
+            options = SUMMARY_EXPONENTS if self.summary_exponent == "auto" else (float(self.summary_exponent),)
+
+            def route_of(g):
+                return dict(zip(("MT", "MH", "head"), _split_summaries(_summaries(W, self.offsets_, weights ** g))))
+            name = "summary exponent"
+        by_option, option, route = {}, options[0], None  # two routes at most: the best so far's and the one compared
+        for g in options:
+            candidate = route_of(g)
+            by_option[g] = hits(candidate, beams[0])
+            if route is None or better(by_option[g], by_option[option]):
+                option, route = g, candidate
             del candidate
         weight = SVM_WEIGHTS[0] if self.svm_weight == "auto" else float(self.svm_weight)
-        by_beam = {beams[0]: by_exponent[exponent] if not weight else hits(route, beams[0], weight)}
+        by_beam = {beams[0]: by_option[option] if not weight else hits(route, beams[0], weight)}
         beam = beams[0]
         for b in beams[1:]:
             by_beam[b] = hits(route, b, weight)
@@ -981,9 +1122,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                 beam = b
         p1 = {b: float(h.mean()) for b, h in by_beam.items()}
         record = {"p@1": p1[beam], "rows": int(X_held.shape[0]), "p@1 by beam": p1}
-        if len(exponents) > 1:
-            record.update({"beam compared": beams[0], "summary exponent": exponent,
-                           "p@1 by summary exponent": {g: float(h.mean()) for g, h in by_exponent.items()}})
+        if len(options) > 1:
+            record.update({"beam compared": beams[0], name: option,
+                           f"p@1 by {name}": {g: float(h.mean()) for g, h in by_option.items()}})
         if self.svm_weight == "auto" and self.V_ is not None:
             by_weight = {weight: by_beam[beam]}
             for w in SVM_WEIGHTS[1:]:
@@ -992,7 +1133,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                     weight = w
             record.update({"p@1": float(by_weight[weight].mean()), "svm weight": weight,
                            "p@1 by svm weight": {w: float(h.mean()) for w, h in by_weight.items()}})
-        return exponent, int(beam), weight, record
+        routed = self.routing_ == "routers"
+        exponent = self.summary_exponent_ if routed else option
+        return exponent, (int(option) if routed else 0), int(beam), weight, record
 
     @classmethod
     def load(cls, url: str) -> LabelCentroidClassifier:
@@ -1036,16 +1179,24 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             bounds = _cluster_blocks(self._cluster_bytes(), limit, parallelism())
             if bounds is not None:
                 return self._predict_in_cluster_blocks(X, k, fallback, url, bounds)
-        MT, MH, head = _split_summaries(self.M_)
         weight = self._svm_weight()
-        whole = {"MT": MT, "W": self.W_, "order": self.order_, "offsets": self.offsets_,
-                 "fallback": fallback, "idf": self.idf_, "MH": MH, "head": head,
+        whole = {"W": self.W_, "order": self.order_, "offsets": self.offsets_, "fallback": fallback, "idf": self.idf_,
                  "V": self.V_ if weight else None, "bias": self.svm_bias_ if weight else None}
+        if self._routed():
+            whole.update({"RT": sp.csr_matrix(self.R_.T), "rbias": self.router_bias_, "U": self.U_,
+                          "ubias": self.cluster_bias_, "goffsets": self.group_offsets_})
+        else:
+            whole.update(zip(("MT", "MH", "head"), _split_summaries(self.M_)))
         operands = [("Xb", X, ROWS)] + [(name, whole_operand(value, name=f"centroid-{name}"), WHOLE)
                                         for name, value in whole.items() if value is not None]
         packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="centroid-topk",
-                           stack=False, static={"beam": int(self.beam_), "k": k, "weight": weight})
+                           stack=False, static={"beam": int(self.beam_), "k": k, "weight": weight,
+                                                "groups": int(getattr(self, "group_beam_", 0) or 0)})
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
+    def _routed(self) -> bool:
+        """Whether rows choose their clusters by the routers (a version 1 or 2 store: by the summaries)."""
+        return getattr(self, "routing_", None) == "routers"
 
     def _svm_weight(self) -> float:
         """The classifiers' weight in a candidate's score (0 for a model without them, such as a version 1 store)."""
@@ -1055,6 +1206,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         """Bytes of each cluster's summary, centroids and classifiers (stored entries)."""
         W = self._indptr("W")
         entries = W[self.offsets_[1:]] - W[self.offsets_[:-1]] + np.diff(self._indptr("M"))
+        if self._routed():
+            entries = entries + np.diff(self._indptr("U")) + 1
         if self._svm_weight():
             V = self._indptr("V")
             entries = entries + V[self.offsets_[1:]] - V[self.offsets_[:-1]] + np.diff(self.offsets_)
@@ -1063,6 +1216,12 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     def _predict_in_cluster_blocks(self, X, k: int, fallback, url: str, bounds) -> tuple[da.Array, da.Array]:
         idf = None if self.idf_ is None else dask.delayed(self.idf_, pure=True)  # one copy in the graph
         beam, weight = int(self.beam_), self._svm_weight()
+        goffsets = None
+        if self._routed():  # cluster blocks of whole groups, the groups' routers in each row block's one task
+            goffsets = np.asarray(self.group_offsets_, np.int64)
+            bounds = np.unique(goffsets[np.searchsorted(goffsets, bounds)])
+            RT = dask.delayed(sp.csr_matrix(self.R_.T), pure=True)
+            rbias = dask.delayed(np.asarray(self.router_bias_), pure=True)
         ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         groups = [[ranges[i] for i in part] for part in np.array_split(np.arange(len(ranges)),
                                                                        min(len(ranges), parallelism()))]
@@ -1071,7 +1230,10 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             Xt = dask.delayed(_rows_block, pure=True)(Xb, idf)
             # a task per group of cluster blocks, which it reads one after the other, merging as it goes: a worker
             # holds one block and the running best, whatever the number of blocks; the groups merged pairwise
-            best = tree_combine([dask.delayed(_route_group, pure=True)(Xt, url, group, beam=beam) for group in groups],
+            chosen = None if goffsets is None else \
+                dask.delayed(_best_groups, pure=True)(Xt, RT, rbias, int(self.group_beam_))
+            best = tree_combine([dask.delayed(_route_group, pure=True)(Xt, url, group, beam=beam, groups=chosen,
+                                                                       goffsets=goffsets) for group in groups],
                                 functools.partial(_merge_routes, beam=beam))
             top = tree_combine([dask.delayed(_candidate_group, pure=True)(Xt, best[0], url, group, k=k, weight=weight)
                                 for group in groups], functools.partial(_merge_candidates, k=k))
@@ -1086,10 +1248,12 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         held = {"p@1": self.held_out_["p@1"]} if self.held_out_ else {}
         return {"n_passes": int(self.n_passes_), "task": "multilabel", "held_out": held, "beam": int(self.beam_),
                 "summary_exponent": float(getattr(self, "summary_exponent_", 0.0)), "svm_weight": self._svm_weight(),
+                "routing": getattr(self, "routing_", "summaries"), "group_beam": int(getattr(self, "group_beam_", 0)),
                 "label_blocks": int(getattr(self, "n_label_blocks_", 1)),
                 "n_clusters": self.n_clusters_,
                 "n_unseen_labels": int(self.n_unseen_labels_),
-                "model_entries": int(self.W_.nnz + self.M_.nnz + (self.V_.nnz if self._svm_weight() else 0))}
+                "model_entries": int(self.W_.nnz + self.M_.nnz + (self.V_.nnz if self._svm_weight() else 0)
+                                     + (self.U_.nnz + self.R_.nnz if self._routed() else 0))}
 
     @classmethod
     def _from_parts(cls, params, fitted, arrays):
