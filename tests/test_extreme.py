@@ -401,10 +401,13 @@ def test_cluster_classifiers_train_on_their_clusters_rows_and_prune():
     offsets = np.array([0, 3, 7])
     V, bias = cluster_svms(X, Y, offsets, seed=5)
     assert V.shape == (7, 50) and bias.shape == (7,) and V.dtype == np.float32
+    part, part_bias = cluster_svms(X, Y, offsets, seed=5, columns=(2, 5))  # labels 2..4, each on its cluster's rows
+    np.testing.assert_array_equal(part.toarray(), V[2:5].toarray())
+    np.testing.assert_array_equal(part_bias, bias[2:5])
     for c in range(2):
         a, b = offsets[c], offsets[c + 1]
         rows = np.flatnonzero(np.asarray(Y[:, a:b].sum(axis=1)).ravel() > 0)
-        ref = squared_hinge_svms(X[rows], sp.csc_matrix(Y[rows][:, a:b]), seed=5 + c)
+        ref = squared_hinge_svms(X[rows], sp.csc_matrix(Y[rows][:, a:b]), seed=5 + a)
         weights = ref[:, :-1].copy()
         weights[np.abs(weights) < PRUNE] = 0
         np.testing.assert_allclose(V[a:b].toarray(), weights, atol=1e-5)

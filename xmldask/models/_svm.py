@@ -46,10 +46,10 @@ def _dual_cd(indptr, indices, data, pos_indptr, pos_rows, n_cols, C, max_passes,
         for p in range(indptr[i], indptr[i + 1]):
             s += data[p] * data[p]
         qd[i] = s
-    np.random.seed(seed)  # noqa: NPY002 (numba's own generator of this thread, seeded per call)
     y, alpha, w = np.empty(n), np.zeros(n), np.zeros(n_cols + 1)
     index = np.arange(n)
     for j in range(m):
+        np.random.seed(seed + j)  # noqa: NPY002 (numba's own generator of this thread, seeded per label)
         y[:] = -1.0
         for p in range(pos_indptr[j], pos_indptr[j + 1]):
             y[pos_rows[p]] = 1.0
@@ -101,7 +101,8 @@ def squared_hinge_svms(X: sp.csr_matrix, positives: sp.csc_matrix, *, C: float =
                        tol: float = TOL, seed: int = 0) -> np.ndarray:
     """One squared-hinge linear SVM per column of ``positives`` (rows x labels, its non-zeros the positive rows),
     all rows of ``X`` negative elsewhere: ``min_w 1/2 |w|^2 + C sum_i max(0, 1 - y_i (w x_i + b))^2`` with the bias
-    ``b`` as a feature of value 1 (regularised, as liblinear's ``-B 1``).
+    ``b`` as a feature of value 1 (regularised, as liblinear's ``-B 1``); column ``j``'s row order seeded ``seed +
+    j`` (the same classifier whatever the other columns).
 
     Returns
     -------
@@ -116,9 +117,11 @@ def squared_hinge_svms(X: sp.csr_matrix, positives: sp.csc_matrix, *, C: float =
 
 
 def cluster_svms(X: sp.csr_matrix, Y: sp.csr_matrix, offsets: np.ndarray, *, C: float = 1.0, prune: float = PRUNE,
-                 seed: int = 0) -> tuple[sp.csr_matrix, np.ndarray]:
+                 seed: int = 0, columns: tuple[int, int] | None = None) -> tuple[sp.csr_matrix, np.ndarray]:
     """The classifiers of the label clusters ``offsets`` (cluster ``c``: columns ``offsets[c]:offsets[c + 1]`` of
-    ``Y``), each label's trained on the rows of ``X`` that have a label of its cluster.
+    ``Y``), each label's trained on the rows of ``X`` that have a label of its cluster, label ``j`` seeded
+    ``seed + j``; ``columns``: ``(a, b)``, the classifiers of the labels ``a:b`` only (the others' clusters' rows
+    all the same), so that tasks can share a cluster's labels.
 
     Returns
     -------
@@ -127,20 +130,23 @@ def cluster_svms(X: sp.csr_matrix, Y: sp.csr_matrix, offsets: np.ndarray, *, C: 
     bias : ndarray of float32, shape (n_labels,)
     """
     X, Y = sp.csr_matrix(X), sp.csc_matrix(Y)
+    first, last = (0, int(offsets[-1])) if columns is None else (int(columns[0]), int(columns[1]))
     pieces, biases = [], []
     for c in range(len(offsets) - 1):
-        start, stop = int(offsets[c]), int(offsets[c + 1])
+        start, stop = max(int(offsets[c]), first), min(int(offsets[c + 1]), last)
+        if start >= stop:
+            continue
+        rows = np.flatnonzero(np.diff(Y[:, int(offsets[c]):int(offsets[c + 1])].tocsr().indptr))
         Yc = Y[:, start:stop].tocsr()
-        rows = np.flatnonzero(np.diff(Yc.indptr))
         Xc = X[rows]
-        columns, local = np.unique(Xc.indices, return_inverse=True)  # the cluster's features only
-        Xl = sp.csr_matrix((Xc.data, local.reshape(-1), Xc.indptr), shape=(len(rows), len(columns)))
-        Wc = squared_hinge_svms(Xl, Yc[rows], C=C, seed=seed + c) if len(rows) else \
+        columns_, local = np.unique(Xc.indices, return_inverse=True)  # the cluster's features only
+        Xl = sp.csr_matrix((Xc.data, local.reshape(-1), Xc.indptr), shape=(len(rows), len(columns_)))
+        Wc = squared_hinge_svms(Xl, Yc[rows], C=C, seed=seed + start) if len(rows) else \
             np.zeros((stop - start, 1), np.float32)
         weights = Wc[:, :-1]
         weights[np.abs(weights) < prune] = 0.0
         kept = sp.csr_matrix(weights)
-        pieces.append(sp.csr_matrix((kept.data, columns[kept.indices], kept.indptr), shape=(stop - start, X.shape[1])))
+        pieces.append(sp.csr_matrix((kept.data, columns_[kept.indices], kept.indptr), shape=(stop - start, X.shape[1])))
         biases.append(Wc[:, -1].copy())  # not a view: it would keep every dense W alive
     V = sp.vstack(pieces, format="csr", dtype=np.float32) if pieces else sp.csr_matrix((0, X.shape[1]), np.float32)
     return V, (np.concatenate(biases) if biases else np.zeros(0)).astype(np.float32)

@@ -203,12 +203,15 @@ def _stack_pairs(*pairs):
     return sp.vstack(xs, format="csr"), sp.vstack(ys, format="csr")
 
 
-def _group_svms(pair, offsets: np.ndarray, *, n_features: int, seed: int) -> tuple[sp.csr_matrix, np.ndarray]:
+def _group_svms(pair, offsets: np.ndarray, *, n_features: int, seed: int,
+                columns: tuple[int, int] | None = None) -> tuple[sp.csr_matrix, np.ndarray]:
     """:func:`~xmldask.models._svm.cluster_svms` of a group's gathered rows (cluster offsets from the group's first
-    position; cluster ``c`` of the model seeded ``seed + c`` whatever the groups)."""
+    classifier, seeded ``seed`` plus the classifier's index whatever the groups; ``columns``: those classifiers
+    only)."""
+    a, b = (0, int(offsets[-1])) if columns is None else columns
     if pair is None:  # no training row has a label of the group (every one held out)
-        return sp.csr_matrix((int(offsets[-1]), n_features), dtype=np.float32), np.zeros(int(offsets[-1]), np.float32)
-    return cluster_svms(pair[0], pair[1], offsets, C=SVM_C, seed=seed)
+        return sp.csr_matrix((b - a, n_features), dtype=np.float32), np.zeros(b - a, np.float32)
+    return cluster_svms(pair[0], pair[1], offsets, C=SVM_C, seed=seed, columns=columns)
 
 
 def _train_svms(X: da.Array, Y: da.Array, idf, position: np.ndarray, offsets: np.ndarray, entries: np.ndarray, *,
@@ -238,8 +241,13 @@ def _train_svms(X: da.Array, Y: da.Array, idf, position: np.ndarray, offsets: np
             g = int(np.searchsorted(at, bounds[j]))  # the group's index: its clusters groups[g]:groups[g + 1]
             clusters = offsets[groups[g]:groups[g + 1] + 1]
             stacked = dask.delayed(_stack_pairs, pure=True)(*[part[j] for part in parts])
-            todo.append(dask.delayed(_group_svms, pure=True)(stacked, clusters - clusters[0], n_features=X.shape[1],
-                                                             seed=seed + int(groups[g])))
+            size = int(clusters[-1] - clusters[0])
+            # a lone cluster (the group routers: every row) is shared out by its classifiers between the threads
+            cuts = np.linspace(0, size, min(size, parallelism()) + 1).astype(int) if len(clusters) == 2 else [0, size]
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                todo.append(dask.delayed(_group_svms, pure=True)(stacked, clusters - clusters[0],
+                                                                 n_features=X.shape[1], seed=seed + int(clusters[0]),
+                                                                 columns=(int(a), int(b))))
         pieces += compute_each(todo)
         n_passes += 1
     V = sp.vstack([v for v, _ in pieces], format="csr", dtype=np.float32)
