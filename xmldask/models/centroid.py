@@ -6,7 +6,9 @@ x_i)``, the rows tf-idf weighted and scaled to unit L2 norm (Rocchio's classifie
 that Parabel, Bonsai and Omikuji cluster to build their trees, Prabhu et al. 2018). Labels are grouped by
 recursive balanced spherical 2-means on their centroids into clusters of at most ``leaf_labels`` labels (the
 partition of Parabel's tree), each summarised by the normalised sum of its labels' centroids. A row is scored
-against every cluster summary, and against the labels of its ``beam`` best clusters only: ``cos(x, w_l)``.
+against every cluster summary, and against the labels of its ``beam`` best clusters only: ``cos(x, w_l)``. Past
+thousands of clusters the summaries give way to trained routers (Parabel's internal nodes, in two levels): a row
+scores the routers of about ``sqrt(n_clusters)`` groups of clusters, then those of the clusters of its best groups.
 
 Training is two passes over the row blocks (document frequencies, then ``Y^T X``, summed as a tree of sparse
 partial sums) and the clustering of the label centroids in memory; prediction reads each row block once. The
@@ -665,9 +667,16 @@ def classifiers_fit(centroid_entries: int, available: float) -> bool:
 
 
 def labels_scored_per_row(n_labels: int, *, beam: int = 20, leaf_labels: int = 100) -> int:
-    """Cluster summaries and candidate labels a row scores: ``ceil(L / leaf_labels) + beam * leaf_labels``, at
-    most ``L`` (a flat model scores all ``L``)."""
-    return int(min(n_labels, math.ceil(n_labels / leaf_labels) + beam * leaf_labels))
+    """Cluster summaries (or routers) and candidate labels a row scores, at most ``L`` (a flat model scores all
+    ``L``): ``C + beam * leaf_labels`` with ``C = ceil(L / leaf_labels)`` clusters, or, past ``min(AUTO_BEAMS) *
+    leaf_labels`` clusters (``routing="auto"``), the routers of the groups and of the clusters of the fewest groups
+    (:data:`AUTO_GROUPS`) instead of ``C`` summaries."""
+    clusters = math.ceil(n_labels / leaf_labels)
+    routing = clusters
+    if clusters > min(AUTO_BEAMS) * leaf_labels:
+        size = math.ceil(math.sqrt(clusters))
+        routing = math.ceil(clusters / size) + min(AUTO_GROUPS) * size
+    return int(min(n_labels, routing + beam * leaf_labels))
 
 
 # --------------------------------------------------------------------------------------------------
