@@ -605,7 +605,7 @@ def test_routers_are_squared_hinge_svms_and_route_as_a_numpy_reference(small):
     rows with a label, the cluster routers those of their group's rows; a row's candidates are the labels of the
     ``beam`` clusters of highest router margin among its ``groups`` best groups (dense NumPy scores)."""
     from xmldask.models._svm import cluster_svms
-    from xmldask.models.centroid import _rows_block
+    from xmldask.models.centroid import ROUTER_PASSES, _rows_block
 
     X, Y, Xt, Yt = small
     Xd = da.from_array(X, chunks=((700, 1100, 1200), (X.shape[1],)), asarray=False, fancy=False)
@@ -617,8 +617,8 @@ def test_routers_are_squared_hinge_svms_and_route_as_a_numpy_reference(small):
     assert model.group_beam_ == 4 and n_groups == np.ceil(model.n_clusters_ / np.ceil(np.sqrt(model.n_clusters_)))
     Xu = _rows_block(X, model.idf_)
     clusters, groups = _meta_labels(model, Y)
-    U, ubias = cluster_svms(Xu, clusters, model.group_offsets_, seed=0)
-    R, rbias = cluster_svms(Xu, groups, np.array([0, n_groups]), seed=0)
+    U, ubias = cluster_svms(Xu, clusters, model.group_offsets_, seed=0, max_passes=ROUTER_PASSES)
+    R, rbias = cluster_svms(Xu, groups, np.array([0, n_groups]), seed=0, max_passes=ROUTER_PASSES)
     np.testing.assert_allclose(model.U_.toarray(), U.toarray(), atol=1e-5)
     np.testing.assert_allclose(model.R_.toarray(), R.toarray(), atol=1e-5)
     np.testing.assert_allclose(model.cluster_bias_, ubias, atol=1e-5)

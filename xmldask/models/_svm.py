@@ -117,11 +117,12 @@ def squared_hinge_svms(X: sp.csr_matrix, positives: sp.csc_matrix, *, C: float =
 
 
 def cluster_svms(X: sp.csr_matrix, Y: sp.csr_matrix, offsets: np.ndarray, *, C: float = 1.0, prune: float = PRUNE,
-                 seed: int = 0, columns: tuple[int, int] | None = None) -> tuple[sp.csr_matrix, np.ndarray]:
+                 seed: int = 0, columns: tuple[int, int] | None = None,
+                 max_passes: int = MAX_PASSES) -> tuple[sp.csr_matrix, np.ndarray]:
     """The classifiers of the label clusters ``offsets`` (cluster ``c``: columns ``offsets[c]:offsets[c + 1]`` of
     ``Y``), each label's trained on the rows of ``X`` that have a label of its cluster, label ``j`` seeded
     ``seed + j``; ``columns``: ``(a, b)``, the classifiers of the labels ``a:b`` only (the others' clusters' rows
-    all the same), so that tasks can share a cluster's labels.
+    all the same), so that tasks can share a cluster's labels; ``max_passes``: of each coordinate descent.
 
     Returns
     -------
@@ -141,7 +142,7 @@ def cluster_svms(X: sp.csr_matrix, Y: sp.csr_matrix, offsets: np.ndarray, *, C: 
         Xc = X[rows]
         columns_, local = np.unique(Xc.indices, return_inverse=True)  # the cluster's features only
         Xl = sp.csr_matrix((Xc.data, local.reshape(-1), Xc.indptr), shape=(len(rows), len(columns_)))
-        Wc = squared_hinge_svms(Xl, Yc[rows], C=C, seed=seed + start) if len(rows) else \
+        Wc = squared_hinge_svms(Xl, Yc[rows], C=C, seed=seed + start, max_passes=max_passes) if len(rows) else \
             np.zeros((stop - start, 1), np.float32)
         weights = Wc[:, :-1]
         weights[np.abs(weights) < prune] = 0.0
