@@ -52,7 +52,7 @@ __all__ = ["CENTROID_VERSION", "CentroidParams", "LabelCentroidClassifier", "bal
 
 logger = logging.getLogger(__name__)
 
-#: 3: the routers (``R``, ``router_bias``, ``U``, ``cluster_bias``, ``group_offsets``, ``routing``, ``groups``); 2: the
+#: 3: the routers (``R``, ``router_bias``, ``U``, ``cluster_bias``, ``group_offsets``, ``routing``, ``group_beam``); 2:
 #: labels' classifiers (``V``, ``svm_bias``, ``svm_weight``); version 1 and 2 stores (routed by summaries) still load
 CENTROID_VERSION = 3
 #: Lloyd iterations of each balanced 2-means split at most (a split stops earlier when its assignment stops changing).
