@@ -415,11 +415,17 @@ def test_cluster_classifiers_train_on_their_clusters_rows_and_prune():
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
-def test_candidate_kernel_matches_dense_scores_of_the_chosen_clusters(dtype):
+@pytest.mark.parametrize("row_slots", [None, 8])
+def test_candidate_kernel_matches_dense_scores_of_the_chosen_clusters(dtype, row_slots, monkeypatch):
     """``candidate_topk``: uneven clusters (one empty), rows that chose several clusters, one or none, fewer
-    candidates than ``k``, exact ties broken to the smaller label id, with and without the weighted classifiers:
-    the k best of a dense NumPy score matrix masked to each row's clusters."""
+    candidates than ``k``, exact ties broken to the smaller label id, with and without the weighted classifiers,
+    a cluster's rows in one batch or in batches of one to four: the k best of a dense NumPy score matrix masked to
+    each row's clusters."""
+    from xmldask.models import _candidates
     from xmldask.models._candidates import candidate_topk
+
+    if row_slots:
+        monkeypatch.setattr(_candidates, "ROW_SLOTS", row_slots)
 
     rng = np.random.default_rng(3)
     n, d, k = 40, 300, 7

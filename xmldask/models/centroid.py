@@ -392,13 +392,13 @@ def balanced_clusters(W: sp.csr_matrix, labels: np.ndarray, leaf_labels: int, rn
     return order, offsets
 
 
-def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, head=None, V=None, bias=None, RT=None,
+def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, head=None, V=None, bias=None, R=None,
                 rbias=None, U=None, ubias=None, goffsets=None, *, beam: int, k: int, weight: float = 0.0,
                 groups: int = 0):
     """Top-``k`` labels and scores of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
 
     ``W``: the label centroids in cluster order. A row chooses its ``beam`` best clusters, by the routers when
-    given (:func:`_routed_clusters`: the group routers ``RT``, ``rbias``, then those of the clusters ``U``,
+    given (:func:`_routed_clusters`: the group routers ``R``, ``rbias``, then those of the clusters ``U``,
     ``ubias`` of its ``groups`` best groups ``goffsets``), or else by the cluster summaries (``MT``, transposed,
     without the rows of the features ``head`` whose columns ``MH`` holds dense: :func:`_split_summaries`; scored in
     batches whose dense ``rows x n_clusters`` scores hold at most :data:`SUMMARY_BUDGET` entries); then it scores
@@ -406,14 +406,14 @@ def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, hea
     (:func:`._candidates.candidate_topk`: the cosine, plus ``weight`` times the label's classifier ``V``, ``bias``);
     slots left over (fewer candidates than ``k``) get the ``fallback`` labels (the most frequent) below every score.
     """
-    MT, W, V, RT, U = _unwrap(MT), _unwrap(W), _unwrap(V), _unwrap(RT), _unwrap(U)
+    MT, W, V, R, U = _unwrap(MT), _unwrap(W), _unwrap(V), _unwrap(R), _unwrap(U)
     Xb = _rows_block(Xb, idf)
     n, n_clusters = Xb.shape[0], len(offsets) - 1
     labels, scores = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
     if n and n_clusters:
         b = min(beam, n_clusters)
         if U is not None:
-            best = _routed_clusters(Xb, _best_groups(Xb, RT, rbias, groups), U, ubias, goffsets, beam=b)[0]
+            best = _routed_clusters(Xb, _best_groups(Xb, R, rbias, groups), U, ubias, goffsets, beam=b)[0]
         else:
             dense = (MH, head) if MH is not None and head is not None and len(head) else None
             step = max(1, SUMMARY_BUDGET // n_clusters)
@@ -424,10 +424,11 @@ def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, hea
     return _filled(labels, scores, fallback)
 
 
-def _best_groups(Xb, RT, rbias, b: int) -> np.ndarray:
+def _best_groups(Xb, R, rbias, b: int) -> np.ndarray:
     """The ``b`` groups of highest router margin of each row (unordered), shape ``(n_rows, min(b, n_groups))``:
-    ``RT`` the group routers transposed (``d x n_groups``), ``rbias`` their biases."""
-    S = sparse_product_dense(Xb, RT)
+    ``R`` the group routers (``n_groups x d``), ``rbias`` their biases. The margins are ``(R X^T)^T``: the row
+    block is transposed, not the routers (at 1M labels 22M entries, whose transpose took twice the product)."""
+    S = sparse_product_dense(R, sp.csr_matrix(Xb.T)).T
     S += np.asarray(rbias, np.float32)
     n_groups = S.shape[1]
     if b < n_groups:
@@ -537,6 +538,12 @@ def _read_rows(url: str, name: str, start: int, stop: int):
     data, indices = (np.asarray(read_checked(node[part], entries, url)) for part in ("data", "indices"))
     _checked(data, name, url)
     return sp.csr_matrix((data, indices, indptr - indptr[0]), shape=(stop - start, int(node.attrs["shape"][1])))
+
+
+def _stored_groups(Xt, url: str, n_groups: int, b: int) -> np.ndarray:
+    """:func:`_best_groups` of the rows of ``Xt`` by the group routers of the model store at ``url`` (read by the
+    task: a graph that carried them would be as large, 170 MiB at 1M labels)."""
+    return _best_groups(Xt, _read_rows(url, "R", 0, n_groups), _read_rows(url, "router_bias", 0, n_groups), b)
 
 
 def _route_part(Xt, url: str, first: int, stop: int, *, beam: int, groups=None, goffsets=None):
@@ -1116,7 +1123,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         if self.routing_ == "routers":
             n_groups = len(self.group_offsets_) - 1
             options = sorted({min(g, n_groups) for g in AUTO_GROUPS})
-            routers = {"RT": sp.csr_matrix(self.R_.T), "rbias": self.router_bias_, "U": self.U_,
+            routers = {"R": self.R_, "rbias": self.router_bias_, "U": self.U_,
                        "ubias": self.cluster_bias_, "goffsets": self.group_offsets_}
 
             def route_of(g):
@@ -1205,7 +1212,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         whole = {"W": self.W_, "order": self.order_, "offsets": self.offsets_, "fallback": fallback, "idf": self.idf_,
                  "V": self.V_ if weight else None, "bias": self.svm_bias_ if weight else None}
         if self._routed():
-            whole.update({"RT": sp.csr_matrix(self.R_.T), "rbias": self.router_bias_, "U": self.U_,
+            whole.update({"R": self.R_, "rbias": self.router_bias_, "U": self.U_,
                           "ubias": self.cluster_bias_, "goffsets": self.group_offsets_})
         else:
             whole.update(zip(("MT", "MH", "head"), _split_summaries(self.M_)))
@@ -1239,11 +1246,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         idf = None if self.idf_ is None else dask.delayed(self.idf_, pure=True)  # one copy in the graph
         beam, weight = int(self.beam_), self._svm_weight()
         goffsets = None
-        if self._routed():  # cluster blocks of whole groups, the groups' routers in each row block's one task
+        if self._routed():  # cluster blocks of whole groups, the groups' routers read in each row block's one task
             goffsets = np.asarray(self.group_offsets_, np.int64)
             bounds = np.unique(goffsets[np.searchsorted(goffsets, bounds)])
-            RT = dask.delayed(sp.csr_matrix(self.R_.T), pure=True)
-            rbias = dask.delayed(np.asarray(self.router_bias_), pure=True)
         ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         groups = [[ranges[i] for i in part] for part in np.array_split(np.arange(len(ranges)),
                                                                        min(len(ranges), parallelism()))]
@@ -1253,7 +1258,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             # a task per group of cluster blocks, which it reads one after the other, merging as it goes: a worker
             # holds one block and the running best, whatever the number of blocks; the groups merged pairwise
             chosen = None if goffsets is None else \
-                dask.delayed(_best_groups, pure=True)(Xt, RT, rbias, int(self.group_beam_))
+                dask.delayed(_stored_groups, pure=True)(Xt, url, len(goffsets) - 1, int(self.group_beam_))
             best = tree_combine([dask.delayed(_route_group, pure=True)(Xt, url, group, beam=beam, groups=chosen,
                                                                        goffsets=goffsets) for group in groups],
                                 functools.partial(_merge_routes, beam=beam))

@@ -11,6 +11,7 @@ place when complete, like every store.
 from __future__ import annotations
 
 import json
+import math
 import numbers
 
 import numpy as np
@@ -19,7 +20,7 @@ import zarr
 
 from . import _fs
 from .integrity import commit_attrs, open_root
-from .layout import ATTR, LAYOUT_VERSION, StoreError, compressors, read_checked
+from .layout import ATTR, CHUNK_ELEMENTS, LAYOUT_VERSION, StoreError, compressors, read_checked
 
 __all__ = ["SavedModel", "jsonable", "model_class", "model_qualname", "open_model_store", "store_location",
            "write_model_store"]
@@ -114,10 +115,19 @@ def non_finite(arrays: dict) -> str:
     return ", ".join(f"{name}: {count:,}" for name, count in counts.items())
 
 
+def _chunks(shape: tuple) -> tuple | None:
+    """Chunks of about :data:`~.layout.CHUNK_ELEMENTS` elements: the trailing sides whole (at most
+    :data:`MODEL_CHUNK`), as many rows as fill the rest (65,536-element chunks of a label-sized vector read at a
+    third of the speed of million-element ones: a 1M-label model's 1.4 GB took 4 s)."""
+    if not shape:
+        return None
+    tail = tuple(max(1, min(side, MODEL_CHUNK)) for side in shape[1:])
+    return (max(1, min(shape[0], CHUNK_ELEMENTS // math.prod(tail))),) + tail
+
+
 def _write_array(group, name: str, value) -> None:
     value = np.ascontiguousarray(value)
-    chunks = tuple(max(1, min(s, MODEL_CHUNK)) for s in value.shape) if value.ndim else None
-    array = group.create_array(name, shape=value.shape, dtype=value.dtype, chunks=chunks,
+    array = group.create_array(name, shape=value.shape, dtype=value.dtype, chunks=_chunks(value.shape),
                                compressors=compressors(), fill_value=0)
     array[...] = value
 
