@@ -300,17 +300,19 @@ def test_dense_summary_columns_give_the_sparse_product(dtype, budget, monkeypatc
 
 def test_beam_auto_is_chosen_on_held_out_rows(small, tmp_path, monkeypatch):
     """``beam="auto"``: each of AUTO_BEAMS (at most the clusters) scored on held-out training rows left out of the
-    centroids; a wider beam kept only for a gain beyond the rows' noise (without that margin: the best, ties to the
-    smaller), recorded, saved and used."""
+    centroids; a wider beam kept only for a gain beyond the rows' noise and of at least BEAM_MIN_GAIN (without those
+    margins: the best, ties to the smaller), recorded, saved and used."""
     from xmldask.models import centroid as C
-    from xmldask.models.centroid import AUTO_BEAMS, HELD_OUT_ROWS
+    from xmldask.models.centroid import AUTO_BEAMS, BEAM_MIN_GAIN, HELD_OUT_ROWS
 
     X, Y, Xt, _ = small
     model = LabelCentroidClassifier(leaf_labels=40, random_state=2).fit(X, Y)
     scores, rows = model.held_out_["p@1 by beam"], model.held_out_["rows"]
     assert sorted(scores) == sorted({min(b, model.n_clusters_) for b in AUTO_BEAMS})
-    assert all((scores[b] - scores[model.beam_]) * rows <= 2 * np.sqrt(rows) for b in scores if b > model.beam_)
+    assert all((scores[b] - scores[model.beam_]) * rows <= 2 * np.sqrt(rows) or scores[b] - scores[model.beam_] <
+               BEAM_MIN_GAIN for b in scores if b > model.beam_)
     monkeypatch.setattr(C, "BEAM_GAIN_SIGMAS", 0.0)
+    monkeypatch.setattr(C, "BEAM_MIN_GAIN", 0.0)
     strict = LabelCentroidClassifier(leaf_labels=40, random_state=2).fit(X, Y)
     assert strict.beam_ == max(scores, key=lambda b: (scores[b], -b)) >= model.beam_
     monkeypatch.undo()

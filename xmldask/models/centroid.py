@@ -71,6 +71,10 @@ AUTO_GROUPS = (4, 8, 16)
 #: right, exceed this many standard deviations of that paired difference (McNemar's sign test, about 2.5 %
 #: one-sided): its cost a row grows with the beam, a gain within the noise of the held-out rows does not pay it
 BEAM_GAIN_SIGMAS = 2.0
+#: and only when it gets at least this share more of the held-out rows right than the beam taken so far: each
+#: doubling of the beam doubles the candidates a row scores (at 1M labels, 296 -> 421 us a row from beam 10 to 40,
+#: ``bench/predict_cost.py``), which a quarter of a point of P@1 does not pay, however well resolved
+BEAM_MIN_GAIN = 0.005
 #: exponents ``g`` of the label weights ``n_l ** g`` (``n_l``: the label's training rows) in a cluster's summary,
 #: the normalised weighted sum of its labels' centroids, that ``summary_exponent="auto"`` compares on held-out training
 #: rows, in this order: a later one is taken only for a gain at the narrowest beam beyond the noise of those rows
@@ -769,8 +773,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         Clusters whose labels a row scores at prediction: a row scores ``n_clusters`` summaries and at most
         ``beam * leaf_labels`` labels, whatever the number of labels. ``"auto"``: of :data:`AUTO_BEAMS`, the one
         whose P@1 on held-out training rows (:data:`HELD_OUT_ROWS` at most, left out of the centroids for the
-        comparison) no wider beam beats by more than the noise of those rows (:data:`BEAM_GAIN_SIGMAS`), recorded
-        in ``beam_`` and ``held_out_``.
+        comparison) no wider beam beats by more than the noise of those rows (:data:`BEAM_GAIN_SIGMAS`) and by
+        :data:`BEAM_MIN_GAIN` at least, recorded in ``beam_`` and ``held_out_``.
     summary_exponent : float or "auto", default "auto"
         A cluster's summary is the normalised sum of its labels' centroids weighted by ``n_l ** summary_exponent``
         (``n_l``: the label's training rows; 0: alike). ``"auto"``: of :data:`SUMMARY_EXPONENTS`, chosen on the
@@ -1147,7 +1151,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         beam = beams[0]
         for b in beams[1:]:
             by_beam[b] = hits(route, b, weight)
-            if better(by_beam[b], by_beam[beam]):
+            if better(by_beam[b], by_beam[beam]) and by_beam[b].mean() - by_beam[beam].mean() >= BEAM_MIN_GAIN:
                 beam = b
         p1 = {b: float(h.mean()) for b, h in by_beam.items()}
         record = {"p@1": p1[beam], "rows": int(X_held.shape[0]), "p@1 by beam": p1}
