@@ -114,6 +114,10 @@ PASS_SHARE = 0.25
 #: the same for a cluster block of a prediction task, which also holds its row block's dense summary scores, the
 #: summaries' dense columns and the candidates of two blocks
 PREDICT_BLOCK_SHARE = 1 / 8
+#: a model read in cluster blocks is read once for all the row blocks of a prediction (each block a task whose
+#: result the row blocks share) when its blocks together take at most this share of a worker's memory limit; past
+#: it, each row block's tasks read the blocks one at a time (a 1M-label model's 1.4 GiB took 1 to 2 s a row block)
+SHARED_READ_SHARE = 1 / 4
 #: a loaded model whose centroids and summaries exceed this many bytes reads them from its store when they are first
 #: used (a cluster-blocked prediction never does: its tasks read them in blocks); below, at load, checked whole
 LAZY_BYTES = 1 << 28
@@ -544,25 +548,55 @@ def _read_rows(url: str, name: str, start: int, stop: int):
     return sp.csr_matrix((data, indices, indptr - indptr[0]), shape=(stop - start, int(node.attrs["shape"][1])))
 
 
+def _group_routers(url: str, n_groups: int) -> tuple:
+    """The group routers of the model store at ``url`` and their biases (read by a task: a graph that carried them
+    would be as large, 170 MiB at 1M labels)."""
+    return _read_rows(url, "R", 0, n_groups), _read_rows(url, "router_bias", 0, n_groups)
+
+
 def _stored_groups(Xt, url: str, n_groups: int, b: int) -> np.ndarray:
-    """:func:`_best_groups` of the rows of ``Xt`` by the group routers of the model store at ``url`` (read by the
-    task: a graph that carried them would be as large, 170 MiB at 1M labels)."""
-    return _best_groups(Xt, _read_rows(url, "R", 0, n_groups), _read_rows(url, "router_bias", 0, n_groups), b)
+    """:func:`_best_groups` of the rows of ``Xt`` by the group routers of the model store at ``url``."""
+    return _best_groups(Xt, *_group_routers(url, n_groups), b)
 
 
-def _route_part(Xt, url: str, first: int, stop: int, *, beam: int, groups=None, goffsets=None):
-    """The ``beam`` best clusters of ``first:stop`` (read from the model store) of each transformed row of ``Xt``
-    and their scores: ``(cluster ids, scores)``, each ``(n_rows, <= beam)``; by the summary cosines, or by the
-    routers of the clusters when the rows' best ``groups`` (global group ids of the ``goffsets``, whose bounds
-    ``first`` and ``stop`` are) are given, ``(-1, -inf)`` for no cluster."""
+def _route_block(url: str, first: int, stop: int, *, routed: bool) -> dict:
+    """What rows route by in the clusters ``first:stop`` of the model store at ``url``: their routers (``U``,
+    ``ubias``) when ``routed``, else their summaries (``M``)."""
+    block = {"first": first, "stop": stop}
+    if routed:
+        block.update(U=_read_rows(url, "U", first, stop), ubias=_read_rows(url, "cluster_bias", first, stop))
+    else:
+        block["M"] = _read_rows(url, "M", first, stop)
+    return block
+
+
+def _label_block(url: str, first: int, stop: int, *, weight: float = 0.0) -> dict:
+    """The labels of the clusters ``first:stop`` of the model store at ``url``: their offsets, ids and centroids,
+    and their classifiers when ``weight`` is not 0."""
+    offsets = _read_rows(url, "offsets", first, stop + 1)
+    a, b = int(offsets[0]), int(offsets[-1])
+    block = {"first": first, "stop": stop, "offsets": offsets - a, "order": _read_rows(url, "order", a, b),
+             "W": _read_rows(url, "W", a, b), "V": None, "bias": None}
+    if weight:
+        block.update(V=_read_rows(url, "V", a, b), bias=_read_rows(url, "svm_bias", a, b))
+    return block
+
+
+def _route_part(Xt, block, *, beam: int, groups=None, goffsets=None):
+    """The ``beam`` best clusters of a cluster block (a :func:`_route_block`, or ``(url, first, stop)`` to read
+    it) for each transformed row of ``Xt`` and their scores: ``(cluster ids, scores)``, each ``(n_rows, <= beam)``;
+    by the summary cosines, or by the routers of the clusters when the rows' best ``groups`` (global group ids of
+    the ``goffsets``, whose bounds the block's are) are given, ``(-1, -inf)`` for no cluster."""
+    if not isinstance(block, dict):
+        block = _route_block(*block, routed=groups is not None)
+    first, stop = block["first"], block["stop"]
     if groups is not None:
         g0, g1 = np.searchsorted(goffsets, [first, stop])
         local = np.where((groups >= g0) & (groups < g1), groups - g0, -1)
-        ids, margins = _routed_clusters(Xt, local, _read_rows(url, "U", first, stop),
-                                        _read_rows(url, "cluster_bias", first, stop), goffsets[g0:g1 + 1] - first,
+        ids, margins = _routed_clusters(Xt, local, block["U"], block["ubias"], goffsets[g0:g1 + 1] - first,
                                         beam=beam)
         return np.where(ids >= 0, ids + first, -1), margins
-    MT, MH, head = _split_summaries(_read_rows(url, "M", first, stop))
+    MT, MH, head = _split_summaries(block["M"])
     dense, b = ((MH, head) if len(head) else None), min(beam, stop - first)
     step = max(1, SUMMARY_BUDGET // (stop - first))
     parts = [_best_clusters(Xt[i:i + step], MT, b, dense) for i in range(0, Xt.shape[0], step)] or \
@@ -579,35 +613,34 @@ def _merge_routes(a, b, *, beam: int):
     return np.take_along_axis(ids, top, axis=1), np.take_along_axis(cos, top, axis=1)
 
 
-def _route_group(Xt, url: str, ranges, *, beam: int, groups=None, goffsets=None):
-    """:func:`_route_part` of the cluster blocks ``ranges`` one after the other, merged as they come."""
+def _route_group(Xt, blocks, *, beam: int, groups=None, goffsets=None):
+    """:func:`_route_part` of the cluster ``blocks`` one after the other, merged as they come."""
     best = None
-    for first, stop in ranges:
-        part = _route_part(Xt, url, first, stop, beam=beam, groups=groups, goffsets=goffsets)
+    for block in blocks:
+        part = _route_part(Xt, block, beam=beam, groups=groups, goffsets=goffsets)
         best = part if best is None else _merge_routes(best, part, beam=beam)
     return best
 
 
-def _candidate_group(Xt, best, url: str, ranges, *, k: int, weight: float = 0.0):
-    """:func:`_candidate_part` of the cluster blocks ``ranges`` one after the other, merged as they come."""
+def _candidate_group(Xt, best, blocks, *, k: int, weight: float = 0.0):
+    """:func:`_candidate_part` of the cluster ``blocks`` one after the other, merged as they come."""
     top = None
-    for first, stop in ranges:
-        part = _candidate_part(Xt, best, url, first, stop, k=k, weight=weight)
+    for block in blocks:
+        part = _candidate_part(Xt, best, block, k=k, weight=weight)
         top = part if top is None else _merge_candidates(top, part, k=k)
     return top
 
 
-def _candidate_part(Xt, best, url: str, first: int, stop: int, *, k: int, weight: float = 0.0):
+def _candidate_part(Xt, best, block, *, k: int, weight: float = 0.0):
     """:func:`._candidates.candidate_topk` of the rows of ``Xt`` among the labels of their clusters ``best`` (global
-    ids) that fall in ``first:stop``, the clusters' labels, centroids and (``weight`` not 0) classifiers read from the
-    model store."""
-    offsets = _read_rows(url, "offsets", first, stop + 1)
-    a, b = int(offsets[0]), int(offsets[-1])
-    order, W = _read_rows(url, "order", a, b), _read_rows(url, "W", a, b)
-    V, bias = (_read_rows(url, "V", a, b), _read_rows(url, "svm_bias", a, b)) if weight else (None, None)
+    ids) that fall in a cluster block (a :func:`_label_block`, or ``(url, first, stop)`` to read it): their
+    centroids, and classifiers when ``weight`` is not 0."""
+    if not isinstance(block, dict):
+        block = _label_block(*block, weight=weight)
+    first, stop = block["first"], block["stop"]
     rows, slots = np.nonzero((best >= first) & (best < stop))
-    return candidate_topk(Xt, rows, best[rows, slots] - first, W, order, offsets - a, k, V=V, bias=bias,
-                           weight=weight)
+    return candidate_topk(Xt, rows, best[rows, slots] - first, block["W"], block["order"], block["offsets"], k,
+                          V=block["V"], bias=block["bias"], weight=weight)
 
 
 def _merge_candidates(a, b, *, k: int):
@@ -1248,31 +1281,45 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
 
     def _predict_in_cluster_blocks(self, X, k: int, fallback, url: str, bounds) -> tuple[da.Array, da.Array]:
         idf = None if self.idf_ is None else dask.delayed(self.idf_, pure=True)  # one copy in the graph
-        beam, weight = int(self.beam_), self._svm_weight()
+        beam, weight, routed = int(self.beam_), self._svm_weight(), self._routed()
         goffsets = None
-        if self._routed():  # cluster blocks of whole groups, the groups' routers read in each row block's one task
+        if routed:  # cluster blocks of whole groups; the group routers scored in each row block's one task
             goffsets = np.asarray(self.group_offsets_, np.int64)
             bounds = np.unique(goffsets[np.searchsorted(goffsets, bounds)])
         ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         groups = [[ranges[i] for i in part] for part in np.array_split(np.arange(len(ranges)),
                                                                        min(len(ranges), parallelism()))]
+        # several row blocks share one read of each cluster block where a worker holds the whole model; otherwise
+        # a task per group of cluster blocks reads them one after the other, merging as it goes: a worker holds one
+        # block and the running best, whatever the number of blocks
+        shared = X.numblocks[0] > 1 and self._cluster_bytes().sum() <= SHARED_READ_SHARE * worker_memory_limit()
+        if shared:
+            route_blocks = [[dask.delayed(_route_block, pure=True)(url, a, b, routed=routed) for a, b in group]
+                            for group in groups]
+            label_blocks = [[dask.delayed(_label_block, pure=True)(url, a, b, weight=weight) for a, b in group]
+                            for group in groups]
+            routers = dask.delayed(_group_routers, pure=True, nout=2)(url, len(goffsets) - 1) if routed else None
+        else:
+            route_blocks = label_blocks = [[(url, a, b) for a, b in group] for group in groups]
         blocks = []
         for Xb, n_rows in zip(X.to_delayed().ravel(), X.chunks[0]):
             Xt = dask.delayed(_rows_block, pure=True)(Xb, idf)
-            # a task per group of cluster blocks, which it reads one after the other, merging as it goes: a worker
-            # holds one block and the running best, whatever the number of blocks; the groups merged pairwise
-            chosen = None if goffsets is None else \
-                dask.delayed(_stored_groups, pure=True)(Xt, url, len(goffsets) - 1, int(self.group_beam_))
-            best = tree_combine([dask.delayed(_route_group, pure=True)(Xt, url, group, beam=beam, groups=chosen,
-                                                                       goffsets=goffsets) for group in groups],
+            chosen = None
+            if routed and shared:
+                chosen = dask.delayed(_best_groups, pure=True)(Xt, *routers, int(self.group_beam_))
+            elif routed:
+                chosen = dask.delayed(_stored_groups, pure=True)(Xt, url, len(goffsets) - 1, int(self.group_beam_))
+            # the groups merged pairwise
+            best = tree_combine([dask.delayed(_route_group, pure=True)(Xt, group, beam=beam, groups=chosen,
+                                                                       goffsets=goffsets) for group in route_blocks],
                                 functools.partial(_merge_routes, beam=beam))
-            top = tree_combine([dask.delayed(_candidate_group, pure=True)(Xt, best[0], url, group, k=k, weight=weight)
-                                for group in groups], functools.partial(_merge_candidates, k=k))
+            top = tree_combine([dask.delayed(_candidate_group, pure=True)(Xt, best[0], group, k=k, weight=weight)
+                                for group in label_blocks], functools.partial(_merge_candidates, k=k))
             packed = dask.delayed(_filled, pure=True)(top[0], top[1], fallback)
             blocks.append(da.from_delayed(packed, shape=(n_rows, 2 * k), dtype=np.float64))
         packed = da.concatenate(blocks, axis=0)
         logger.info(f"prediction in {len(ranges)} cluster blocks read from {url} (the model exceeds what a worker "
-                    "holds)")
+                    "holds in a task), " + ("once for all row blocks" if shared else "by each row block"))
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
 
     def train_summary(self) -> dict:
