@@ -263,18 +263,29 @@ def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monke
         loaded = LabelCentroidClassifier.load(url)
         with caplog.at_level(logging.INFO, logger="xmldask.models.centroid"):
             labels, scores = (a.compute() for a in loaded.predict_topk(Xtd, k=5))
-        assert "cluster blocks read from" in caplog.text and "once for all row blocks" in caplog.text
+        assert "cluster blocks read from" in caplog.text and "kept by the workers" in caplog.text
         assert loaded.routing_ == routing
+        reads = []
+        read_rows = C._read_rows
+        monkeypatch.setattr(C, "_read_rows", lambda *args: reads.append(args[1]) or read_rows(*args))
+        again = [a.compute() for a in loaded.predict_topk(Xtd, k=5)]
+        assert reads == []  # the workers kept every block, and the group routers
         monkeypatch.setattr(C, "SHARED_READ_SHARE", 0.0)  # each row block's tasks read the blocks
         caplog.clear()
         with caplog.at_level(logging.INFO, logger="xmldask.models.centroid"):
             each = [a.compute() for a in loaded.predict_topk(Xtd, k=5)]
-        assert "by each row block" in caplog.text
+        assert "by each row block" in caplog.text and "W" in reads
+        passes.save(url, overwrite=True)  # another model written there: its blocks are read anew
+        monkeypatch.setattr(C, "SHARED_READ_SHARE", 1 / 4)
+        reads.clear()
+        [a.compute() for a in LabelCentroidClassifier.load(url).predict_topk(Xtd, k=5)]
+        assert "W" in reads
     np.testing.assert_allclose(scores, expected[1], atol=1e-5)
     assert (labels == expected[0]).mean() > 0.99  # up to float32 ties
     assert labels.dtype == np.int32 and scores.dtype == np.float32
-    np.testing.assert_array_equal(each[0], labels)
-    np.testing.assert_array_equal(each[1], scores)
+    for other in (again, each):
+        np.testing.assert_array_equal(other[0], labels)
+        np.testing.assert_array_equal(other[1], scores)
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])

@@ -21,10 +21,12 @@ Labels without a training row have no centroid: they are in no cluster and never
 
 from __future__ import annotations
 
+import collections
 import functools
 import logging
 import math
 import operator
+import threading
 from typing import Literal
 
 import dask
@@ -39,8 +41,9 @@ from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_obje
 from ..metrics import paired_gain
 from ..params import FamilyParams
 from ..scheduling import memory_for_data, parallelism, release_memory, worker_memory_limit
+from ..store.integrity import INVENTORY_ATTR
 from ..store.layout import StoreError, read_checked
-from ..store.models import SavedModel, non_finite, read_model_array, store_location
+from ..store.models import SavedModel, model_attrs, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
 from ._candidates import candidate_topk, sparse_product_dense
@@ -114,9 +117,10 @@ PASS_SHARE = 0.25
 #: the same for a cluster block of a prediction task, which also holds its row block's dense summary scores, the
 #: summaries' dense columns and the candidates of two blocks
 PREDICT_BLOCK_SHARE = 1 / 8
-#: a model read in cluster blocks is read once for all the row blocks of a prediction (each block a task whose
-#: result the row blocks share) when its blocks together take at most this share of a worker's memory limit; past
-#: it, each row block's tasks read the blocks one at a time (a 1M-label model's 1.4 GiB took 1 to 2 s a row block)
+#: a model read in cluster blocks is kept by each worker that reads it (:class:`_BlockCache`), for the next row
+#: blocks and the next predictions, when its blocks together take at most this share of the worker's memory limit;
+#: past it, each row block's tasks read the blocks one at a time (a 1M-label model's 1.4 GiB took 1 to 2 s a row
+#: block and a call)
 SHARED_READ_SHARE = 1 / 4
 #: a loaded model whose centroids and summaries exceed this many bytes reads them from its store when they are first
 #: used (a cluster-blocked prediction never does: its tasks read them in blocks); below, at load, checked whole
@@ -548,20 +552,72 @@ def _read_rows(url: str, name: str, start: int, stop: int):
     return sp.csr_matrix((data, indices, indptr - indptr[0]), shape=(stop - start, int(node.attrs["shape"][1])))
 
 
-def _group_routers(url: str, n_groups: int) -> tuple:
+def _group_routers(url: str, n_groups: int, *, token: str | None = None, budget: float = 0.0) -> dict:
     """The group routers of the model store at ``url`` and their biases (read by a task: a graph that carried them
-    would be as large, 170 MiB at 1M labels)."""
-    return _read_rows(url, "R", 0, n_groups), _read_rows(url, "router_bias", 0, n_groups)
+    would be as large, 170 MiB at 1M labels), kept as :func:`_route_block`'s."""
+    if token is not None:
+        return _BLOCKS.get(("groups", url, token), functools.partial(_group_routers, url, n_groups), budget)
+    return {"R": _read_rows(url, "R", 0, n_groups), "rbias": _read_rows(url, "router_bias", 0, n_groups)}
 
 
-def _stored_groups(Xt, url: str, n_groups: int, b: int) -> np.ndarray:
+def _stored_groups(Xt, url: str, n_groups: int, b: int, *, token: str | None = None, budget: float = 0.0):
     """:func:`_best_groups` of the rows of ``Xt`` by the group routers of the model store at ``url``."""
-    return _best_groups(Xt, *_group_routers(url, n_groups), b)
+    routers = _group_routers(url, n_groups, token=token, budget=budget)
+    return _best_groups(Xt, routers["R"], routers["rbias"], b)
 
 
-def _route_block(url: str, first: int, stop: int, *, routed: bool) -> dict:
+class _BlockCache:
+    """Cluster blocks that a worker process read, kept for its next tasks: least recently used first out, at most
+    ``budget`` bytes, keyed by the model store's URL and its content token (:meth:`LabelCentroidClassifier.load`:
+    the recorded inventory, whose file sizes and attribute digest change when the store is written again)."""
+
+    def __init__(self) -> None:
+        self._blocks: collections.OrderedDict = collections.OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key, read, budget: float):
+        """The block of ``key``, read by ``read()`` if this process does not hold it (and then kept, within
+        ``budget`` bytes)."""
+        with self._lock:
+            if key in self._blocks:
+                self._blocks.move_to_end(key)
+                return self._blocks[key][0]
+        block = read()
+        size = sum(_nbytes(v) for v in block.values())
+        if size <= budget:
+            with self._lock:
+                if key not in self._blocks:
+                    self._blocks[key] = (block, size)
+                    self._bytes += size
+                while self._bytes > budget and len(self._blocks) > 1:
+                    self._bytes -= self._blocks.popitem(last=False)[1][1]
+        return block
+
+    def clear(self) -> None:
+        with self._lock:
+            self._blocks.clear()
+            self._bytes = 0
+
+
+_BLOCKS = _BlockCache()
+
+
+def _nbytes(value) -> int:
+    """Bytes of a block's array (dense or CSR; 0 for anything else)."""
+    if sp.issparse(value):
+        return int(value.data.nbytes + value.indices.nbytes + value.indptr.nbytes)
+    return int(getattr(value, "nbytes", 0))
+
+
+def _route_block(url: str, first: int, stop: int, *, routed: bool, token: str | None = None,
+                 budget: float = 0.0) -> dict:
     """What rows route by in the clusters ``first:stop`` of the model store at ``url``: their routers (``U``,
-    ``ubias``) when ``routed``, else their summaries (``M``)."""
+    ``ubias``) when ``routed``, else their summaries (``M``); kept by this process within ``budget`` bytes when
+    the store's content ``token`` is given (:class:`_BlockCache`)."""
+    if token is not None:
+        return _BLOCKS.get(("route", url, token, first, stop, routed),
+                           functools.partial(_route_block, url, first, stop, routed=routed), budget)
     block = {"first": first, "stop": stop}
     if routed:
         block.update(U=_read_rows(url, "U", first, stop), ubias=_read_rows(url, "cluster_bias", first, stop))
@@ -570,9 +626,13 @@ def _route_block(url: str, first: int, stop: int, *, routed: bool) -> dict:
     return block
 
 
-def _label_block(url: str, first: int, stop: int, *, weight: float = 0.0) -> dict:
+def _label_block(url: str, first: int, stop: int, *, weight: float = 0.0, token: str | None = None,
+                 budget: float = 0.0) -> dict:
     """The labels of the clusters ``first:stop`` of the model store at ``url``: their offsets, ids and centroids,
-    and their classifiers when ``weight`` is not 0."""
+    and their classifiers when ``weight`` is not 0; kept as :func:`_route_block`'s."""
+    if token is not None:
+        return _BLOCKS.get(("labels", url, token, first, stop, bool(weight)),
+                           functools.partial(_label_block, url, first, stop, weight=weight), budget)
     offsets = _read_rows(url, "offsets", first, stop + 1)
     a, b = int(offsets[0]), int(offsets[-1])
     block = {"first": first, "stop": stop, "offsets": offsets - a, "order": _read_rows(url, "order", a, b),
@@ -583,12 +643,14 @@ def _label_block(url: str, first: int, stop: int, *, weight: float = 0.0) -> dic
 
 
 def _route_part(Xt, block, *, beam: int, groups=None, goffsets=None):
-    """The ``beam`` best clusters of a cluster block (a :func:`_route_block`, or ``(url, first, stop)`` to read
-    it) for each transformed row of ``Xt`` and their scores: ``(cluster ids, scores)``, each ``(n_rows, <= beam)``;
-    by the summary cosines, or by the routers of the clusters when the rows' best ``groups`` (global group ids of
-    the ``goffsets``, whose bounds the block's are) are given, ``(-1, -inf)`` for no cluster."""
+    """The ``beam`` best clusters of a cluster block (a :func:`_route_block`, or ``(url, first, stop, token,
+    budget)`` to read it) for each transformed row of ``Xt`` and their scores: ``(cluster ids, scores)``, each
+    ``(n_rows, <= beam)``; by the summary cosines, or by the routers of the clusters when the rows' best
+    ``groups`` (global group ids of the ``goffsets``, whose bounds the block's are) are given, ``(-1, -inf)`` for
+    no cluster."""
     if not isinstance(block, dict):
-        block = _route_block(*block, routed=groups is not None)
+        url, first, stop, token, budget = block
+        block = _route_block(url, first, stop, routed=groups is not None, token=token, budget=budget)
     first, stop = block["first"], block["stop"]
     if groups is not None:
         g0, g1 = np.searchsorted(goffsets, [first, stop])
@@ -633,10 +695,11 @@ def _candidate_group(Xt, best, blocks, *, k: int, weight: float = 0.0):
 
 def _candidate_part(Xt, best, block, *, k: int, weight: float = 0.0):
     """:func:`._candidates.candidate_topk` of the rows of ``Xt`` among the labels of their clusters ``best`` (global
-    ids) that fall in a cluster block (a :func:`_label_block`, or ``(url, first, stop)`` to read it): their
-    centroids, and classifiers when ``weight`` is not 0."""
+    ids) that fall in a cluster block (a :func:`_label_block`, or ``(url, first, stop, token, budget)`` to read
+    it): their centroids, and classifiers when ``weight`` is not 0."""
     if not isinstance(block, dict):
-        block = _label_block(*block, weight=weight)
+        url, first, stop, token, budget = block
+        block = _label_block(url, first, stop, weight=weight, token=token, budget=budget)
     first, stop = block["first"], block["stop"]
     rows, slots = np.nonzero((best >= first) & (best < stop))
     return candidate_topk(Xt, rows, best[rows, slots] - first, block["W"], block["order"], block["offsets"], k,
@@ -1207,6 +1270,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     def load(cls, url: str) -> LabelCentroidClassifier:
         model = super().load(url)
         model.store_url_ = str(url)  # workers whose memory the model exceeds read it from there in cluster blocks
+        model.store_token_ = dask.base.tokenize(model_attrs(url).get(INVENTORY_ATTR))  # and keep them by this
         return model
 
     def _checked_finite(self, url: str):
@@ -1289,37 +1353,32 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         ranges = [(int(a), int(b)) for a, b in zip(bounds[:-1], bounds[1:])]
         groups = [[ranges[i] for i in part] for part in np.array_split(np.arange(len(ranges)),
                                                                        min(len(ranges), parallelism()))]
-        # several row blocks share one read of each cluster block where a worker holds the whole model; otherwise
         # a task per group of cluster blocks reads them one after the other, merging as it goes: a worker holds one
-        # block and the running best, whatever the number of blocks
-        shared = X.numblocks[0] > 1 and self._cluster_bytes().sum() <= SHARED_READ_SHARE * worker_memory_limit()
-        if shared:
-            route_blocks = [[dask.delayed(_route_block, pure=True)(url, a, b, routed=routed) for a, b in group]
-                            for group in groups]
-            label_blocks = [[dask.delayed(_label_block, pure=True)(url, a, b, weight=weight) for a, b in group]
-                            for group in groups]
-            routers = dask.delayed(_group_routers, pure=True, nout=2)(url, len(goffsets) - 1) if routed else None
-        else:
-            route_blocks = label_blocks = [[(url, a, b) for a, b in group] for group in groups]
+        # block and the running best, whatever the number of blocks; where a worker's memory holds the whole model,
+        # it keeps the blocks it read for the next row blocks and predictions (by the store's content token)
+        limit = worker_memory_limit()
+        token = getattr(self, "store_token_", None)
+        kept = token is not None and limit is not None and \
+            self._cluster_bytes().sum() <= SHARED_READ_SHARE * limit
+        budget = SHARED_READ_SHARE * limit if kept else 0.0
+        parts = [[(url, a, b, token if kept else None, budget) for a, b in group] for group in groups]
         blocks = []
         for Xb, n_rows in zip(X.to_delayed().ravel(), X.chunks[0]):
             Xt = dask.delayed(_rows_block, pure=True)(Xb, idf)
-            chosen = None
-            if routed and shared:
-                chosen = dask.delayed(_best_groups, pure=True)(Xt, *routers, int(self.group_beam_))
-            elif routed:
-                chosen = dask.delayed(_stored_groups, pure=True)(Xt, url, len(goffsets) - 1, int(self.group_beam_))
-            # the groups merged pairwise
+            chosen = None if goffsets is None else \
+                dask.delayed(_stored_groups, pure=True)(Xt, url, len(goffsets) - 1, int(self.group_beam_),
+                                                        token=token if kept else None, budget=budget)
+            # the groups of cluster blocks merged pairwise
             best = tree_combine([dask.delayed(_route_group, pure=True)(Xt, group, beam=beam, groups=chosen,
-                                                                       goffsets=goffsets) for group in route_blocks],
+                                                                       goffsets=goffsets) for group in parts],
                                 functools.partial(_merge_routes, beam=beam))
             top = tree_combine([dask.delayed(_candidate_group, pure=True)(Xt, best[0], group, k=k, weight=weight)
-                                for group in label_blocks], functools.partial(_merge_candidates, k=k))
+                                for group in parts], functools.partial(_merge_candidates, k=k))
             packed = dask.delayed(_filled, pure=True)(top[0], top[1], fallback)
             blocks.append(da.from_delayed(packed, shape=(n_rows, 2 * k), dtype=np.float64))
         packed = da.concatenate(blocks, axis=0)
         logger.info(f"prediction in {len(ranges)} cluster blocks read from {url} (the model exceeds what a worker "
-                    "holds in a task), " + ("once for all row blocks" if shared else "by each row block"))
+                    "holds in a task), " + ("kept by the workers that read them" if kept else "by each row block"))
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
 
     def train_summary(self) -> dict:
