@@ -756,6 +756,36 @@ def test_a_fit_that_cannot_fit_is_refused_before_any_pass(stores, monkeypatch, c
     assert not exists(out)
 
 
+def test_memory_estimate_counts_the_router_rows_and_in_process_workers(stores, monkeypatch):
+    """Routers to train: a worker's peak at least the group routers' rows (two copies of the entries' bound, at most
+    SVM_GROUP_SHARE of its limit), past its label blocks' sums; workers that are threads of the fitting process:
+    their peak added to its own."""
+    import distributed
+
+    from xmldask.models import centroid as C
+    from xmldask.models.centroid import SVM_GROUP_SHARE
+
+    monkeypatch.setattr(C, "LABEL_BLOCK_SHARE", 1e-3)  # label blocks: a worker's sums smaller than the rows
+    from xmldask.scheduling import workers_in_process
+
+    _, train, _ = stores
+    data = open_dataset(train)
+    assert not workers_in_process()  # no client
+    with distributed.LocalCluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="1GiB",
+                                  dashboard_address=":0") as cluster, distributed.Client(cluster):
+        assert workers_in_process()
+        flat = LabelCentroidClassifier(routing="summaries").memory_needed(data)
+        routed = LabelCentroidClassifier(routing="routers").memory_needed(data)
+        rows = min(2 * 8 * flat["entries"], SVM_GROUP_SHARE * 2**30)
+        assert routed["worker"] == max(flat["worker"], rows) > flat["worker"]
+        assert routed["fit_process"] == flat["fit_process"]
+        # auto: 3,000 labels in at least 30 clusters of 100, below 10 x 100: the summaries
+        assert LabelCentroidClassifier().memory_needed(data) == flat
+        est = LabelCentroidClassifier(routing="routers")
+        need = jobs._check_memory(est, data)
+        assert need["fit_process"] == routed["fit_process"] + routed["worker"]
+
+
 def test_centroid_refuses_the_flat_models_options(stores):
     _, train, _ = stores
     with pytest.raises(ValueError, match="kernel do.es. not apply with model=centroid"):

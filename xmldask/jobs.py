@@ -367,13 +367,16 @@ MEMORY_SHARE = 0.6
 
 def _check_memory(est, data) -> None:
     """Refuse, before any pass, a fit whose estimated peak (``est.memory_needed(data)``: bytes of the fitting
-    process and of one worker) exceeds :data:`MEMORY_SHARE` of this machine's available memory or of the
+    process and of one worker, the worker's added to the process's where the workers are its threads) exceeds
+    :data:`MEMORY_SHARE` of this machine's available memory or of the
     smallest worker's limit, with the numbers and what to change."""
     import psutil
 
-    from .scheduling import worker_memory_limit
+    from .scheduling import worker_memory_limit, workers_in_process
 
-    need = est.memory_needed(data)
+    need = dict(est.memory_needed(data))
+    if workers_in_process():  # the workers' tasks run in this process: a worker's peak is its peak too
+        need["fit_process"] = need.get("fit_process", 0) + need.get("worker", 0)
     limits = {"fit_process": psutil.virtual_memory().available, "worker": worker_memory_limit()}
     over = [(what, need[what], limit) for what, limit in limits.items()
             if limit and need.get(what, 0) > MEMORY_SHARE * limit]

@@ -13,7 +13,7 @@ import dask
 from dask.base import get_scheduler
 
 __all__ = ["concurrent_fits", "current_client", "memory_for_data", "parallelism", "release_memory",
-           "release_worker_memory", "thread_map", "worker_memory_limit"]
+           "release_worker_memory", "thread_map", "worker_memory_limit", "workers_in_process"]
 
 
 def current_client():
@@ -76,6 +76,14 @@ def worker_memory_limit() -> int | None:
     limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
     limits = [int(limit) for limit in limits if limit > 0]
     return min(limits) if limits else None
+
+
+def workers_in_process() -> bool:
+    """Whether the current client's workers are threads of this process (a local cluster with
+    ``processes=False``: their memory is this process's)."""
+    client = current_client()
+    workers = client.scheduler_info().get("workers", {}) if client is not None else {}
+    return bool(workers) and all(str(address).startswith("inproc://") for address in workers)
 
 
 def memory_for_data() -> int:

@@ -980,7 +980,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
 
     def memory_needed(self, data) -> dict:
         """:func:`centroid_memory` of fitting on a dataset store, from its row pointers and label ids (no pass over
-        the values), with the label blocks that the current workers' memory limit asks for."""
+        the values), with the label blocks that the current workers' memory limit asks for; a worker's peak at
+        least the group routers' rows where the routers will be trained."""
         import zarr
 
         from ..store import zarr_store
@@ -997,6 +998,13 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         label_block = None if bounds is None else float(np.add.reduceat(by_label, bounds[:-1]).max())
         need = centroid_memory(float(by_label.sum()), data.n_labels, data.n_features, n_blocks=len(data.X.chunks[0]),
                                block_entries=block_entries, label_block_entries=label_block)
+        clusters = math.ceil(np.count_nonzero(by_label) / self.leaf_labels)  # at least, of labels with a row
+        if self.routing == "routers" or (self.routing == "auto" and clusters > min(AUTO_BEAMS) * self.leaf_labels):
+            # the group routers' task holds the rows twice (pieces and stack), bounded as :meth:`_fit_routers`
+            # bounds them, a sample of them past SVM_GROUP_SHARE of the worker's memory
+            rows_bytes = 2 * _ENTRY_BYTES * float(by_label.sum())
+            need["worker"] = max(need["worker"], min(rows_bytes, SVM_GROUP_SHARE * (worker_memory_limit()
+                                                                                   or memory_for_data())))
         return need
 
     def fit(self, X, Y) -> LabelCentroidClassifier:
