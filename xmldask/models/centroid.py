@@ -594,11 +594,6 @@ class _BlockCache:
                     self._bytes -= self._blocks.popitem(last=False)[1][1]
         return block
 
-    def clear(self) -> None:
-        with self._lock:
-            self._blocks.clear()
-            self._bytes = 0
-
 
 _BLOCKS = _BlockCache()
 
