@@ -402,6 +402,25 @@ def test_dense_operand_is_embedded_once(stores):
     assert Q.nbytes < size < Q.nbytes + 200_000, f"{size}-byte graph, {Q.nbytes}-byte Q, {X.numblocks[0]} blocks"
 
 
+def _product_block(Xb, A, B):
+    return np.concatenate([Xb @ A.item().T.toarray(), Xb @ B.item().T.toarray()], axis=1)
+
+
+def test_sparse_operands_of_one_shape_and_size_are_two_operands():
+    """Dask tokenizes an object array by its objects' repr (shape, entries): two sparse operands alike in both, in
+    one graph, must not share a key (each task would get one of them twice)."""
+    A = sp.csr_matrix(np.eye(4, dtype=np.float32))
+    B = sp.csr_matrix(np.eye(4, dtype=np.float32)[::-1] * 2)
+    assert passes.whole_operand(A).name != passes.whole_operand(B).name
+    assert passes.whole_operand(A).name == passes.whole_operand(A.copy()).name  # the same content, one key
+    Xd = np.arange(24, dtype=np.float32).reshape(6, 4)
+    X = da.from_array(Xd, chunks=(4, 4))
+    out = passes.per_block(_product_block, [("Xb", X, passes.ROWS), ("A", passes.whole_operand(A), passes.WHOLE),
+                                            ("B", passes.whole_operand(B), passes.WHOLE)],
+                           tail=(8,), dtype=np.float32, token="two-operands", stack=False)
+    np.testing.assert_array_equal(out.compute(scheduler="sync"), np.hstack([Xd @ A.T.toarray(), Xd @ B.T.toarray()]))
+
+
 # ------------------------------------------------------------------------------------------
 # validation
 

@@ -113,7 +113,7 @@ def _scatter_target(nbytes: int):
     return current_client() if nbytes >= SCATTER_BYTES else None
 
 
-def dense_operand(A, *, name: str = "operand", nbytes: int | None = None) -> da.Array:
+def dense_operand(A, *, name: str = "operand", nbytes: int | None = None, token: str | None = None) -> da.Array:
     """A small dense operand as a single-chunk Dask array, to be shipped once per graph.
 
     Parameters
@@ -125,6 +125,9 @@ def dense_operand(A, *, name: str = "operand", nbytes: int | None = None) -> da.
     nbytes : int, optional
         The operand's size when ``A.nbytes`` does not tell it (a 0-d object array holding a sparse
         matrix, which a kernel unwraps).
+    token : str, optional
+        A token of the operand's content where Dask's of ``A`` would not tell it (Dask tokenizes an object
+        array by its objects' repr: two sparse matrices of one shape and number of entries would share a key).
 
     Returns
     -------
@@ -158,7 +161,7 @@ def dense_operand(A, *, name: str = "operand", nbytes: int | None = None) -> da.
         graph = HighLevelGraph.from_collections(array_name, {key: future}, dependencies=())
         return da.Array(graph, array_name, tuple((n,) for n in A.shape), dtype=A.dtype,
                         meta=np.empty((0,) * A.ndim, A.dtype))
-    return da.from_array(A, chunks=A.shape)
+    return da.from_array(A, chunks=A.shape, name=None if token is None else f"operand-{token}")
 
 
 def whole_operand(A, *, name: str = "operand") -> da.Array:
@@ -169,7 +172,8 @@ def whole_operand(A, *, name: str = "operand") -> da.Array:
     A = sp.csr_matrix(A)
     holder = np.empty((), dtype=object)
     holder[()] = A
-    return dense_operand(holder, name=name, nbytes=A.data.nbytes + A.indices.nbytes + A.indptr.nbytes)
+    return dense_operand(holder, name=name, nbytes=A.data.nbytes + A.indices.nbytes + A.indptr.nbytes,
+                         token=dask.base.tokenize(A.shape, A.data, A.indices, A.indptr))
 
 
 def _rows_from_memory(A: np.ndarray, row_chunks: tuple[int, ...]) -> da.Array:
