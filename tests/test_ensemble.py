@@ -12,7 +12,17 @@ import scipy.sparse as sp
 from scipy.special import expit, softmax
 
 from xmldask.datasets import make_synthetic
-from xmldask.models import EmbeddingClassifier, EnsembleClassifier, NotFittedError, _graph, load_model
+from xmldask.models import (
+    LEML,
+    BinaryRelevance,
+    EmbeddingClassifier,
+    EnsembleClassifier,
+    LabelCentroidClassifier,
+    NotFittedError,
+    _graph,
+    load_model,
+)
+from xmldask.models._kernels import mean_of_lists
 from xmldask.models.ensemble import member_seed
 from xmldask.store import StoreError
 
@@ -173,8 +183,12 @@ def test_refusals(data):
     X, Y = data["multiclass"]
     with pytest.raises(ValueError, match="n_estimators must be an integer of at least 1"):
         EnsembleClassifier(_template(), n_estimators=0).fit(X, Y)
-    with pytest.raises(TypeError, match="estimator must be an EmbeddingClassifier"):
+    with pytest.raises(TypeError, match="estimator must be a model of an xmldask family"):
         EnsembleClassifier("rembrandt").fit(X, Y)
+    with pytest.raises(TypeError, match="BinaryRelevance takes no random_state"):
+        EnsembleClassifier(BinaryRelevance(), n_estimators=2).fit(X, Y)
+    with pytest.raises(ValueError, match="early_stopping .* only an EmbeddingClassifier keeps"):
+        EnsembleClassifier(LEML(n_components=4), n_estimators=2, early_stopping=True).fit(X, Y)
     with pytest.raises(ValueError, match="n_jobs must be a positive integer"):
         EnsembleClassifier(_template(), n_jobs=0).fit(X, Y)
     with pytest.raises(NotFittedError):
@@ -267,3 +281,76 @@ def test_early_stopping_adds_no_member_that_predicts_alike(data, monkeypatch):
     assert len(fits) == 1 and len(clf.estimators_) == 1 and clf.member_gains_ == []
     with pytest.raises(ValueError, match="validation_fraction > 0"):
         EnsembleClassifier(_template(validation_fraction=0.0), early_stopping=True).fit(X, Y)
+
+
+def _listed_reference(dense: list[np.ndarray], width: int, k: int):
+    """:func:`mean_of_lists` in plain NumPy: each member lists its ``width`` best labels (stable order); a row's
+    candidates are their union, a label a member did not list scored by its lowest listed score."""
+    n, L = dense[0].shape
+    labels, scores = [], []
+    for i in range(n):
+        lists = [np.argsort(-S[i], kind="stable")[:width] for S in dense]
+        union = sorted(set(np.concatenate(lists).tolist()))
+        mean = np.zeros(len(union))
+        for S, listed in zip(dense, lists):
+            floor = S[i, listed].min()
+            mean += [S[i, j] if j in set(listed.tolist()) else floor for j in union]
+        mean /= len(dense)
+        best = np.argsort(-mean, kind="stable")[:k]
+        labels.append(np.asarray(union)[best])
+        scores.append(mean[best])
+    return np.array(labels), np.array(scores)
+
+
+@pytest.mark.parametrize("width", [3, 7, 12])
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_mean_of_lists_matches_a_numpy_reference(width, dtype):
+    """The mean over the union of the members' lists; with every label listed, the exact mean of the scores."""
+    rng = np.random.default_rng(width)
+    dense = [rng.normal(size=(40, 12)).astype(dtype) for _ in range(3)]
+    dense[1][:5] = dense[0][:5]  # members that list the same labels
+    dense[2][5:8] = np.round(dense[2][5:8])  # ties within a member
+    k = min(3, width)
+    lists = [np.argsort(-S, axis=1, kind="stable")[:, :width] for S in dense]
+    labels, scores = mean_of_lists(lists, [np.take_along_axis(S, a, 1) for S, a in zip(dense, lists)], k)
+    ref_labels, ref_scores = _listed_reference(dense, width, k)
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-6 if dtype == np.float32 else 1e-12)
+    clear = np.abs(np.diff(ref_scores, axis=1)).min(axis=1) > 1e-5  # the labels, where no two means tie to rounding
+    np.testing.assert_array_equal(labels[clear], ref_labels[clear])
+    if width == 12:
+        mean = np.mean([S.astype(np.float64) for S in dense], axis=0)
+        np.testing.assert_allclose(scores, -np.sort(-mean, axis=1)[:, :k], rtol=1e-6)
+
+
+@pytest.mark.parametrize("family", ["centroid", "leml"])
+def test_an_ensemble_of_another_family_averages_its_members_lists(data, family, tmp_path):
+    """Members of any family with their own seeds; the mean of their lists, per uneven row block; saved with the
+    members' class and read back by load_model (the centroids' arrays read from the members' groups)."""
+    X, Y = data["multilabel"]
+    template = LabelCentroidClassifier(leaf_labels=4) if family == "centroid" else LEML(n_components=5, n_iter=3)
+    clf = EnsembleClassifier(template, n_estimators=3, random_state=4).fit(X, Y)
+    assert [m.random_state for m in clf.estimators_] == [member_seed(4, i) for i in range(3)]
+    assert type(clf.estimators_[0]) is type(template) and clf.n_labels_ == 25
+    Xd = da.from_array(X, chunks=(333, -1), asarray=False, fancy=False)  # uneven blocks
+    labels, scores = dask.compute(*clf.predict_topk(Xd, k=4))
+    lists = [dask.compute(*m.predict_topk(Xd, k=8)) for m in clf.estimators_]
+    ref_labels, ref_scores = mean_of_lists([a for a, _ in lists], [s for _, s in lists], 4)
+    np.testing.assert_array_equal(labels, ref_labels)
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-6)
+    assert labels.dtype == np.int32 and scores.dtype == np.float32
+    if family == "leml":  # its members score every label: the mean of their dense scores, where all are listed
+        dense = np.mean([m.decision_function(Xd).compute() for m in clf.estimators_], axis=0)
+        np.testing.assert_allclose(clf.decision_function(Xd).compute(), dense, rtol=1e-5, atol=1e-6)
+        everything = _graph.mean_topk(Xd, [m.predict_topk(Xd, k=25) for m in clf.estimators_], 4)[1].compute()
+        np.testing.assert_allclose(everything, -np.sort(-dense, axis=1)[:, :4], rtol=1e-5, atol=1e-6)
+    else:  # seeds draw other label trees
+        assert clf.estimators_[0].n_clusters_ > 1
+        assert not np.array_equal(lists[0][0], lists[1][0])
+    url = str(tmp_path / "ensemble.zarr")
+    clf.save(url)
+    back = load_model(url)
+    assert isinstance(back, EnsembleClassifier) and type(back.estimators_[0]) is type(template)
+    again = dask.compute(*back.predict_topk(Xd, k=4))
+    np.testing.assert_array_equal(again[0], labels)
+    np.testing.assert_allclose(again[1], scores, rtol=1e-6)
+    assert back.train_summary()["n_estimators"] == 3

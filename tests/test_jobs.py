@@ -122,3 +122,29 @@ def test_defaults_fitted_to_the_data_are_not_warnings(data, caplog):
     lowered = [r for r in caplog.records if "exceed the 80 labels" in r.getMessage() or "is more than" in
                r.getMessage()]
     assert [r.levelname for r in lowered] == ["INFO", "WARNING"]  # the default search's grid; the k given
+
+
+@pytest.mark.parametrize("family", ["centroid", "leml"])
+def test_an_ensemble_of_any_family(data, family):
+    """``n_estimators`` with any family: its model fitted as without, then members with the next seeds, saved as
+    an ensemble that ``xmldask.load_model`` and ``jobs.predict`` read; a family that draws nothing at random is
+    refused before anything is written."""
+    import xmldask
+    from xmldask.models import EnsembleClassifier, LabelCentroidClassifier
+
+    root, train, test = data
+    kw = {"k": 4, "search": None} if family == "leml" else {}
+    one = jobs.train(train, str(root / f"one-{family}.zarr"), model=family, seed=2, **kw)
+    info = jobs.train(train, str(root / f"ens-{family}.zarr"), model=family, seed=2, n_estimators=2, **kw)
+    assert info["params"]["n_estimators"] == 2 and info["n_estimators"] == 2
+    assert {k: v for k, v in info["params"].items() if k != "n_estimators"} == one["params"]
+    model = xmldask.load_model(info["model"])
+    assert isinstance(model, EnsembleClassifier) and len(model.estimators_) == 2
+    single = xmldask.load_model(one["model"])
+    if isinstance(single, LabelCentroidClassifier):
+        np.testing.assert_array_equal(model.estimators_[0].order_, single.order_)  # member 0 is the one model
+    pred = jobs.predict(info["model"], test, str(root / f"ens-{family}-pred.zarr"), top_k=5)
+    assert pred["n_samples"] == 900 and jobs.evaluate(pred["url"], test)["P@1"] > 5 / 80
+    with pytest.raises(ValueError, match="--model br draws nothing at random"):
+        jobs.train(train, str(root / "br-ens.zarr"), model="br", n_estimators=2)
+    assert not (root / "br-ens.zarr").exists()

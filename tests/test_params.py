@@ -134,8 +134,8 @@ def test_auto_search_chooses_what_is_not_given():
 
 
 def test_auto_ensemble_follows_the_search():
-    """n_estimators="auto": an ensemble of AUTO_ESTIMATORS after a search, one model without one (--no-search,
-    every searched parameter given, or a model family without ensembles); a given number is kept."""
+    """n_estimators="auto": an ensemble of AUTO_ESTIMATORS after the embedding classifier's search, one model
+    without one (--no-search, every searched parameter given, or another family); a given number is kept."""
     from xmldask.params import AUTO_ESTIMATORS
 
     assert AUTO_ESTIMATORS > 1 and TrainParams().n_estimators == AUTO_ESTIMATORS
@@ -146,8 +146,8 @@ def test_auto_ensemble_follows_the_search():
     parser = cli.build_parser()
     no_search = parser.parse_args(["train", "d", "--out", "m", "--no-search"])
     assert TrainParams(**from_args(no_search, TrainParams)).n_estimators == 1
-    with pytest.raises(ValueError, match="n_estimators"):
-        TrainParams(model="leml", n_estimators=3)
+    assert TrainParams(model="leml", n_estimators=3).n_estimators == 3  # an ensemble of any family, when given
+    assert TrainParams(model="centroid").n_estimators == 1
 
 
 def test_tree_defaults_are_one_value_on_every_path():

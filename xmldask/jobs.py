@@ -264,6 +264,9 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
     except TypeError as exc:  # a constructor parameter that the training parameters set
         raise ValueError(f"--model {p.model}: {exc}; give it as a training parameter") from None
     schema = SCHEMAS[p.model]
+    if p.n_estimators > 1 and "random_state" not in est.get_params(deep=False):
+        raise ValueError(f"--model {p.model} draws nothing at random, so an ensemble's members would all be one "
+                         "model: give n_estimators 1")
     _check_model_target(out, overwrite, [train_url, *([p.tree] if p.model == "tree" else [])], tree=False)
     data = open_dataset(train_url)
     grid = _family_grid(cls, p, {**(given or {}), **extra})
@@ -284,17 +287,24 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
                                                               started=start)
         est = fitted.best_estimator_
     else:
-        if getattr(cls, "many_passes", False):  # a pass per epoch: the rows read from the store once
+        if getattr(cls, "many_passes", False) or p.n_estimators > 1:  # passes or fits: the rows read once
             data = _held_in_memory(data)
         est.fit_dataset(data)
         if "time_budget" not in est.get_params(deep=False):  # a model that cannot stop early: its one fit
             _check_one_fit(p.time_budget, time.perf_counter() - start)
+    single, n_estimators = est, _members_in_budget(p, fitted, start)
+    if n_estimators > 1:
+        from .models import EnsembleClassifier
+
+        est = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
+                                 random_state=p.seed).fit_dataset(data, fitted=[single])
     seconds = time.perf_counter() - start
     meta = {"train_url": train_url, **({"tree_url": p.tree} if p.model == "tree" else {}),
             **({"search": fitted.record()} if grid else {})}
     est.save(out, overwrite=overwrite, meta=meta)
     return {"model": out, "train": train_url, "seconds": round(seconds, 3),
-            "params": {"model": p.model, "seed": p.seed, **_public(est.get_params(deep=False), schema)},
+            "params": {"model": p.model, "seed": p.seed, **_public(single.get_params(deep=False), schema),
+                       **({"n_estimators": n_estimators} if n_estimators > 1 else {})},
             **est.train_summary(),
             **({"search": [{**r, "params": _public(r["params"], schema)} for r in fitted.results_]} if grid else {})}
 
@@ -317,8 +327,8 @@ def _family_grid(cls, p: TrainParams, given: dict) -> dict | None:
 #: the parameters of ``model="auto"`` that the embedding classifier takes and the centroids do not (they search
 #: nothing): one of them given keeps the embedding classifier
 _EMBEDDING_ONLY = tuple(name for name in SCHEMAS["embedding"].model_fields
-                        if name not in SCHEMAS["centroid"].own_fields() and name not in ("model", "seed", "search",
-                                                                                         "time_budget"))
+                        if name not in SCHEMAS["centroid"].own_fields()
+                        and name not in ("model", "seed", "search", "time_budget", "n_estimators"))
 
 
 def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:

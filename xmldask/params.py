@@ -98,7 +98,7 @@ class FamilyParams(BaseModel):
     estimator_names: typing.ClassVar[dict[str, str]] = {"k": "n_components", "seed": "random_state"}
     #: fields the job reads, which set no estimator parameter
     job_fields: typing.ClassVar[tuple[str, ...]] = (
-        "model", "search", "search_strategy", "search_screen", "search_repeats", "search_extensions")
+        "model", "search", "search_strategy", "search_screen", "search_repeats", "search_extensions", "n_estimators")
     #: whether ``search="auto"`` searches this family (by its estimator's ``auto_search``); else no search is taken
     searched: typing.ClassVar[bool] = True
 
@@ -120,6 +120,11 @@ class FamilyParams(BaseModel):
     search_extensions: Annotated[int, Field(ge=0)] = Field(
         2, description="coordinate search: at most N geometric steps past a numeric grid's winning end (0: the "
                        "listed values only)")
+    n_estimators: PositiveInt | Literal["auto"] = Field(
+        "auto", description="an ensemble of N models of the family with different seeds, predicting their mean "
+                            "(probabilities of the embedding classifiers, each holding out its own rows; the scores "
+                            f"the others list a row); auto: {AUTO_ESTIMATORS} with model=embedding after a search, "
+                            "each added member kept only while it gains on held-out rows, else 1")
     time_budget: Annotated[float, Field(gt=0)] | None = Field(
         None, description="seconds the training may take: the search stops when its next fit would not end in "
                           "time, the ensemble keeps the members that fit, and the best model so far is saved "
@@ -128,7 +133,14 @@ class FamilyParams(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _resolve(cls, data):
-        return cls.resolve(data) if isinstance(data, dict) else data
+        return cls.resolved(data) if isinstance(data, dict) else data
+
+    @classmethod
+    def resolved(cls, data: dict) -> dict:
+        """``data`` after the family's rules (:meth:`resolve`), with ``n_estimators="auto"`` one model where they
+        leave it."""
+        data = cls.resolve(data)
+        return {**data, "n_estimators": 1} if data.get("n_estimators", "auto") == "auto" else data
 
     @classmethod
     def family_names(cls) -> tuple[str, ...]:

@@ -21,7 +21,7 @@ from ..store.csr import block_reader
 from . import _kernels as K
 
 __all__ = ["HeldOut", "decision_scores", "decoder_features", "document_counts", "ensemble_probabilities",
-           "ensemble_topk", "normal_equations", "sgd_epoch", "topk", "transform_rows"]
+           "ensemble_topk", "mean_topk", "normal_equations", "sgd_epoch", "topk", "transform_rows"]
 
 
 @dataclass(frozen=True)
@@ -428,3 +428,21 @@ def ensemble_topk(X: da.Array, states: list[dict], task: str, k: int, *,
                        static={**static, "task": task, "k": int(k), "budget": int(budget)},
                        out_cols=2 * k, dtype=np.float64, token="ensemble-topk")
     return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
+
+def _mean_of_lists_block(*parts, width: int, k: int) -> np.ndarray:
+    labels, scores = [p[:, :width] for p in parts], [p[:, width:] for p in parts]
+    top, best = K.mean_of_lists(labels, scores, k)
+    return np.concatenate([top.astype(np.float64), best], axis=1)
+
+
+def mean_topk(X: da.Array, lists: list[tuple[da.Array, da.Array]], k: int) -> tuple[da.Array, da.Array]:
+    """Lazy top-``k`` labels (int32) and mean scores (float32) of models that list their best labels, from each
+    model's ``(labels, scores)`` of the rows ``X`` (:func:`._kernels.mean_of_lists`, one task per row block)."""
+    rows = X.chunks[0]
+    width = int(lists[0][0].shape[1])
+    packed = [da.concatenate([labels.astype(np.float64), scores.astype(np.float64)], axis=1).rechunk({0: rows, 1: -1})
+              for labels, scores in lists]
+    out = da.map_blocks(_mean_of_lists_block, *packed, width=width, k=int(k), dtype=np.float64,
+                        chunks=(rows, (2 * k,)), token="ensemble-mean-of-lists")
+    return out[:, :k].astype(np.int32), out[:, k:].astype(np.float32)

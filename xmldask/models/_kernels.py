@@ -48,6 +48,7 @@ __all__ = [
     "softmax_loss",
     "topk_rows",
     "topk_scores",
+    "mean_of_lists",
 ]
 
 #: input features: the raw values, rows scaled to unit L2 norm, or tf-idf (columns weighted by their
@@ -473,6 +474,44 @@ def topk_rows(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
             idx[i] = np.argsort(neg[i], kind="stable")[:k]
     labels = idx.astype(np.int32)
     return labels, np.take_along_axis(S, idx, axis=1)
+
+
+def mean_of_lists(labels: list[np.ndarray], scores: list[np.ndarray], k: int) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` of the members' mean score over the labels they listed, for models that list a row's best labels
+    only (an ensemble of any family: each member's ``predict_topk``).
+
+    A row's candidates are the union of the labels its members listed; a member that did not list a candidate
+    counts its lowest listed score for that row (the most it scored the label, a bound whatever the scale of
+    its scores). Where every member lists every label this is the exact mean.
+
+    Parameters
+    ----------
+    labels, scores : list of ndarray, shape (n_rows, width) each
+        Each member's labels and scores of every row (``width >= k``; labels distinct within a row).
+    k : int
+
+    Returns
+    -------
+    labels : ndarray of int32, shape (n_rows, k)
+    scores : ndarray of float64, shape (n_rows, k)
+        Best first; ties by the smaller label id.
+    """
+    n, m = labels[0].shape[0], len(labels)
+    floors = [np.asarray(s, np.float64).min(axis=1, initial=np.inf) for s in scores]
+    listed = np.concatenate([np.asarray(a, np.int64) for a in labels], axis=1)
+    above = np.concatenate([np.asarray(s, np.float64) - f[:, None] for s, f in zip(scores, floors)], axis=1)
+    width = listed.shape[1]
+    order = np.argsort(listed, axis=1, kind="stable")
+    listed, above = np.take_along_axis(listed, order, 1), np.take_along_axis(above, order, 1)
+    first = np.ones(listed.shape, bool)
+    first[:, 1:] = listed[:, 1:] != listed[:, :-1]
+    starts = np.flatnonzero(first.ravel())
+    mean = np.full(n * width, -np.inf)
+    if len(starts):
+        mean[starts] = (np.add.reduceat(above.ravel(), starts) + np.sum(floors, axis=0)[starts // width]) / m
+    mean = mean.reshape(n, width)
+    cols, best = topk_rows(mean, min(k, width))  # sorted by label within a row: a smaller column is a smaller id
+    return np.take_along_axis(listed, cols.astype(np.int64), 1).astype(np.int32), best
 
 
 def _topk_by_scans(S: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -41,9 +41,8 @@ from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_obje
 from ..metrics import paired_gain
 from ..params import FamilyParams
 from ..scheduling import memory_for_data, parallelism, release_memory, worker_memory_limit
-from ..store.integrity import INVENTORY_ATTR
 from ..store.layout import StoreError, read_checked
-from ..store.models import SavedModel, model_attrs, non_finite, read_model_array, store_location
+from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
 from ._candidates import candidate_topk, sparse_product_dense
@@ -1269,12 +1268,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         exponent = self.summary_exponent_ if routed else option
         return exponent, (int(option) if routed else 0), int(beam), weight, record
 
-    @classmethod
-    def load(cls, url: str) -> LabelCentroidClassifier:
-        model = super().load(url)
-        model.store_url_ = str(url)  # workers whose memory the model exceeds read it from there in cluster blocks
-        model.store_token_ = dask.base.tokenize(model_attrs(url).get(INVENTORY_ATTR))  # and keep them by this
-        return model
+    def _located(self, url: str, inventory) -> None:
+        self.store_url_ = url  # workers whose memory the model exceeds read it from there in cluster blocks
+        self.store_token_ = dask.base.tokenize(inventory)  # and keep them by this
 
     def _checked_finite(self, url: str):
         """The eager arrays checked as every model's; the lazy ones when they are read (:class:`_StoredArray`)."""

@@ -99,8 +99,6 @@ class EmbeddingParams(FamilyParams):
     the label-embedding classifier (:class:`EmbeddingClassifier`), which scores every label, searched and averaged
     over an ensemble by default."""
 
-    job_fields = (*FamilyParams.job_fields, "n_estimators")
-
     model: Literal["auto", "embedding"] = "auto"
     embedding: Literal["rembrandt", "cs", "plst", "pca"] = Field(
         "rembrandt", description="label embedding (rembrandt, cs, plst) or feature embedding (pca)")
@@ -115,9 +113,6 @@ class EmbeddingParams(FamilyParams):
     n_random_features: PositiveInt = Field(2000, description="random features of the kernel")
     max_epochs: Annotated[int, Field(ge=0)] = Field(10, description="decoder epochs at most (early-stopped on "
                                                                      "held-out training rows)")
-    n_estimators: PositiveInt | Literal["auto"] = Field(
-        "auto", description="an ensemble of N models with different seeds, each holding out its own rows, predicting "
-                            f"their mean probability; auto: {AUTO_ESTIMATORS} after a search, 1 without")
 
     @classmethod
     def resolve(cls, data: dict) -> dict:

@@ -1,12 +1,15 @@
-"""Bagged ensembles of embedding classifiers: the mean of the members' predicted probabilities.
+"""Bagged ensembles: the mean of the members' predictions, for any model family.
 
-:class:`EnsembleClassifier` fits ``n_estimators`` copies of an :class:`EmbeddingClassifier` that differ
-only in their seed. A member's seed draws the rows it holds out for early stopping (so each member
-fits ``W`` and its decoder on a different random 90% of the training rows), its random features and
-its SGD order; the ensemble predicts the mean of the members' probabilities (softmax rows for
-multiclass problems, per-label sigmoids for multilabel ones), streamed over row blocks like a single
-model (:func:`xmldask.models._graph.ensemble_topk`). Ensembles are the rule among XMC methods: Parabel,
-Bonsai and Omikuji grow 3 trees by default, and FastXML and SLEEC are ensembles too.
+:class:`EnsembleClassifier` fits ``n_estimators`` copies of an estimator that differ only in their seed
+(``random_state``). For an :class:`EmbeddingClassifier` a member's seed draws the rows it holds out for early
+stopping (so each member fits ``W`` and its decoder on a different random 90% of the training rows), its random
+features and its SGD order, and the ensemble predicts the mean of the members' probabilities (softmax rows for
+multiclass problems, per-label sigmoids for multilabel ones), streamed over row blocks like a single model
+(:func:`xmldask.models._graph.ensemble_topk`). For the other families a member's seed draws what their fits
+draw (the centroids' 2-means label tree, LEML's start, the tree classifier's held-out rows), and the ensemble
+predicts the mean of the scores its members list for a row (:func:`xmldask.models._graph.mean_topk`), as
+Parabel and Omikuji average their trees. Ensembles are the rule among XMC methods: Parabel, Bonsai and
+Omikuji grow 3 trees by default, and FastXML and SLEEC are ensembles too.
 
 Measured (``python bench/peers.py``, the same held-out search, then 3 members): see docs/benchmarks.md.
 """
@@ -22,11 +25,21 @@ import dask.array as da
 import numpy as np
 import scipy.sparse as sp
 
-from ..base import NotFittedError, ParamsMixin, as_rows, kept_epoch, seed_of
+from ..base import (
+    NotFittedError,
+    ParamsMixin,
+    as_rows,
+    check_fully_observed,
+    kept_epoch,
+    qualified_name,
+    registered_class,
+    seed_of,
+)
 from ..metrics import paired_gain
 from ..params import AUTO_ESTIMATORS, kernel_name
 from ..scheduling import thread_map
-from ..store.models import SavedModel, jsonable
+from ..store.layout import StoreError
+from ..store.models import SavedModel, jsonable, store_location
 from . import _graph
 from .embedding_classifier import EmbeddingClassifier
 
@@ -34,8 +47,10 @@ __all__ = ["ENSEMBLE_VERSION", "EnsembleClassifier"]
 
 logger = logging.getLogger(__name__)
 
-#: version of the saved ensemble layout
-ENSEMBLE_VERSION = 1
+#: version of the saved ensemble layout (2: members of any family, their class recorded; 1: embedding classifiers)
+ENSEMBLE_VERSION = 2
+#: a member of another family lists this many times ``k`` labels a row (at most all) for the mean over their union
+LIST_FACTOR = 2
 
 
 def member_seed(seed: int, index: int) -> int:
@@ -46,14 +61,17 @@ def member_seed(seed: int, index: int) -> int:
 
 
 class EnsembleClassifier(SavedModel, ParamsMixin):
-    """Mean of the probabilities of ``n_estimators`` :class:`EmbeddingClassifier` s fitted with different seeds.
+    """Mean prediction of ``n_estimators`` models of one family fitted with different seeds.
 
     Parameters
     ----------
-    estimator : EmbeddingClassifier
-        The template: every member is ``EmbeddingClassifier(**estimator.get_params(deep=False))`` with its own
+    estimator : estimator of any model family
+        The template: every member is ``type(estimator)(**estimator.get_params(deep=False))`` with its own
         ``random_state`` (member 0 gets ``random_state`` itself, so it is the model a single fit with
-        that seed gives). Needs ``validation_fraction > 0`` for the members to differ in their rows.
+        that seed gives). An :class:`EmbeddingClassifier` needs ``validation_fraction > 0`` for the members to
+        differ in their rows; its members' probabilities are averaged over every label. Members of the other
+        families average the scores they list a row (``LIST_FACTOR`` times ``k`` labels each; a label a member
+        did not list counts its lowest listed score, :func:`xmldask.models._kernels.mean_of_lists`).
     n_estimators : int, default 3
     random_state : int or None
         Seed of member 0 and, through :func:`member_seed`, of the others.
@@ -68,14 +86,14 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         Add the members after the first one at a time (fitted ``n_jobs`` at once), each holding out the first
         member's rows, and keep a member only if the top-1 label of the members' mean on those rows gains on the
         ensemble without it by more than the noise (:func:`xmldask.metrics.paired_gain`); stop at the first that
-        does not: ``n_estimators`` is then the most. A member costs a fit; members that differ only in their seeds
-        on the linear feature map predict alike, and do not pay for it (with the ridge decoder alone, none is
-        fitted: it would be the first one again). Without it, every member holds out its own rows (the ensemble
-        fits on all of them).
+        does not: ``n_estimators`` is then the most (embedding classifiers only). A member costs a fit; members
+        that differ only in their seeds on the linear feature map predict alike, and do not pay for it (with the
+        ridge decoder alone, none is fitted: it would be the first one again). Without it, every member holds out
+        its own rows (the ensemble fits on all of them).
 
     Attributes
     ----------
-    estimators_ : list of EmbeddingClassifier
+    estimators_ : list
         The fitted members.
     task_ : str
     n_labels_, n_features_in_ : int
@@ -104,6 +122,7 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
     """
 
     _MODEL_VERSION = ENSEMBLE_VERSION
+    _EARLIER_VERSIONS = (1,)
 
     def __init__(self, estimator=None, *, n_estimators: int = AUTO_ESTIMATORS, random_state=None,
                  share_embedding: bool = True, n_jobs: int | None = None, early_stopping: bool = False):
@@ -114,9 +133,11 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.estimator!r}, n_estimators={self.n_estimators!r})"
 
-    def _members(self) -> list[EmbeddingClassifier]:
-        if not isinstance(self.estimator, EmbeddingClassifier):
-            raise TypeError(f"estimator must be an EmbeddingClassifier, but is {type(self.estimator).__name__}")
+    def _members(self) -> list:
+        template = self.estimator
+        if not (hasattr(template, "get_params") and hasattr(template, "predict_topk") and hasattr(template, "fit")):
+            raise TypeError(f"estimator must be a model of an xmldask family (with get_params, fit and predict_topk), "
+                            f"but is {type(template).__name__}")
         n = self.n_estimators
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"n_estimators must be an integer of at least 1, but is {n!r}")
@@ -124,18 +145,27 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, numbers.Integral) or jobs < 1):
             raise ValueError(f"n_jobs must be a positive integer or None, but is {jobs!r}")
         seed = seed_of(self.random_state)
-        params = self.estimator.get_params(deep=False)
+        params = template.get_params(deep=False)
+        if "random_state" not in params:
+            raise TypeError(f"{type(template).__name__} takes no random_state: its members would all be one model")
+        if self.early_stopping and not self._embedding():
+            raise ValueError("early_stopping judges the members on the first member's held-out rows, which only "
+                             f"an EmbeddingClassifier keeps; give n_estimators for a {type(template).__name__}")
         if self.early_stopping and not params.get("validation_fraction"):
             raise ValueError("early_stopping judges the members on held-out rows: the estimator must hold some out "
                              "(validation_fraction > 0)")
-        return [EmbeddingClassifier(**{**params, "random_state": member_seed(seed, i)}) for i in range(int(n))]
+        return [type(template)(**{**params, "random_state": member_seed(seed, i)}) for i in range(int(n))]
+
+    def _embedding(self) -> bool:
+        """Whether the members are embedding classifiers (their probabilities averaged over every label)."""
+        return isinstance(self.estimator, EmbeddingClassifier)
 
     def fit(self, X, Y, *, fitted: list | None = None) -> EnsembleClassifier:
-        """Fit the members on ``X``, ``Y`` (row blocks, as for :meth:`EmbeddingClassifier.fit`).
+        """Fit the members on ``X``, ``Y`` (row blocks, as for the template's ``fit``).
 
         Parameters
         ----------
-        fitted : list of EmbeddingClassifier, optional
+        fitted : list, optional
             Members already fitted on the same data with the template's parameters and the first
             seeds (e.g. the winner of a :class:`~xmldask.model_selection.HeldOutSearch`, which is
             member 0): they are reused, not fitted again.
@@ -145,32 +175,43 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         EnsembleClassifier
             ``self``, fitted.
         """
-        members = self._members()
         X = as_rows(X, "X")
+        return self._fit_members(lambda member: member.fit(X, Y), X, Y, fitted)
+
+    def fit_dataset(self, data, *, fitted: list | None = None) -> EnsembleClassifier:
+        """Fit the members on a dataset store opened by :func:`xmldask.store.open_dataset`, as the template's
+        ``fit_dataset`` does (LEML's and binary relevance's members read its observed entries)."""
+        if self._embedding():
+            check_fully_observed(data, "an ensemble of EmbeddingClassifier")
+            return self.fit(data.X, data.Y, fitted=fitted)
+        return self._fit_members(lambda member: member.fit_dataset(data), data.X, data.Y, fitted)
+
+    def _fit_members(self, fit, X, Y, fitted: list | None) -> EnsembleClassifier:
+        members = self._members()
         fitted = list(fitted or [])
         if len(fitted) > len(members):
             raise ValueError(f"{len(fitted)} fitted members given for an ensemble of {len(members)}")
         for i, model in enumerate(fitted):
             want = members[i].get_params(deep=False)
-            have = model.get_params(deep=False)
-            differ = [name for name in want if not _same(want[name], have[name])]
-            if differ or getattr(model, "Q_", None) is None:
+            have = model.get_params(deep=False) if type(model) is type(members[i]) else {}
+            differ = [name for name in want if name not in have or not _same(want[name], have[name])]
+            if differ or not _is_fitted(model):
                 raise ValueError(f"fitted member {i} is not the template fitted with seed {want['random_state']} "
                                  f"(differs in {', '.join(differ) or 'being unfitted'})")
         self.estimators_ = list(fitted)
         self.member_gains_ = self._ensemble_p1 = None
         rest = members[len(fitted):]
         if not self.estimators_ and rest:  # the first member alone: the others may share its embedding
-            self.estimators_.append(rest.pop(0).fit(X, Y))
+            self.estimators_.append(fit(rest.pop(0)))
         first = self.estimators_[0]
         for member in rest:
-            if (self.share_embedding and isinstance(member.embedding, str)
+            if (self.share_embedding and self._embedding() and isinstance(member.embedding, str)
                     and getattr(first, "embedding_kind_", None) == "label"):
                 member.set_params(embedding=first.R_)  # the same data: embed once per ensemble
         if self.early_stopping:
             self._add_while_gaining(X, Y, rest)
         else:
-            self.estimators_ += thread_map(lambda member: member.fit(X, Y), rest, self.n_jobs)
+            self.estimators_ += thread_map(fit, rest, self.n_jobs)
         return self._fitted()
 
     def _add_while_gaining(self, X, Y, rest: list) -> None:
@@ -215,7 +256,8 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
 
     def _fitted(self) -> EnsembleClassifier:
         first = self.estimators_[0]
-        self.task_, self.n_labels_, self.n_features_in_ = first.task_, first.n_labels_, first.n_features_in_
+        self.task_, self.n_labels_ = getattr(first, "task_", None), first.n_labels_
+        self.n_features_in_ = first.n_features_in_
         kept = []
         for member in self.estimators_:
             history = getattr(member, "history_", None) or []
@@ -238,21 +280,36 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
                 for member in (self.estimators_ if members is None else members)]
 
     def decision_function(self, X) -> da.Array:
-        """Dense mean probabilities of every label, lazily, chunked like ``X`` (``n_samples x n_labels``)."""
-        return _graph.ensemble_probabilities(self._rows(X), self._states(), self.task_)
+        """Dense mean probabilities (embedding classifiers) or mean scores (the members' ``decision_function``) of
+        every label, lazily, chunked like ``X`` (``n_samples x n_labels``)."""
+        if self._embedding():
+            return _graph.ensemble_probabilities(self._rows(X), self._states(), self.task_)
+        if not all(hasattr(member, "decision_function") for member in self.estimators_):
+            raise TypeError(f"{type(self.estimators_[0]).__name__} scores no dense rows; use predict_topk")
+        X = self._rows(X)
+        return sum(member.decision_function(X) for member in self.estimators_) / len(self.estimators_)
 
     def predict_topk(self, X, k: int = 5) -> tuple[da.Array, da.Array]:
-        """Top-``k`` labels (int32) and their mean probabilities (float32), best first, computed per row block:
-        two lazy ``(n_samples, k)`` arrays, as :meth:`EmbeddingClassifier.predict_topk` gives."""
-        X = self._rows(X)
-        return _graph.ensemble_topk(X, self._states(), self.task_, self._checked_k(k))
+        """Top-``k`` labels (int32) and their mean probabilities or scores (float32), best first, computed per row
+        block: two lazy ``(n_samples, k)`` arrays, as :meth:`EmbeddingClassifier.predict_topk` gives."""
+        X, k = self._rows(X), self._checked_k(k)
+        if self._embedding():
+            return _graph.ensemble_topk(X, self._states(), self.task_, k)
+        listed = min(self.n_labels_, LIST_FACTOR * k)
+        return _graph.mean_topk(X, [member.predict_topk(X, k=listed) for member in self.estimators_], k)
+
+    def train_summary(self) -> dict:
+        """The first member's summary, with the members' passes summed and their number."""
+        summary = dict(self.estimators_[0].train_summary())
+        summary["n_passes"] = int(sum(getattr(m, "n_passes_", 0) for m in self.estimators_))
+        return {**summary, "n_estimators": len(self.estimators_)}
 
     # -- persistence ----------------------------------------------------------------------------
 
     def _parts(self) -> tuple[dict, dict, dict]:
         """What :meth:`save` writes: a model store whose ``fitted`` attribute lists every member's parameters
-        and fitted scalars, with member ``i``'s arrays under ``members/i/`` (``W``, ``Q``, ... as an
-        :class:`EmbeddingClassifier` saves them)."""
+        and fitted scalars, with member ``i``'s arrays under ``members/i/`` (as the member's class saves them)
+        and the members' class in the parameters (``estimator_class``)."""
         self._check_fitted()
         members, arrays = [], {}
         for i, member in enumerate(self.estimators_):
@@ -260,20 +317,41 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
             members.append({"params": params, "fitted": fitted})
             arrays.update({f"members/{i}/{name}": value for name, value in member_arrays.items()})
         params = {"n_estimators": len(self.estimators_), "random_state": jsonable(self.random_state),
-                  "estimator": members[0]["params"]}
+                  "estimator": members[0]["params"], "estimator_class": qualified_name(type(self.estimators_[0]))}
         gains = {"member_gains": self.member_gains_} if getattr(self, "member_gains_", None) is not None else {}
         return params, {"members": members, "held_out": self.held_out_, **gains}, arrays
 
     @classmethod
     def _from_group(cls, group, meta: dict) -> EnsembleClassifier:
         attrs = dict(group.attrs)
-        members = [EmbeddingClassifier._from_parts(m["params"], m["fitted"], group[f"members/{i}"])
+        name = attrs["params"].get("estimator_class", qualified_name(EmbeddingClassifier))  # version 1: embedding
+        member_class = registered_class(name)
+        if member_class is None or not hasattr(member_class, "_from_parts"):
+            raise StoreError(f"{store_location(group)}: an ensemble of {name} models, which this xmldask cannot read")
+        members = [member_class._from_parts(m["params"], m["fitted"], group[f"members/{i}"])
                    for i, m in enumerate(attrs["fitted"]["members"])]
         model = cls(members[0], n_estimators=len(members), random_state=attrs["params"].get("random_state"))
         model.estimators_ = members
         model.member_gains_ = attrs["fitted"].get("member_gains")
         model._ensemble_p1 = attrs["fitted"].get("held_out", {}).get("ensemble_val_p@1")
         return model._fitted()
+
+    def _checked_finite(self, url: str):
+        for i, member in enumerate(self.estimators_):
+            member._checked_finite(f"{url}/members/{i}")
+        return self
+
+    def _located(self, url: str, inventory) -> None:
+        for i, member in enumerate(self.estimators_):
+            member._located(f"{url.rstrip('/')}/members/{i}", inventory)
+
+
+def _is_fitted(model) -> bool:
+    try:
+        model._check_fitted()
+    except NotFittedError:
+        return False
+    return True
 
 
 def _same(a, b) -> bool:

@@ -77,18 +77,18 @@ class _Joined(BaseModel):
             return data  # refused by the field's type, with the values it takes
         own, fields = schema.model_fields, cls.model_fields
         foreign = [name for name, value in data.items() if name in fields and name not in own
-                   and value != fields[name].default and not (name == "n_estimators" and value == 1)]
+                   and value != fields[name].default]
         if foreign:
             takes = "; ".join(f"{name}: model={'|'.join(_families_of(name))}" for name in foreign)
             raise ValueError(f"{', '.join(foreign)} do(es) not apply with model={model} (it takes "
                              f"{', '.join(schema.own_fields())}; {takes})")
-        given = schema.resolve({**{name: value for name, value in data.items() if name in own}, "model": model})
+        given = schema.resolved({**{name: value for name, value in data.items() if name in own}, "model": model})
         # the family's defaults where they are not the joined model's (which leaves the fields not given unset)
         defaults = {name: info.default for name, info in own.items()
                     if name not in given and info.default != fields[name].default}
         if model == data.get("model", "auto"):
             given.pop("model", None)  # as given (or not)
-        return {**data, **defaults, **given, **({} if "n_estimators" in own else {"n_estimators": 1})}
+        return {**data, **defaults, **given}
 
 
 def _families_of(field: str) -> list[str]:

@@ -19,7 +19,7 @@ import scipy.sparse as sp
 import zarr
 
 from . import _fs
-from .integrity import commit_attrs, open_root
+from .integrity import INVENTORY_ATTR, commit_attrs, open_root
 from .layout import ATTR, CHUNK_ELEMENTS, LAYOUT_VERSION, StoreError, compressors, read_checked
 
 __all__ = ["SavedModel", "jsonable", "model_class", "model_qualname", "open_model_store", "store_location",
@@ -254,7 +254,13 @@ class SavedModel:
         group, meta = open_model_store(url, model_version=(cls._MODEL_VERSION, *cls._EARLIER_VERSIONS),
                                        class_name=cls.__name__,
                                        hint=" (or xmldask.models.load_model(url) for any model)")
-        return cls._from_group(group, meta)._checked_finite(url)
+        model = cls._from_group(group, meta)._checked_finite(url)
+        model._located(str(url), dict(group.attrs).get(INVENTORY_ATTR))
+        return model
+
+    def _located(self, url: str, inventory) -> None:
+        """Told, once loaded, where its arrays are (``url``: the store, or its group of this model's arrays) and the
+        store's recorded ``inventory``: a model that reads its arrays from there when it predicts keeps them."""
 
     def _checked_finite(self, url: str):
         """``self``, loaded from ``url``, after checking that its fitted arrays hold no NaN or infinity (a model
