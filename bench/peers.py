@@ -143,6 +143,7 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
 
     from xmldask import jobs
     from xmldask.cluster import cluster
+    from xmldask.params import current_names
     from xmldask.store import open_dataset, open_predictions
 
     if spec["system"] == "xmldask-default":  # what `xmldask train TRAIN --out MODEL` does, no option given
@@ -153,11 +154,12 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
         params = {"time_budget": spec["budget"]}
     else:
         n_labels = open_dataset(spec["train_url"]).n_labels
-        search = {name: sorted({min(v, n_labels) for v in values}) if name == "k" else values
-                  for name, values in (spec.get("search") or {}).items()}
+        search = {name: sorted({min(v, n_labels) for v in values}) if name == "n_components" else values
+                  for name, values in current_names(spec.get("search") or {}).items()}
         search = {name: values for name, values in search.items() if len(values) > 1}
-        params = {"embedding": spec.get("embedding", "rembrandt"), "k": min(spec.get("k", 50), n_labels),
-                  "kernel": spec.get("kernel", "none"), "seed": 0, "search": search or None,
+        params = {"embedding": spec.get("embedding", "rembrandt"),
+                  "n_components": min(spec.get("n_components", 50), n_labels),
+                  "kernel": spec.get("kernel", "none"), "random_state": 0, "search": search or None,
                   "n_estimators": spec.get("n_estimators", 1),
                   "search_screen": False}  # every candidate in full, as when the benchmark page's figures were measured
         for name, values in search.items():  # the search starts from the first value of each
@@ -176,7 +178,7 @@ def _child_xmldask(spec: dict, out: Path) -> dict:
         workers = client.run(_pid_and_peak_rss_mb)
     np.save(out / "labels.npy", labels)
     np.save(out / "scores.npy", scores)
-    chosen = ", ".join(f"{name}={value}" for name, value in info["params"].items() if name != "seed")
+    chosen = ", ".join(f"{name}={value}" for name, value in info["params"].items() if name != "random_state")
     tried = "; ".join(f"{_short(r['params'])}: {100 * r['val_p@1']:.1f}" for r in info.get("search", []))
     processes = {os.getpid(): _peak_rss_mb(), **dict(workers.values())}  # in-process workers counted once
     return {"train_s": train_s, "predict_s": predict_s, "peak_rss_mb": sum(processes.values()),
@@ -491,7 +493,7 @@ def aloi_table(args, work_root: Path) -> list[dict]:
         out = work / f"aloi-table-{embedding}"
         shutil.rmtree(out, ignore_errors=True)
         spec = {"system": "xmldask", "out": str(out), "top_k": 1, "kernel": "none", "embedding": embedding,
-                "k": 50, **urls}
+                "n_components": 50, **urls}
         print(f"aloi table {embedding} ...", file=sys.stderr, flush=True)
         fig = run_system("xmldask", spec, args.timeout, None)
         if "error" in fig:

@@ -131,6 +131,7 @@ def child(spec: dict) -> None:
     from xmldask.cluster import cluster, parse_memory_limit
     from xmldask.embedding.spectrum import compute_spectrum
     from xmldask.io import ingest
+    from xmldask.params import current_names
 
     work = Path(spec["work"])
     limit = parse_memory_limit(spec["memory_limit"])
@@ -164,14 +165,14 @@ def child(spec: dict) -> None:
 
         def stage_tree():
             t = spec["tree"]
-            r = jobs.tree(urls["train"], urls["tree"], depth=t["depth"], leaf_labels=t["leaf_labels"],
-                          routing=t["routing"], seed=0)
+            r = jobs.tree(urls["train"], urls["tree"], max_depth=t["depth"], leaf_labels=t["leaf_labels"],
+                          routing=t["routing"], random_state=0)
             return {"nnz_read": reads("train"), "passes": r.get("n_passes")}
 
         def stage_train():
-            params = dict(spec["model"])
+            params = current_names(dict(spec["model"]))
             if spec["tree"]:
-                given = {k: v for k, v in params.items() if k in ("k", "max_epochs", "seed")}
+                given = {k: v for k, v in params.items() if k in ("n_components", "max_epochs", "random_state")}
                 params = {**given, "tree": urls["tree"]}
             r = jobs.train(urls["train"], urls["model"], **params)
             return {"nnz_read": reads("train"), "passes": r.get("n_passes")}

@@ -92,17 +92,20 @@ def run_downstream(train: dict, test: dict, *, storage: str | None, run_dir: str
                    spectrum_components: int | None = SPECTRUM_COMPONENTS, tree: TreeParams | None = None) -> dict:
     """spectrum -> [tree] -> train -> predict -> evaluate (stage flows) on ingested data; returns the records by
     stage. With ``tree``, the tree stage grows a spectral label tree and the train stage fits its
-    candidate-restricted classifier (``model``'s ``k``, ``max_epochs`` and ``seed`` where given); the tree's
-    seed is ``model``'s unless given."""
+    candidate-restricted classifier (``model``'s ``n_components``, ``max_epochs`` and ``random_state`` where given);
+    the tree's ``random_state`` is ``model``'s unless given."""
     where = {"storage": storage, "run_dir": run_dir}
     data, test_data = output(train, "data"), output(test, "data")
     stages = {}
     if spectrum_components:
-        stages["spectrum"] = spectrum_flow(data, n_components=spectrum_components, seed=model.seed, **where)
+        stages["spectrum"] = spectrum_flow(data, n_components=spectrum_components, random_state=model.random_state,
+                                           **where)
     if tree is not None:
-        tree = tree if "seed" in tree.model_fields_set else tree.model_copy(update={"seed": model.seed})
+        tree = tree if "random_state" in tree.model_fields_set else tree.model_copy(
+            update={"random_state": model.random_state})
         stages["tree"] = tree_flow(data, test_data, tree=tree, **where)
-        given = {name: getattr(model, name) for name in ("k", "max_epochs", "seed") if name in model.model_fields_set}
+        given = {name: getattr(model, name) for name in ("n_components", "max_epochs", "random_state")
+                 if name in model.model_fields_set}
         model = TrainParams(**given, tree=output(stages["tree"], "tree")["url"])
     stages["train"] = train_flow(data, model=model, **where)
     stages["predict"] = predict_flow(output(stages["train"], "model"), test_data, top_k=top_k, **where)
@@ -145,15 +148,16 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
         How text files are ingested.
     model : TrainParams or dict
         The training parameters (:class:`xmldask.models.TrainParams`, the options of ``xmldask train``),
-        e.g. ``{"k": 32, "kernel": "none"}``; its ``seed`` also seeds the synthetic data and the spectrum.
+        e.g. ``{"n_components": 32, "kernel": "none"}``; its ``random_state`` also seeds the synthetic data and the
+        spectrum.
     top_k : int
         Labels predicted per row (at least 10, for P@1..10).
     spectrum_components : int
         Eigenvalues of ``Y^T Y`` estimated for the report.
     tree : TreeParams or dict, optional
         Grow a spectral label tree (:class:`xmldask.params.TreeParams`, the options of ``xmldask tree``,
-        e.g. ``{"depth": 14, "leaf_labels": 25}``; labels with no training row are left out unless
-        ``unseen_labels="error"``; its seed is ``model``'s unless given) in its own stage, and train its
+        e.g. ``{"max_depth": 14, "leaf_labels": 25}``; labels with no training row are left out unless
+        ``unseen_labels="error"``; its ``random_state`` is ``model``'s unless given) in its own stage, and train its
         candidate-restricted classifier instead of the embedding classifier; the report gains the tree's
         figures and plots.
 
@@ -173,7 +177,7 @@ def pipeline(train: list[str] | None = None, test: list[str] | None = None, *, s
             if train or test:
                 raise ValueError("give both train and test, or neither (for the synthetic default)")
             synth = synthesize(storage=storage, n_samples=synthetic_samples, n_features=synthetic_features,
-                               n_labels=synthetic_labels, seed=model.seed)
+                               n_labels=synthetic_labels, seed=model.random_state)
             train, test = [synth["train"]], [synth["test"]]
         opts = {"storage": storage, "run_dir": run_dir, "format": format, "one_based": one_based,
                 "normalize": normalize}
@@ -208,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--top-k", type=int, default=TOP_K)
     tree = parser.add_argument_group("label tree (a tree stage, then its candidate-restricted classifier)")
     tree.add_argument("--grow-tree", action="store_true", help="grow a spectral label tree and train its classifier")
-    add_arguments(tree, TreeParams, title=None, prefix="tree-", exclude=("unseen_labels", "seed"))
+    add_arguments(tree, TreeParams, title=None, prefix="tree-", exclude=("unseen_labels", "random_state"))
     parser.add_argument("--synthetic-samples", type=int, default=20_000)
     parser.add_argument("--synthetic-features", type=int, default=2_000)
     parser.add_argument("--synthetic-labels", type=int, default=500)

@@ -5,7 +5,7 @@ a small record (:func:`flows.stages.run_stage`); :func:`flows.pipeline.pipeline`
 subflows, and each can be run on its own::
 
     from flows.stage_flows import train_flow
-    record = train_flow("storage/bibtex/train.zarr", model={"k": 32}, scheduler="tcp://head:8786")
+    record = train_flow("storage/bibtex/train.zarr", model={"n_components": 32}, scheduler="tcp://head:8786")
     record["outputs"]["model"]        # <storage>/runs/<time>-<id>/train/model.zarr
 
 Inside, a thin task per stage (``ingest``, ``spectrum``, ``train``, ``predict``, ``evaluate``)
@@ -458,7 +458,7 @@ def spectrum_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
     def compute(work: str, scratch: Path) -> dict:
         compute_on_dask(inputs["train"]["url"])
         spectrum = compute_spectrum(data, matrix="Y", n_components=params["n_components"],
-                                    random_state=params["seed"])
+                                    random_state=params["random_state"])
         write_spectrum(spectrum, scratch)
         zarr.save_array(zarr_store(join(work, "spectrum.zarr")), spectrum.eigenvalues)
         plot_label_frequency(open_dataset(data).label_counts, scratch / "label_frequency.png")
@@ -473,7 +473,7 @@ def spectrum_task(inputs: dict[str, dict], params: dict, out: str) -> dict:
 
 @flow(name="xmldask-spectrum", log_prints=True)
 @interruptible
-def spectrum_flow(train: Store, *, n_components: PositiveInt = SPECTRUM_COMPONENTS, seed: int = 0,
+def spectrum_flow(train: Store, *, n_components: PositiveInt = SPECTRUM_COMPONENTS, random_state: int = 0,
                   storage: str | None = None, run_dir: str | None = None, scheduler: str | None = None,
                   local_cluster: LocalClusterOptions | None = None) -> dict:
     """Label statistics for the report: the top eigenvalues of ``Y^T Y`` and the label frequencies.
@@ -484,7 +484,7 @@ def spectrum_flow(train: Store, *, n_components: PositiveInt = SPECTRUM_COMPONEN
         The training dataset store.
     n_components : int, default 50
         Eigenvalues estimated (randomized PCA).
-    seed : int
+    random_state : int
     storage, run_dir
         As :func:`ingest_flow`.
     scheduler : str, optional
@@ -498,7 +498,8 @@ def spectrum_flow(train: Store, *, n_components: PositiveInt = SPECTRUM_COMPONEN
     """
     with dask_client(scheduler, local_cluster):
         return run_cached(spectrum_task, inputs={"train": store_ref(train)},
-                          params={"n_components": n_components, "seed": seed}, storage=storage, run_dir=run_dir)
+                          params={"n_components": n_components, "random_state": random_state}, storage=storage,
+                          run_dir=run_dir)
 
 
 @task(name="tree", **CACHED)
@@ -545,7 +546,8 @@ def tree_flow(train: Store, test: Store, *, tree: TreeParams = TREE_DEFAULTS,
     train, test : str or StoreRef
         The training and test dataset stores.
     tree : TreeParams or dict
-        ``depth``, ``leaf_labels``, ``routing``, ``unseen_labels``, ``seed`` (:class:`xmldask.params.TreeParams`);
+        ``max_depth``, ``leaf_labels``, ``routing``, ``unseen_labels``, ``random_state``
+        (:class:`xmldask.params.TreeParams`);
         those not given are :data:`TREE_DEFAULTS`.
     storage, run_dir, scheduler, local_cluster
         As :func:`spectrum_flow`.
@@ -582,8 +584,8 @@ def train_flow(train: Store, *, model: TrainParams = DEFAULTS, storage: str | No
                run_dir: str | None = None, scheduler: str | None = None,
                local_cluster: LocalClusterOptions | None = None) -> dict:
     """Train on the dataset store ``train`` the model that ``model`` describes (:class:`xmldask.models.TrainParams`,
-    the options of ``xmldask train``, e.g. ``{"k": 32, "search": {"alpha": [0.001, 1]}}``; the fields not given
-    keep their defaults): by default the self-tuned embedding classifier. ``storage``, ``run_dir``,
+    the options of ``xmldask train``, e.g. ``{"n_components": 32, "search": {"alpha": [0.001, 1]}}``; the fields not
+    given keep their defaults): by default the self-tuned embedding classifier. ``storage``, ``run_dir``,
     ``scheduler`` and ``local_cluster`` as in :func:`spectrum_flow`. Returns the stage record;
     ``outputs["model"]`` is the model store."""
     with dask_client(scheduler, local_cluster):

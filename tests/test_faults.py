@@ -647,8 +647,9 @@ def test_too_few_rows_and_a_negative_seed_are_refused_by_name(tmp_path):
     assert _cli("ingest", one, "--out", str(tmp_path / "one.zarr"), cwd=tmp_path).returncode == 0
     result = _cli("train", str(tmp_path / "one.zarr"), "--out", str(tmp_path / "m.zarr"), cwd=tmp_path)
     assert result.returncode == 2 and "has 1 row: training needs at least 2" in result.stderr, result.stderr
-    result = _cli("train", str(tmp_path / "one.zarr"), "--out", str(tmp_path / "m.zarr"), "--seed", "-1", cwd=tmp_path)
-    assert result.returncode == 2 and "seed = -1" in result.stderr and "CancelledError" not in result.stderr
+    result = _cli("train", str(tmp_path / "one.zarr"), "--out", str(tmp_path / "m.zarr"), "--random-state", "-1",
+                  cwd=tmp_path)
+    assert result.returncode == 2 and "random_state = -1" in result.stderr and "CancelledError" not in result.stderr
 
 
 def test_overwrite_never_turns_a_tree_into_a_classifier_or_back(tmp_path):

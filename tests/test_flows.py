@@ -156,7 +156,7 @@ def test_pipeline_with_the_tree_stage(data, storage, scheduler):
     by_depth = record["result"]["by_depth"]
     assert sum(by_depth["rows_by_depth"]) == sum(by_depth["rows_by_candidates"]) == 300
     trained = json.loads((run / "train" / "stage.json").read_text())
-    assert trained["params"]["tree"] == str(run / "tree" / "tree.zarr") and trained["params"]["k"] == 8
+    assert trained["params"]["tree"] == str(run / "tree" / "tree.zarr") and trained["params"]["n_components"] == 8
     assert trained["result"]["params"]["max_epochs"] == 3
     report = (run / "report.md").read_text()
     assert "## Label tree" in report and "| tree_recall |" in report and "![Label tree" in report
@@ -387,11 +387,12 @@ def test_deploy_builds_the_scheduled_refresh_deployment(monkeypatch):
 
     served = {}
     monkeypatch.setattr(refresh_flow, "serve", lambda **options: served.update(options))
-    assert deploy.main(["--cron", "*/15 * * * *", "--test", "t.zarr", "--storage", "s3://bucket/xmc", "--k", "32",
-                        "--features", "tfidf", "--search", "alpha=0.01,1", "--n-estimators", "2"]) == 0
+    assert deploy.main(["--cron", "*/15 * * * *", "--test", "t.zarr", "--storage", "s3://bucket/xmc",
+                        "--n-components", "32", "--features", "tfidf", "--search", "alpha=0.01,1",
+                        "--n-estimators", "2"]) == 0
     assert served["cron"] == "*/15 * * * *"
     assert served["parameters"] == {"test": ["t.zarr"], "storage": "s3://bucket/xmc", "metric": "P@1",
-                                    "model": {"k": 32, "features": "tfidf", "search": {"alpha": [0.01, 1]},
+                                    "model": {"n_components": 32, "features": "tfidf", "search": {"alpha": [0.01, 1]},
                                               "n_estimators": 2}}
 
     deployment = deploy.build_deployment(**{key: served[key] for key in ("cron", "name")}, **served["parameters"])

@@ -276,10 +276,10 @@ def test_cli_train_predict_evaluate(tmp_path, capsys, scheduler):
     assert main(["train", url, "--out", searched, "--model", "gradfac", "--rounds", "5", "--json",
                  "--scheduler", scheduler]) == 0
     trained = json.loads(capsys.readouterr().out)
-    tried = [r["params"]["depth"] for r in trained["search"]]
+    tried = [r["params"]["max_depth"] for r in trained["search"]]
     assert tried[:2] == [6, 10] and max(tried) <= 12
-    best = max(trained["search"], key=lambda r: r["score"])["params"]["depth"]
-    assert trained["params"]["depth"] == best == load_model(searched).max_depth
+    best = max(trained["search"], key=lambda r: r["score"])["params"]["max_depth"]
+    assert trained["params"]["max_depth"] == best == load_model(searched).max_depth
     assert main(["train", url, "--out", str(tmp_path / "bad"), "--model", "gradfac", "--rounds", "0"]) != 0
     assert "rounds = 0: Input should be greater than 0" in capsys.readouterr().err
     assert main(["train", url, "--out", str(tmp_path / "bad2"), "--model", "gradfac", "--k", "5"]) != 0

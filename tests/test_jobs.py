@@ -57,10 +57,10 @@ def test_refusals(data):
     model_url = str(root / "model2.zarr")
     with pytest.raises(ValueError, match="kernel = 'rbf': Input should be 'none', 'gaussian' or 'laplacian'"):
         jobs.train(train, model_url, kernel="rbf")
-    with pytest.raises(ValueError, match="unknown training parameter.s. kernal; known: embedding, k, "):
+    with pytest.raises(ValueError, match="unknown training parameter.s. kernal; known: embedding, n_components, "):
         jobs.train(train, model_url, kernal="none")
-    with pytest.raises(ValueError, match="unknown training parameter.s. n_components"):  # the job's name is k
-        jobs.train(train, model_url, n_components=8)
+    with pytest.raises(ValueError, match="k is the former name of n_components: give n_components once"):
+        jobs.train(train, model_url, n_components=8, k=8)
     jobs.train(train, model_url, embedding="cs", k=8, kernel="none", max_epochs=1, search=None)
     pca_url = str(root / "pca.zarr")  # a feature embedding: no label embedding R in the model
     jobs.train(train, pca_url, embedding="pca", k=8, kernel="none", max_epochs=1, search=None)
@@ -83,14 +83,14 @@ def test_k_beyond_the_labels_is_lowered_before_any_pass(data, caplog):
     root, train, _ = data
     with caplog.at_level("WARNING", logger="xmldask.jobs"):
         info = jobs.train(train, str(root / "k1.zarr"), k=500, kernel="none", max_epochs=1, search=None)
-    assert "k=500 is more than the 80 labels" in caplog.text and info["params"]["k"] == 80
+    assert "k=500 is more than the 80 labels" in caplog.text and info["params"]["n_components"] == 80
     caplog.clear()
     with caplog.at_level("WARNING", logger="xmldask.jobs"):
         info = jobs.train(train, str(root / "k.zarr"), k=500, kernel="none", max_epochs=1,
                           search={"k": [8, 200, 400]}, search_extensions=0)
     assert "k=500" not in caplog.text  # one message, the search's
     assert "the search's k=[8, 200, 400] exceed the 80 labels" in caplog.text and "trying k=[8, 80]" in caplog.text
-    assert [r["params"]["k"] for r in info["search"] if r["screened"]] == [8, 80]
+    assert [r["params"]["n_components"] for r in info["search"] if r["screened"]] == [8, 80]
 
 
 def test_model_families_are_trained_through_their_class(data):
@@ -104,9 +104,7 @@ def test_model_families_are_trained_through_their_class(data):
     info = jobs.train(train, str(root / "br.zarr"), model="br", lam=3.0, max_cg_iter=7)
     assert info["params"]["lam"] == 3.0 and info["params"]["max_cg_iter"] == 7 and info["n_passes"] >= 1
     assert type(load_model(info["model"])) is BinaryRelevance
-    with pytest.raises(ValueError, match="random_state.*give it as a training parameter"):
-        jobs.train(train, str(root / "leml.zarr"), model="leml", k=4, random_state=1)
-    with pytest.raises(ValueError, match="n_components.*give it as a training parameter"):  # it is k
+    with pytest.raises(ValueError, match="k is the former name of n_components"):  # one name per parameter
         jobs.train(train, str(root / "leml.zarr"), model="leml", k=4, n_components=3)
     with pytest.raises(ValueError, match="rank do not apply to --model leml; its parameters are n_components, "):
         jobs.train(train, str(root / "leml.zarr"), model="leml", k=4, rank=3)

@@ -170,12 +170,13 @@ def test_train_job_and_command_line_search(data, capsys):
     assert cli_main(["train", train, "--out", out, "--k", "6", "--kernel", "none", "--max-epochs", "1",
                      "--search", "k=4,6", "--search-extensions", "1", "--json", "--workers", "1"]) == 0
     printed = json.loads(capsys.readouterr().out)
-    tried = [r["params"]["k"] for r in printed["search"] if r["screened"]]
+    tried = [r["params"]["n_components"] for r in printed["search"] if r["screened"]]  # --k: its former name
     # past the winning end of the grid by one step at most: 2 below 4 (ratio 2/3, floored), 9 above 6
     assert tried[:2] == [4, 6] and tried[2:] in ([], [2], [9])
-    assert printed["params"]["k"] == max((r for r in printed["search"] if r["screened"]),
-                                         key=lambda r: r["val_p@1"])["params"]["k"]
-    assert [r["params"]["k"] for r in printed["search"] if not r["screened"]] == [printed["params"]["k"]]
+    chosen = printed["params"]["n_components"]
+    assert chosen == max((r for r in printed["search"] if r["screened"]),
+                         key=lambda r: r["val_p@1"])["params"]["n_components"]
+    assert [r["params"]["n_components"] for r in printed["search"] if not r["screened"]] == [chosen]
 
 
 @pytest.mark.slow

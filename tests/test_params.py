@@ -28,7 +28,7 @@ def test_every_path_has_the_same_defaults():
         assert from_args(args, TrainParams) == {}
     # and the job's estimator has the same defaults as its parameters
     est = EmbeddingClassifier().get_params()
-    assert est["n_components"] == defaults.k and est["random_state"] in (None, defaults.seed)
+    assert est["n_components"] == defaults.n_components and est["random_state"] in (None, defaults.random_state)
     for name in ("kernel", "features", "alpha", "n_random_features", "max_epochs"):
         assert est[name] == getattr(defaults, name), name
 
@@ -43,14 +43,16 @@ def test_every_tree_path_has_the_same_defaults():
     assert from_args(args, TreeParams) == {}
     args = pipeline_module.build_parser().parse_args(["--grow-tree"])
     assert from_args(args, TreeParams, prefix="tree-") == {}
-    args = pipeline_module.build_parser().parse_args(["--grow-tree", "--tree-depth", "3", "--tree-routing",
+    args = pipeline_module.build_parser().parse_args(["--grow-tree", "--tree-max-depth", "3", "--tree-routing",
                                                       "deterministic"])
-    assert from_args(args, TreeParams, prefix="tree-") == {"depth": 3, "routing": "deterministic"}
+    assert from_args(args, TreeParams, prefix="tree-") == {"max_depth": 3, "routing": "deterministic"}
+    args = pipeline_module.build_parser().parse_args(["--grow-tree", "--tree-depth", "3"])  # its former name
+    assert from_args(args, TreeParams, prefix="tree-") == {"max_depth": 3}
     defaults = TreeParams()
     assert TREE_DEFAULTS == defaults and defaults.unseen_labels == "ignore"  # one default on every path
     est = SpectralLabelTree().get_params()
     assert (est["max_depth"], est["leaf_labels"], est["routing"], est["random_state"]) == (
-        defaults.depth, defaults.leaf_labels, defaults.routing, defaults.seed)
+        defaults.max_depth, defaults.leaf_labels, defaults.routing, defaults.random_state)
     text = " ".join(next(a for a in cli.build_parser()._subparsers._actions if a.dest == "command")
                     .choices["tree"].format_help().split())
     for name, field in TreeParams.model_fields.items():
@@ -69,12 +71,19 @@ def test_every_option_is_generated_with_its_default_and_help():
 
 
 def test_command_line_values_are_validated_and_parsed():
+    args = cli.build_parser().parse_args(["train", "d", "--out", "m", "--n-components", "32", "--alpha", "0.5",
+                                          "--search", "n_components=8,16", "--search", "kernel=none,gaussian"])
+    expected = {"n_components": 32, "alpha": 0.5, "search": {"n_components": [8, 16], "kernel": ["none", "gaussian"]}}
+    assert from_args(args, TrainParams) == expected
+    # the former names (--k, --seed, --depth, k= in a search) are read as today's
     args = cli.build_parser().parse_args(["train", "d", "--out", "m", "--k", "32", "--alpha", "0.5",
                                           "--search", "k=8,16", "--search", "kernel=none,gaussian"])
-    assert from_args(args, TrainParams) == {"k": 32, "alpha": 0.5,
-                                            "search": {"k": [8, 16], "kernel": ["none", "gaussian"]}}
-    with pytest.raises(ValueError, match=r"invalid training parameters: k = 0: Input should be greater than 0"):
-        from_args(cli.build_parser().parse_args(["train", "d", "--out", "m", "--k", "0"]), TrainParams)
+    assert from_args(args, TrainParams) == expected
+    assert TrainParams(k=32, seed=3) == TrainParams(n_components=32, random_state=3)
+    with pytest.raises(ValueError, match="k is the former name of n_components: give n_components once"):
+        TrainParams(k=32, n_components=8)
+    with pytest.raises(ValueError, match=r"invalid training parameters: n_components = 0: Input should be greater"):
+        from_args(cli.build_parser().parse_args(["train", "d", "--out", "m", "--n-components", "0"]), TrainParams)
     assert cli.main(["train", "d", "--out", "m", "--n-estimators", "0"]) == 2  # the error, before any work
     with pytest.raises(ValueError, match="extra_inputs|Extra inputs are not permitted"):
         validated(TrainParams, {"kernal": "none"})
@@ -104,8 +113,9 @@ def test_one_kernel_vocabulary_that_reads_the_former_names(tmp_path):
 
 
 def test_parse_grid():
-    assert parse_grid(["k=50,150", "alpha=0.001, 1", "kernel=none,gaussian"]) == {
-        "k": [50, 150], "alpha": [0.001, 1], "kernel": ["none", "gaussian"]}
+    assert parse_grid(["n_components=50,150", "alpha=0.001, 1", "kernel=none,gaussian"]) == {
+        "n_components": [50, 150], "alpha": [0.001, 1], "kernel": ["none", "gaussian"]}
+    assert parse_grid(["k=50,150"]) == {"n_components": [50, 150]}  # a former name
     for bad in (["k"], ["=1"], ["k="]):
         with pytest.raises(ValueError, match="NAME=V1,V2"):
             parse_grid(bad)
@@ -113,11 +123,12 @@ def test_parse_grid():
 
 def test_auto_search_chooses_what_is_not_given():
     """The default search="auto" chooses features, k, alpha and the kernel by held-out P@1, each unless given."""
-    everything = {"features": ["raw", "tfidf"], "k": [50, 400], "alpha": [1e-3, 0.1, 3.0],
+    everything = {"features": ["raw", "tfidf"], "n_components": [50, 400], "alpha": [1e-3, 0.1, 3.0],
                   "kernel": ["none", "gaussian"]}
     assert TrainParams().search == everything and list(TrainParams().search) == list(everything)  # in this order
-    assert TrainParams(k=8).search == {name: v for name, v in everything.items() if name != "k"}
-    assert TrainParams(kernel="gaussian", features="raw", k=8, alpha=0.1).search is None
+    assert TrainParams(n_components=8).search == {name: v for name, v in everything.items() if name != "n_components"}
+    assert TrainParams(k=8).search == TrainParams(n_components=8).search  # the former name, given
+    assert TrainParams(kernel="gaussian", features="raw", n_components=8, alpha=0.1).search is None
     assert TrainParams(kernel="gaussian").search == {name: v for name, v in everything.items() if name != "kernel"}
     assert TrainParams().search_screen and not TrainParams(search_screen=False).search_screen
     assert TrainParams().search_repeats == "auto" and TrainParams(search_repeats=3).search_repeats == 3
@@ -134,20 +145,26 @@ def test_auto_search_chooses_what_is_not_given():
 
 
 def test_auto_ensemble_follows_the_search():
-    """n_estimators="auto": an ensemble of AUTO_ESTIMATORS after the embedding classifier's search, one model
-    without one (--no-search, every searched parameter given, or another family); a given number is kept."""
+    """n_estimators="auto" (kept as given: a number given is told from the default, whatever it is): an ensemble
+    of AUTO_ESTIMATORS after the embedding classifier's search, one model without one (--no-search, every searched
+    parameter given, or another family); a given number is kept."""
+    from xmldask.jobs import members_asked
     from xmldask.params import AUTO_ESTIMATORS
 
-    assert AUTO_ESTIMATORS > 1 and TrainParams().n_estimators == AUTO_ESTIMATORS
-    assert TrainParams(search=None).n_estimators == 1
-    assert TrainParams(kernel="gaussian", features="raw", k=8, alpha=0.1).n_estimators == 1
-    assert TrainParams(model="leml").n_estimators == 1 and TrainParams(tree="t.zarr").n_estimators == 1
-    assert TrainParams(n_estimators=2).n_estimators == 2 and TrainParams(search=None, n_estimators=5).n_estimators == 5
+    assert AUTO_ESTIMATORS > 1 and TrainParams().n_estimators == "auto"
+    assert members_asked(TrainParams()) == AUTO_ESTIMATORS
+    assert members_asked(TrainParams(search=None)) == 1
+    assert members_asked(TrainParams(kernel="gaussian", features="raw", n_components=8, alpha=0.1)) == 1
+    assert members_asked(TrainParams(model="leml")) == 1 and members_asked(TrainParams(tree="t.zarr")) == 1
+    assert members_asked(TrainParams(model="centroid")) == 1
+    assert members_asked(TrainParams(n_estimators=3)) == 3 and TrainParams(n_estimators=3).n_estimators == 3
+    assert members_asked(TrainParams(search=None, n_estimators=5)) == 5
+    assert members_asked(TrainParams(model="leml", n_estimators=3)) == 3  # an ensemble of any family, when given
     parser = cli.build_parser()
     no_search = parser.parse_args(["train", "d", "--out", "m", "--no-search"])
-    assert TrainParams(**from_args(no_search, TrainParams)).n_estimators == 1
-    assert TrainParams(model="leml", n_estimators=3).n_estimators == 3  # an ensemble of any family, when given
-    assert TrainParams(model="centroid").n_estimators == 1
+    assert members_asked(TrainParams(**from_args(no_search, TrainParams))) == 1
+    given = parser.parse_args(["train", "d", "--out", "m", "--n-estimators", str(AUTO_ESTIMATORS)])
+    assert from_args(given, TrainParams) == {"n_estimators": AUTO_ESTIMATORS}  # given, though the default's number
 
 
 def test_tree_defaults_are_one_value_on_every_path():
@@ -163,7 +180,7 @@ def test_tree_defaults_are_one_value_on_every_path():
     fields = TreeParams.model_fields
     for func in (SpectralLabelTree, grow_tree):
         params = inspect.signature(func).parameters
-        assert params["max_depth"].default == fields["depth"].default
+        assert params["max_depth"].default == fields["max_depth"].default
         assert params["leaf_labels"].default == fields["leaf_labels"].default
     passes = TreeClassifierParams.model_fields["max_epochs"].default
     assert inspect.signature(TreeClassifier).parameters["max_epochs"].default == passes
@@ -189,16 +206,14 @@ def test_each_family_schema_matches_its_estimator(name, cls):
     for field in schema.own_fields():
         if field in schema.job_fields:
             continue
-        parameter = schema.estimator_names.get(field, field)
-        assert parameter in signature, (name, field)
+        assert field in signature, (name, field)  # one name: the field's is the estimator's parameter's
         default = schema.model_fields[field].default
         if (name, field) != ("tree", "tree"):  # the estimator's tree: a specification by default (grown in fit)
-            assert signature[parameter].default == default, (name, field)
+            assert signature[field].default == default, (name, field)
         joined = TrainParams.model_fields[field]
         assert joined.annotation == schema.model_fields[field].annotation, (name, field)
-    for field in ("seed", "time_budget"):
-        parameter = schema.estimator_names.get(field, field)
-        assert parameter in signature or field == "time_budget" or name == "br", (name, field)
+    for field in ("random_state", "time_budget"):
+        assert field in signature or field == "time_budget" or name == "br", (name, field)
 
 
 @pytest.mark.parametrize("name, cls", _families(), ids=[name for name, _ in _families()])
@@ -216,13 +231,13 @@ def test_each_family_takes_its_own_fields_with_its_defaults(name, cls):
     assert TrainParams(model="centroid").features == "tfidf" != TrainParams().features
     foreign = next(field for other in FAMILY_PARAMS for field in other.own_fields()
                    if field not in schema.model_fields and other.model_fields[field].default is not None)
-    other_value = {"embedding": "pca", "kernel": "none", "k": 7, "loss": "logistic", "rounds": 3,
-                   "tree_form": "per_label", "features": "l2"}.get(foreign)
+    other_value = {"embedding": "pca", "kernel": "none", "n_components": 7, "loss": "logistic", "rounds": 3,
+                   "form": "per_label", "features": "l2"}.get(foreign)
     if other_value is not None:
         with pytest.raises(ValueError, match=f"{foreign} do\\(es\\) not apply with model={name}"):
             TrainParams(**base, **{foreign: other_value})
-    est = cls.from_params(TrainParams(**base, seed=3))
-    assert est.get_params().get(schema.estimator_names.get("seed", "seed"), 3) == 3
+    est = cls.from_params(TrainParams(**base, random_state=3))
+    assert est.get_params().get("random_state", 3) == 3
     assert type(est) is cls
 
 
@@ -232,8 +247,8 @@ def test_the_tree_classifier_is_a_family_with_a_tree_store():
     assert TrainParams(tree="t.zarr").model == "tree" == TrainParams(model="tree", tree="t.zarr").model
     assert TrainParams(tree="t.zarr").search is None and TrainParams(model="centroid").search is None
     with pytest.raises(ValueError, match="search does not apply with model=tree"):
-        TrainParams(tree="t.zarr", search={"k": [1, 2]})
-    with pytest.raises(ValueError, match="k do\\(es\\) not apply with model=br"):
+        TrainParams(tree="t.zarr", search={"n_components": [1, 2]})
+    with pytest.raises(ValueError, match="n_components do\\(es\\) not apply with model=br"):
         TrainParams(model="br", k=5)
     old = TrainParams(tree="t.zarr").model_dump() | {"model": "auto"}  # a dump from before model="tree"
     assert TrainParams(**old) == TrainParams(tree="t.zarr")
@@ -241,7 +256,8 @@ def test_the_tree_classifier_is_a_family_with_a_tree_store():
 
 @pytest.mark.parametrize("name, cls", _families(), ids=[name for name, _ in _families()])
 def test_no_family_default_is_typed_twice(name, cls):
-    """A constructor reads its family's defaults from the schema (``n_components=_LEML.k``), never types them again:
+    """A constructor reads its family's defaults from the schema (``n_components=_LEML.n_components``), never types
+    them again:
     each parameter that a schema field sets has an attribute of the schema's defaults as its default, not a literal."""
     import ast
     import textwrap
@@ -254,7 +270,7 @@ def test_no_family_default_is_typed_twice(name, cls):
     defaults = {a.arg: d for a, d in zip(positional[len(positional) - len(args.defaults):], args.defaults)}
     defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
     for field in schema.own_fields():
-        parameter = schema.estimator_names.get(field, field)
+        parameter = field
         if (name, field) == ("tree", "tree") or field in schema.job_fields:
             continue  # the estimator's tree: a specification by default (grown in fit); the job's is a store
         assert isinstance(defaults[parameter], ast.Attribute), (name, parameter, ast.unparse(defaults[parameter]))

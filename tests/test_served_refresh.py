@@ -76,7 +76,7 @@ def served(tmp_path_factory):
                                     split="test")
         deploy = subprocess.Popen(
             [sys.executable, "-m", "flows.deploy", "--test", test, "--cron", "0 0 1 1 *",
-             "--k", "8", "--n-random-features", "200", "--max-epochs", "2"],
+             "--n-components", "8", "--n-random-features", "200", "--max-epochs", "2"],
             cwd=REPO, env=env, stdout=logs["deploy"].open("w"), stderr=subprocess.STDOUT, start_new_session=True)
         procs.append(deploy)
 

@@ -688,21 +688,21 @@ def test_cli_tree_tree_info_train_predict_evaluate(tmp_path, capsys, scheduler):
     assert json.loads(capsys.readouterr().out)["P@1"] > 1 / 30
     # the text form: weights per label shared by the leaves, a bias per leaf and candidate
     per_label, pred2 = str(tmp_path / "per-label.zarr"), str(tmp_path / "pred2.zarr")
-    assert main(["train", train, "--out", per_label, "--tree", tree, "--tree-form", "per_label", "--max-epochs", "5",
+    assert main(["train", train, "--out", per_label, "--tree", tree, "--form", "per_label", "--max-epochs", "5",
                  "--scheduler", scheduler, "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["params"]["tree_form"] == "per_label"
+    assert json.loads(capsys.readouterr().out)["params"]["form"] == "per_label"
     assert main(["predict", per_label, test, "--out", pred2, "--top-k", "3", "--no-progress",
                  "--scheduler", scheduler]) == 0
     capsys.readouterr()
     assert main(["evaluate", pred2, test, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["P@1"] > 1 / 30
-    assert main(["train", train, "--out", str(tmp_path / "m3.zarr"), "--tree-form", "per_label"]) == 2
-    assert "tree_form do(es) not apply with model=auto" in capsys.readouterr().err
+    assert main(["train", train, "--out", str(tmp_path / "m3.zarr"), "--tree-form", "per_label"]) == 2  # former name
+    assert "form do(es) not apply with model=auto" in capsys.readouterr().err
     # refusals before any pass: an existing store, a bad depth, data of another feature count
     assert main(["tree", train, "--out", tree]) == 2
     assert "already exists" in capsys.readouterr().err
     assert main(["tree", train, "--out", str(tmp_path / "t2.zarr"), "--depth", "0"]) == 2
-    assert "invalid tree parameters: depth = 0" in capsys.readouterr().err
+    assert "invalid tree parameters: max_depth = 0" in capsys.readouterr().err
     other = str(tmp_path / "other.zarr")
     assert main(["synth", "--out", other, "--n-samples", "100", "--n-features", "150", "--n-labels", "30",
                  "--multiclass", "--no-progress"]) == 0
@@ -749,7 +749,7 @@ def test_job_refuses_a_label_without_training_rows_before_any_pass_or_grows_with
     import shutil
 
     shutil.rmtree(out)
-    with pytest.raises(ValueError, match="invalid tree parameters: depth = 0: Input should be greater than 0"):
+    with pytest.raises(ValueError, match="invalid tree parameters: max_depth = 0: Input should be greater than 0"):
         jobs.tree(data, out, depth=0)
     with pytest.raises(ValueError, match="unseen_labels = 'drop': Input should be 'error' or 'ignore'"):
         jobs.tree(data, out, depth=2, unseen_labels="drop")

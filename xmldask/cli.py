@@ -193,12 +193,13 @@ def _add_spectrum(p) -> None:
     p.add_argument("--matrix", default="Y", choices=["Y", "X"], help="Y (labels, default) or X (features)")
     from .embedding.spectrum import SPECTRUM_COMPONENTS
 
-    p.add_argument("--k", type=_positive, default=SPECTRUM_COMPONENTS,
-                   help=f"eigenvalues to estimate (default {SPECTRUM_COMPONENTS})")
+    p.add_argument("--n-components", "--k", dest="n_components", type=_positive, default=SPECTRUM_COMPONENTS,
+                   metavar="N", help=f"eigenvalues to estimate (default {SPECTRUM_COMPONENTS})")
     p.add_argument("--oversample", type=int, default=20, help="oversampling p (default 20)")
     p.add_argument("--n-iter", type=int, default=1, help="power iterations q (default 1: two passes)")
     p.add_argument("--center", action="store_true", help="centre the columns first (covariance)")
-    _add_seed(p)
+    p.add_argument("--random-state", "--seed", dest="random_state", type=int, default=0, metavar="S",
+                   help="seed of the random draws (default 0)")
     p.add_argument("--out", required=True, metavar="DIR", help="directory for spectrum.csv, .md and .png")
     p.add_argument("--no-plot", action="store_true", help="do not write spectrum.png")
     p.add_argument("--overwrite", action="store_true", help="replace spectrum.csv, .md and .png already in --out")
@@ -214,8 +215,9 @@ def _cmd_spectrum(args) -> int:
     """
     from .embedding.spectrum import compute_spectrum, write_spectrum
 
-    spectrum = compute_spectrum(args.url, matrix=args.matrix, n_components=args.k, oversample=args.oversample,
-                                n_iter=args.n_iter, center=args.center, random_state=args.seed)
+    spectrum = compute_spectrum(args.url, matrix=args.matrix, n_components=args.n_components,
+                                oversample=args.oversample, n_iter=args.n_iter, center=args.center,
+                                random_state=args.random_state)
     paths = write_spectrum(spectrum, args.out, plot=not args.no_plot, overwrite=args.overwrite)
     top = ", ".join(f"{v:.4g}" for v in spectrum.eigenvalues[:5])
     print(f"{spectrum.matrix}: top eigenvalues {top} ... ({len(spectrum.eigenvalues)} in all, "
@@ -299,6 +301,8 @@ def _train_text(info: dict) -> str:
     held, training = figures("held_out"), figures("training")
     chosen = f"chose {info['params']}; " if "search" in info else ""
     clusters = f", {info['n_clusters']:,} label clusters" if "n_clusters" in info else ""
+    members = info.get("n_estimators", info.get("params", {}).get("n_estimators", 1))
+    clusters += f", an ensemble of {members}" if members > 1 else ""
     backoffs = f", {info['backoffs']} step-size backoffs" if info.get("backoffs") else ""
     backoffs += f", kept pass {info['best_epoch']}" if "best_epoch" in info else ""
     return (f"wrote {info['model']} in {info['seconds']:.1f} s ({chosen}{info['task']}, {info['n_passes']} passes"

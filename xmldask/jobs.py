@@ -12,8 +12,8 @@ Examples
 >>> opts = {"n_features": 300, "n_labels": 30, "seed": 0}
 >>> train = make_synthetic(os.path.join(root, "train.zarr"), n_samples=3000, **opts).url
 >>> test = make_synthetic(os.path.join(root, "test.zarr"), n_samples=500, split="test", **opts).url
->>> info = jobs.train(train, os.path.join(root, "model.zarr"), k=16, search=None, max_epochs=3)
->>> info["task"], info["params"]["k"]
+>>> info = jobs.train(train, os.path.join(root, "model.zarr"), n_components=16, search=None, max_epochs=3)
+>>> info["task"], info["params"]["n_components"]
 ('multilabel', 16)
 >>> jobs.predict(info["model"], test, os.path.join(root, "pred.zarr"), top_k=5)["n_samples"]
 500
@@ -35,7 +35,18 @@ import numpy as np
 
 from .base import FAMILIES, BudgetError, ParamsMixin, check_fully_observed, registered_class
 from .models.families import SCHEMAS, TrainParams
-from .params import MAX_SCREEN_REPEATS, SCREEN, SCREEN_ROWS, TOP_K, FamilyParams, TreeParams, kernel_name, validated
+from .params import (
+    AUTO_ESTIMATORS,
+    MAX_SCREEN_REPEATS,
+    SCREEN,
+    SCREEN_ROWS,
+    TOP_K,
+    FamilyParams,
+    TreeParams,
+    current_names,
+    kernel_name,
+    validated,
+)
 from .scheduling import concurrent_fits, memory_for_data, release_worker_memory
 from .store import check_target, exists, open_dataset, open_predictions, write_predictions, zarr_store
 
@@ -58,13 +69,13 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         Replace an existing model store.
     **params
         :class:`~xmldask.models.TrainParams` (``model`` and its family's fields: for the embedding classifier
-        ``embedding``, ``k``, ``kernel``, ``features``, ``alpha``,
-        ``n_random_features``, ``max_epochs``, ``seed``, ``n_estimators``, ``search``,
+        ``embedding``, ``n_components``, ``kernel``, ``features``, ``alpha``,
+        ``n_random_features``, ``max_epochs``, ``random_state``, ``n_estimators``, ``search``,
         ``search_strategy``, ``search_extensions``, ``search_screen``; their defaults are the command line's and the
         flows'), and further :class:`~xmldask.models.EmbeddingClassifier` parameters (e.g.
         ``bandwidth_scale``). ``search`` lists values to choose among on the held-out slice of the
-        training rows (:class:`~xmldask.model_selection.HeldOutSearch`), e.g. ``{"k": [50, 150],
-        "alpha": [1e-3, 1]}``. ``k`` (and every ``k`` of the search) larger than the data allows
+        training rows (:class:`~xmldask.model_selection.HeldOutSearch`), e.g. ``{"n_components": [50, 150],
+        "alpha": [1e-3, 1]}``. ``n_components`` (and the search's) larger than the data allows
         is lowered to the number of labels (of features, for ``embedding="pca"``) before any pass,
         with a warning. ``n_estimators > 1`` saves an :class:`~xmldask.models.EnsembleClassifier`
         whose member 0 is the single (searched) model.
@@ -80,6 +91,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     """
     from .models import EmbeddingClassifier
 
+    params = current_names(params)  # a former name (k, seed, ...) read as today's
     extra = {name: params.pop(name) for name in list(params) if name not in TrainParams.model_fields}
     p = validated(TrainParams, params)
     _check_trainable(train_url)
@@ -96,10 +108,11 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     check_fully_observed(data, "the embedding classifier")
     check_search(params)
     k, search = _fit_to_data(p, data, set(_given(params)))
+    asked = members_asked(p)
     start = time.perf_counter()
-    if search or p.n_estimators != 1:
+    if search or asked != 1:
         data = _held_in_memory(data)
-    model = EmbeddingClassifier.from_params(p.model_copy(update={"k": k}), **extra)
+    model = EmbeddingClassifier.from_params(p.model_copy(update={"n_components": k}), **extra)
     grid = _search_grid(search) if search else None
     chosen = {}
     if grid:
@@ -113,20 +126,19 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
                                n_jobs=concurrent_fits(), time_budget=p.time_budget).fit(data.X, data.Y,
                                                                                        started=start)
         model = fitted.best_estimator_
-        chosen = _public(fitted.best_params_)
+        chosen = dict(fitted.best_params_)
     else:
         model.fit(data.X, data.Y)
         _check_one_fit(p.time_budget, time.perf_counter() - start)
     single, gains = model, None
-    n_estimators = _members_in_budget(p, fitted if grid else None, start)
+    n_estimators = _members_in_budget(p, asked, fitted if grid else None, start)
     if n_estimators != 1:
         from .models import EnsembleClassifier
 
         # the members the defaults add are kept only while they pay; those the user asks for are fitted
         model = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
-                                   random_state=p.seed, n_jobs=concurrent_fits(),
-                                   early_stopping="n_estimators" not in _given(params)).fit(data.X, data.Y,
-                                                                                           fitted=[single])
+                                   random_state=p.random_state, n_jobs=concurrent_fits(),
+                                   early_stopping=p.n_estimators == "auto").fit(data.X, data.Y, fitted=[single])
         n_estimators, gains = len(model.estimators_), model.member_gains_
         if n_estimators == 1:
             model = single
@@ -135,7 +147,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     model.save(out, overwrite=overwrite, meta=meta)
     last = single.history_[-1] if getattr(single, "history_", None) else {}
     used = {name: getattr(p, name) for name in ("embedding", "kernel", "features", "alpha", "n_random_features",
-                                                "max_epochs", "seed")}
+                                                "max_epochs", "random_state")}
     # reported without the parameters the model ignores (a bandwidth of kernel none)
     ignored = {name for name, (parent, values) in single.conditional_params.items()
                if single.get_params(deep=False)[parent] not in values}
@@ -145,12 +157,13 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         "seconds": round(seconds, 3),
         "n_passes": int(sum(getattr(m, "n_passes_", 0) for m in getattr(model, "estimators_", [model]))),
         "task": getattr(model, "task_", None),
-        "params": {name: value for name, value in {**used, "k": k, **extra, **chosen}.items() if name not in ignored}
+        "params": {name: value for name, value in {**used, "n_components": k, **extra, **chosen}.items()
+                   if name not in ignored}
         | ({"n_estimators": n_estimators} if n_estimators != 1 else {}),
-        **({"time_budget": {"seconds": p.time_budget, "used": round(seconds, 3), "n_estimators_asked": p.n_estimators,
+        **({"time_budget": {"seconds": p.time_budget, "used": round(seconds, 3), "n_estimators_asked": asked,
                             "skipped": fitted.skipped_ if grid else []}} if p.time_budget else {}),
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
-        **({"search": [{**r, "params": _public(r["params"])} for r in fitted.results_]} if grid else {}),
+        **({"search": fitted.results_} if grid else {}),
         **({"ensemble": gains} if gains is not None else {}),
     }
 
@@ -162,18 +175,27 @@ def _check_one_fit(budget: float | None, seconds: float) -> None:
                           f"least {math.ceil(seconds * 1.5)} s, or no budget")
 
 
-def _members_in_budget(p: TrainParams, search, start: float) -> int:
-    """The ensemble's members: ``n_estimators``, or with a ``time_budget`` as many as its time left allows (member 0
+def members_asked(p: TrainParams) -> int:
+    """The ensemble's size that ``n_estimators`` asks for: as given, or for ``"auto"``
+    :data:`~xmldask.params.AUTO_ESTIMATORS` after the embedding classifier's search (each added member kept only
+    while it pays), else 1."""
+    if p.n_estimators != "auto":
+        return int(p.n_estimators)
+    return AUTO_ESTIMATORS if p.model in ("auto", "embedding") and p.search else 1
+
+
+def _members_in_budget(p: TrainParams, asked: int, search, start: float) -> int:
+    """The ensemble's members: ``asked``, or with a ``time_budget`` as many as its time left allows (member 0
     is fitted; each other costs what member 0's fit cost)."""
-    if p.n_estimators == 1 or p.time_budget is None:
-        return p.n_estimators
+    if asked == 1 or p.time_budget is None:
+        return asked
     elapsed = time.perf_counter() - start
     member = search.best_fit_seconds_ if search is not None else elapsed
     affordable = 1 + max(0, int((p.time_budget - elapsed) // max(member, 1e-9)))
-    if affordable < p.n_estimators:
+    if affordable < asked:
         logger.info("time budget: %d of the %d ensemble members fit in the %.1f s left (a member takes about %.1f s)",
-                    min(affordable, p.n_estimators), p.n_estimators, p.time_budget - elapsed, member)
-    return min(affordable, p.n_estimators)
+                    min(affordable, asked), asked, p.time_budget - elapsed, member)
+    return min(affordable, asked)
 
 
 #: a search's or an ensemble's fits, a tree's growth and its classifier's epochs read the training rows from the
@@ -222,27 +244,27 @@ def _screen_repeats(p: TrainParams, model, data) -> int:
 
 
 def _fit_to_data(p: TrainParams, data, given=frozenset()) -> tuple[int, dict | None]:
-    """``k`` and the search's ``k`` values lowered to what the data allows, before any pass: a warning if the
+    """``n_components`` (k) and the search's lowered to what the data allows, before any pass: a warning if the
     user gave them (``given``: the parameters set), else an INFO line (defaults are fitted to the data silently)."""
     most, what = (data.n_features, "features") if p.embedding == "pca" else (data.n_labels, "labels")
-    k = p.k
+    k = p.n_components
     search = dict(p.search) if p.search else None
     if k > most:
-        if not (search and "k" in search):  # a searched k is reported below, with its grid
-            logger.log(logging.WARNING if "k" in given else logging.INFO,
+        if not (search and "n_components" in search):  # a searched k is reported below, with its grid
+            logger.log(logging.WARNING if "n_components" in given else logging.INFO,
                        "k=%d is more than the %d %s of %s: using k=%d", k, most, what, data.url, most)
         k = most
-    if search and "k" in search:
+    if search and "n_components" in search:
         if p.embedding == "rembrandt" and data.n_features < most:
             # X W has rank at most d, and Rembrandt's top-d directions already span it: a larger k gives
             # the same predictions (the same distances between rows of X W, for the kernels too) at more cost
             most, what = data.n_features, "features (X W has rank at most that many)"
-        values = [int(v) for v in search["k"]]
+        values = [int(v) for v in search["n_components"]]
         lowered = list(dict.fromkeys(min(v, most) for v in values))
         if lowered != values:
             logger.log(logging.WARNING if "search" in given else logging.INFO,
                        "the search's k=%s exceed the %d %s of %s: trying k=%s", values, most, what, data.url, lowered)
-        search["k"] = lowered
+        search["n_components"] = lowered
     return k, search
 
 
@@ -263,8 +285,8 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
         est = cls.from_params(p, **extra)
     except TypeError as exc:  # a constructor parameter that the training parameters set
         raise ValueError(f"--model {p.model}: {exc}; give it as a training parameter") from None
-    schema = SCHEMAS[p.model]
-    if p.n_estimators > 1 and "random_state" not in est.get_params(deep=False):
+    asked = members_asked(p)
+    if asked > 1 and "random_state" not in est.get_params(deep=False):
         raise ValueError(f"--model {p.model} draws nothing at random, so an ensemble's members would all be one "
                          "model: give n_estimators 1")
     _check_model_target(out, overwrite, [train_url, *([p.tree] if p.model == "tree" else [])], tree=False)
@@ -287,26 +309,26 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
                                                               started=start)
         est = fitted.best_estimator_
     else:
-        if getattr(cls, "many_passes", False) or p.n_estimators > 1:  # passes or fits: the rows read once
+        if getattr(cls, "many_passes", False) or asked > 1:  # passes or fits: the rows read once
             data = _held_in_memory(data)
         est.fit_dataset(data)
         if "time_budget" not in est.get_params(deep=False):  # a model that cannot stop early: its one fit
             _check_one_fit(p.time_budget, time.perf_counter() - start)
-    single, n_estimators = est, _members_in_budget(p, fitted, start)
+    single, n_estimators = est, _members_in_budget(p, asked, fitted, start)
     if n_estimators > 1:
         from .models import EnsembleClassifier
 
         est = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
-                                 random_state=p.seed).fit_dataset(data, fitted=[single])
+                                 random_state=p.random_state).fit_dataset(data, fitted=[single])
     seconds = time.perf_counter() - start
     meta = {"train_url": train_url, **({"tree_url": p.tree} if p.model == "tree" else {}),
             **({"search": fitted.record()} if grid else {})}
     est.save(out, overwrite=overwrite, meta=meta)
     return {"model": out, "train": train_url, "seconds": round(seconds, 3),
-            "params": {"model": p.model, "seed": p.seed, **_public(single.get_params(deep=False), schema),
+            "params": {"model": p.model, **single.get_params(deep=False),
                        **({"n_estimators": n_estimators} if n_estimators > 1 else {})},
             **est.train_summary(),
-            **({"search": [{**r, "params": _public(r["params"], schema)} for r in fitted.results_]} if grid else {})}
+            **({"search": fitted.results_} if grid else {})}
 
 
 def _family_grid(cls, p: TrainParams, given: dict) -> dict | None:
@@ -316,19 +338,17 @@ def _family_grid(cls, p: TrainParams, given: dict) -> dict | None:
     if not p.search:
         return None
     if p.search == "auto":
-        names = SCHEMAS[p.model].estimator_names
-        given = {names.get(name, name) for name in given}
         grid = {name: list(values) for name, values in getattr(cls, "auto_search", {}).items() if name not in given}
         return grid or None
     check_search({"model": p.model, "search": p.search})
-    return _search_grid(p.search, SCHEMAS[p.model])
+    return _search_grid(p.search)
 
 
 #: the parameters of ``model="auto"`` that the embedding classifier takes and the centroids do not (they search
 #: nothing): one of them given keeps the embedding classifier
 _EMBEDDING_ONLY = tuple(name for name in SCHEMAS["embedding"].model_fields
                         if name not in SCHEMAS["centroid"].own_fields()
-                        and name not in ("model", "seed", "search", "time_budget", "n_estimators"))
+                        and name not in ("model", "random_state", "search", "time_budget", "n_estimators"))
 
 
 def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:
@@ -342,7 +362,7 @@ def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:
     from .models.centroid import labels_scored_per_row
     from .models.centroid import logger as progress
 
-    given = _given(given)
+    given = _given(current_names(given))
     search = given.get("search", "auto")
     named = [name for name in _EMBEDDING_ONLY if given.get(name) is not None] + \
         (["search"] if isinstance(search, dict) and search else []) + sorted(extra or {})
@@ -402,15 +422,8 @@ def _check_memory(est, data) -> None:
     return need
 
 
-def _public(params: dict, schema: type[FamilyParams] = FamilyParams) -> dict:
-    """Estimator parameters in the job's names (``schema``'s :attr:`~xmldask.params.FamilyParams.estimator_names`:
-    ``n_components`` as ``k``, ``max_depth`` as ``depth``, ...)."""
-    public = {estimator: job for job, estimator in schema.estimator_names.items() if job != "seed"}
-    return {public.get(name, name): value for name, value in params.items()}
-
-
 #: the training parameters a search may choose (besides the embedding classifier's own, :func:`_estimator_only`)
-SEARCHABLE = ("features", "k", "alpha", "kernel", "n_random_features", "max_epochs", "embedding")
+SEARCHABLE = ("features", "n_components", "alpha", "kernel", "n_random_features", "max_epochs", "embedding")
 
 
 def check_search(params: dict) -> None:
@@ -425,20 +438,19 @@ def check_search(params: dict) -> None:
     else:
         from . import models  # noqa: F401  (defines the families)
 
-        known = list(_public(dict.fromkeys(FAMILIES[model]._get_param_names()), SCHEMAS[model]))
+        known = list(FAMILIES[model]._get_param_names())
         what = f"of --model {model}; it has"
-    unknown = [name for name in search if name not in known]
+    unknown = [name for name in current_names(search) if name not in known]
     if unknown:
         raise ValueError(f"--search {', '.join(unknown)}: not a parameter {what} {', '.join(known)}")
 
 
-def _search_grid(search: dict, schema: type[FamilyParams] = FamilyParams) -> dict:
-    """The estimator's names for a search given in the job's names (``schema``'s: ``k``, ``depth``; a former kernel
-    name read as the kernel it names)."""
+def _search_grid(search: dict) -> dict:
+    """The estimator's grid of a search (a former parameter name or kernel name read as today's)."""
     grid = {}
-    for name, values in search.items():
+    for name, values in current_names(search).items():
         values = list(values) if isinstance(values, (list, tuple)) else [values]
-        grid[schema.estimator_names.get(name, name)] = [kernel_name(v) for v in values] if name == "kernel" else values
+        grid[name] = [kernel_name(v) for v in values] if name == "kernel" else values
     return grid
 
 
@@ -613,8 +625,9 @@ def _fingerprint(data) -> str:
 def tree(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict:
     """Grow a :class:`~xmldask.tree.SpectralLabelTree` on a dataset store and save it.
 
-    ``params`` are the fields of :class:`~xmldask.params.TreeParams` (``depth``, ``leaf_labels``,
-    ``routing``, ``unseen_labels``, ``seed``) and any other keyword of the tree (e.g. ``memory_budget``).
+    ``params`` are the fields of :class:`~xmldask.params.TreeParams` (``max_depth``, ``leaf_labels``,
+    ``routing``, ``unseen_labels``, ``random_state``; former names read) and any other keyword of the tree (e.g.
+    ``memory_budget``).
     Bad input is refused before any pass: a parameter out of its range, an existing ``out``, and with
     ``unseen_labels="error"`` a training label with no example (the default, ``"ignore"``, grows the tree
     without them, counts them in ``n_unseen_labels`` and no leaf ever offers them, as no model predicts them).
@@ -629,6 +642,7 @@ def tree(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict
 
     from .tree import SpectralLabelTree
 
+    params = current_names(params)
     p = validated(TreeParams, {name: value for name, value in params.items() if name in TreeParams.model_fields})
     extra = {name: value for name, value in params.items() if name not in TreeParams.model_fields}
     _check_model_target(out, overwrite, [train_url], tree=True)
@@ -643,8 +657,8 @@ def tree(train_url: str, out: str, *, overwrite: bool = False, **params) -> dict
     if len(missing):
         logger.warning("%s: %d labels have no training example (first: %s); no leaf will offer them", train_url,
                        len(missing), missing[:5].tolist())
-    model = SpectralLabelTree(max_depth=p.depth, leaf_labels=p.leaf_labels, routing=p.routing, random_state=p.seed,
-                              **extra)
+    model = SpectralLabelTree(max_depth=p.max_depth, leaf_labels=p.leaf_labels, routing=p.routing,
+                              random_state=p.random_state, **extra)
     start = time.perf_counter()
     rows = _held_in_memory(data)  # a tree's 100-250 passes
     model.fit(rows.X, rows.Y)

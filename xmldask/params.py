@@ -56,7 +56,8 @@ def kernel_name(value) -> str:
 #: the number of labels), the ridge ``alpha`` (grids extended past a winning end), then the decoder's
 #: feature map, linear or Gaussian random features. The first three are screened by the ridge decoder on
 #: the linear map (:data:`SCREEN`); the kernels are full fits (its measurements: docs/measurements.md)
-AUTO_SEARCH = {"features": ("raw", "tfidf"), "k": (50, 400), "alpha": (1e-3, 0.1, 3.0), "kernel": ("none", "gaussian")}
+AUTO_SEARCH = {"features": ("raw", "tfidf"), "n_components": (50, 400), "alpha": (1e-3, 0.1, 3.0),
+               "kernel": ("none", "gaussian")}
 #: how a search screens its candidates (``search_screen``): no decoder epochs (the ridge decoder alone)
 #: and the linear feature map; the searched kernels and the winner get full fits. The screen's winner is a
 #: model too: with ``max_epochs`` at its default and the linear map among the kernels searched, it is kept
@@ -82,27 +83,46 @@ FEATURES_HELP = ("input rows as they are, scaled to unit L2 norm, or tf-idf weig
                  "rows, kept in the model)")
 
 
+#: parameters' former names, still read (scripts, saved models' records, the refresh deployments written before):
+#: scikit-learn's names now, one name per concept
+FORMER_NAMES = {"k": "n_components", "seed": "random_state", "depth": "max_depth", "tree_form": "form"}
+
+
+def current_names(data: dict) -> dict:
+    """``data`` with its keys' former names (:data:`FORMER_NAMES`) read as today's, a ``search`` grid's too; both
+    given is refused."""
+    if isinstance(data.get("search"), dict):
+        data = {**data, "search": current_names(data["search"])}
+    if not any(name in data for name in FORMER_NAMES):
+        return data
+    out = {}
+    for name, value in data.items():
+        new = FORMER_NAMES.get(name, name)
+        if new in out or (new != name and new in data):
+            raise ValueError(f"{name} is the former name of {new}: give {new} once")
+        out[new] = value
+    return out
+
+
 class FamilyParams(BaseModel):
     """The training parameters every model family takes (the shared block). A family's schema subclasses it
     next to its estimator, sets ``model`` to the family's names (a ``Literal`` with a default) and adds its own
     fields with their defaults; :class:`xmldask.models.TrainParams` joins the schemas, keyed on ``model``.
 
-    A field named as the job names it (``k``, ``seed``, ``depth``) sets the estimator parameter that
-    :attr:`estimator_names` maps it to (``n_components``, ``random_state``, ``max_depth``); the others set the
-    estimator parameter of their own name, whose constructor default is the field's (tests/test_params.py checks
-    every family). The fields in :attr:`job_fields` are the job's (the search, the ensemble), no estimator's.
+    A field sets the estimator parameter of its own name (scikit-learn's where it has one: ``n_components``,
+    ``random_state``, ``max_depth``), whose constructor default is the field's (tests/test_params.py checks every
+    family); a former name (:data:`FORMER_NAMES`) is read as it. The fields in :attr:`job_fields` are the job's
+    (the search, the ensemble), no estimator's.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
-    #: the job's names of estimator parameters
-    estimator_names: typing.ClassVar[dict[str, str]] = {"k": "n_components", "seed": "random_state"}
     #: fields the job reads, which set no estimator parameter
     job_fields: typing.ClassVar[tuple[str, ...]] = (
         "model", "search", "search_strategy", "search_screen", "search_repeats", "search_extensions", "n_estimators")
     #: whether ``search="auto"`` searches this family (by its estimator's ``auto_search``); else no search is taken
     searched: typing.ClassVar[bool] = True
 
-    seed: int = Field(0, ge=0, description="seed of every random step (same seed, same model)")
+    random_state: int = Field(0, ge=0, description="seed of every random step (same seed, same model)")
     search: dict[str, list[int | float | str]] | Literal["auto"] | None = Field(
         "auto", description="parameters chosen by held-out scores on the training rows: a parameter and the values "
                             "to try, e.g. --search alpha=0.001,1 --search k=50,150 (in Python, {'alpha': [0.001, 1], "
@@ -133,14 +153,7 @@ class FamilyParams(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _resolve(cls, data):
-        return cls.resolved(data) if isinstance(data, dict) else data
-
-    @classmethod
-    def resolved(cls, data: dict) -> dict:
-        """``data`` after the family's rules (:meth:`resolve`), with ``n_estimators="auto"`` one model where they
-        leave it."""
-        data = cls.resolve(data)
-        return {**data, "n_estimators": 1} if data.get("n_estimators", "auto") == "auto" else data
+        return cls.resolve(current_names(data)) if isinstance(data, dict) else data
 
     @classmethod
     def family_names(cls) -> tuple[str, ...]:
@@ -165,12 +178,8 @@ class FamilyParams(BaseModel):
 
     def estimator_params(self, names) -> dict:
         """The parameters these fields set of an estimator whose constructor takes ``names``."""
-        out = {}
-        for field in type(self).model_fields:
-            name = self.estimator_names.get(field, field)
-            if field not in self.job_fields and name in names:
-                out[name] = getattr(self, field)
-        return out
+        return {field: getattr(self, field) for field in type(self).model_fields
+                if field not in self.job_fields and field in names}
 
 
 def parse_grid(items: list[str], aliases: dict[str, str] | None = None) -> dict[str, list]:
@@ -194,6 +203,7 @@ def parse_grid(items: list[str], aliases: dict[str, str] | None = None) -> dict[
         if not sep or not name or not values.strip():
             raise ValueError(f"a search item must look like NAME=V1,V2,... but is {item!r}")
         name = (aliases or {}).get(name, name)
+        name = FORMER_NAMES.get(name, name)
         if name in grid:
             raise ValueError(f"parameter {name!r} is given twice in the search")
         grid[name] = [value(v.strip()) for v in values.split(",") if v.strip()]
@@ -205,7 +215,7 @@ class TreeParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    depth: PositiveInt = Field(TREE_DEPTH, description="maximum depth (the reference code's 14; the paper's 12)")
+    max_depth: PositiveInt = Field(TREE_DEPTH, description="maximum depth (the reference code's 14; the paper's 12)")
     leaf_labels: PositiveInt = Field(
         TREE_LEAF_LABELS, description="a leaf's label budget S: the node stops splitting when its labels with mass fit "
                                       "it, and offers at most S candidates")
@@ -215,7 +225,12 @@ class TreeParams(BaseModel):
     unseen_labels: Literal["error", "ignore"] = Field(
         "ignore", description="labels with no training example: grow the tree without them (counted; no leaf "
                               "offers them, as no model predicts them), or refuse the data")
-    seed: int = Field(0, ge=0, description="seed of every random step (same seed, same tree)")
+    random_state: int = Field(0, ge=0, description="seed of every random step (same seed, same tree)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _former(cls, data):
+        return current_names(data) if isinstance(data, dict) else data
 
 
 # --------------------------------------------------------------------------------------------------
@@ -267,7 +282,8 @@ def add_arguments(parser: argparse.ArgumentParser, model: type[BaseModel], *,
             kwargs.update(type=_number_or(annotation, words), metavar="N|" + "|".join(words))
         else:
             kwargs.update(type=annotation, metavar={float: "X", str: "URL"}.get(annotation, "N"))
-        group.add_argument(_option(prefix + name), dest=_dest(prefix, name), **kwargs)
+        former = [_option(prefix + old) for old, new in FORMER_NAMES.items() if new == name]  # still read
+        group.add_argument(_option(prefix + name), *former, dest=_dest(prefix, name), **kwargs)
 
 
 def _number_or(kind, words: tuple[str, ...]):

@@ -46,7 +46,6 @@ from ..base import NotFittedError, ParamsMixin, as_rows, check_float, check_int,
 from ..embedding import PLST, CompressedSensing, PCAEmbedding, Rembrandt
 from ..linalg import ridge_lstsq, x_q
 from ..params import (
-    AUTO_ESTIMATORS,
     AUTO_SEARCH,
     FEATURES_HELP,
     KERNEL_ALIASES,
@@ -102,8 +101,8 @@ class EmbeddingParams(FamilyParams):
     model: Literal["auto", "embedding"] = "auto"
     embedding: Literal["rembrandt", "cs", "plst", "pca"] = Field(
         "rembrandt", description="label embedding (rembrandt, cs, plst) or feature embedding (pca)")
-    k: PositiveInt = Field(50, description="embedding dimension; at most the number of labels (a larger k is "
-                                           "lowered to it, with a message)")
+    n_components: PositiveInt = Field(50, description="embedding dimension k; at most the number of labels (a larger "
+                                                      "k is lowered to it, with a message)")
     kernel: Kernel = Field(
         "gaussian", description="random Fourier features of the embedded predictions: none (linear), gaussian or "
                                 "laplacian (cauchy, its former name, is read too)")
@@ -117,16 +116,13 @@ class EmbeddingParams(FamilyParams):
     @classmethod
     def resolve(cls, data: dict) -> dict:
         """A former kernel name read as the kernel it names; ``search="auto"`` (the default) becomes the
-        :data:`~xmldask.params.AUTO_SEARCH` of the parameters not given, and ``n_estimators="auto"``
-        :data:`~xmldask.params.AUTO_ESTIMATORS` after a search, else 1 (resolved once: a dumped and reloaded model
-        is the same)."""
+        :data:`~xmldask.params.AUTO_SEARCH` of the parameters not given (resolved once: a dumped and reloaded model
+        is the same). ``n_estimators="auto"`` is the job's (:func:`xmldask.jobs.members_asked`)."""
         if isinstance(data.get("kernel"), str):
             data = {**data, "kernel": KERNEL_ALIASES.get(data["kernel"], data["kernel"])}
         if data.get("search", "auto") == "auto":
             data = {**data, "search": {name: list(values) for name, values in AUTO_SEARCH.items()
                                        if name not in data} or None}
-        if data.get("n_estimators", "auto") == "auto":
-            data = {**data, "n_estimators": AUTO_ESTIMATORS if data["search"] else 1}
         return data
 
 
@@ -284,7 +280,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
     _ARRAYS = ("W", "intercept", "omega", "phase", "Q", "bias", "R", "idf")
     _SCALARS = ("bandwidth", "task", "n_passes", "n_features_in", "n_labels", "history", "embedding_kind", "lam")
 
-    def __init__(self, *, embedding=_DEFAULTS.embedding, n_components: int = _DEFAULTS.k,
+    def __init__(self, *, embedding=_DEFAULTS.embedding, n_components: int = _DEFAULTS.n_components,
                  features: str = _DEFAULTS.features, kernel: str = _DEFAULTS.kernel,
                  n_random_features: int = _DEFAULTS.n_random_features, bandwidth_scale: float = 1.0,
                  alpha: float = _DEFAULTS.alpha, decoder_alpha: float = 1e-3, task: str = "auto",

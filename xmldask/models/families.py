@@ -12,11 +12,13 @@ pipeline and the refresh flow.
 
 Examples
 --------
->>> TrainParams(k=32, kernel="none").k
+>>> TrainParams(n_components=32, kernel="none").n_components
+32
+>>> TrainParams(k=32).n_components                           # a former name, still read
 32
 >>> TrainParams(model="tree", tree="tree.zarr").max_epochs     # the tree classifier's default passes
 200
->>> TrainParams(k=0)                                          # doctest: +ELLIPSIS
+>>> TrainParams(n_components=0)                               # doctest: +ELLIPSIS
 Traceback (most recent call last):
 ...
 pydantic_core._pydantic_core.ValidationError: 1 validation error for TrainParams
@@ -30,7 +32,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, create_model, model_validator
 
-from ..params import FamilyParams
+from ..params import FamilyParams, current_names
 from .centroid import CentroidParams
 from .embedding_classifier import EmbeddingParams
 from .gradfac import BoostingParams
@@ -69,6 +71,7 @@ class _Joined(BaseModel):
         before ``model="tree"`` existed)."""
         if not isinstance(data, dict):
             return data
+        data = current_names(data)
         model = data.get("model", "auto")
         if data.get("tree") and model in ("auto", "embedding"):
             model = "tree"
@@ -82,7 +85,7 @@ class _Joined(BaseModel):
             takes = "; ".join(f"{name}: model={'|'.join(_families_of(name))}" for name in foreign)
             raise ValueError(f"{', '.join(foreign)} do(es) not apply with model={model} (it takes "
                              f"{', '.join(schema.own_fields())}; {takes})")
-        given = schema.resolved({**{name: value for name, value in data.items() if name in own}, "model": model})
+        given = schema.resolve({**{name: value for name, value in data.items() if name in own}, "model": model})
         # the family's defaults where they are not the joined model's (which leaves the fields not given unset)
         defaults = {name: info.default for name, info in own.items()
                     if name not in given and info.default != fields[name].default}

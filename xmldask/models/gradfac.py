@@ -86,14 +86,12 @@ class BoostingParams(FamilyParams):
     :class:`GradFacEN`, :class:`MultinomialBoosting`, :class:`OneVsRestBoosting`); the depth chosen and the rounds
     early-stopped on held-out rows unless given."""
 
-    estimator_names = {**FamilyParams.estimator_names, "depth": "max_depth"}
-
     model: Literal["gradfac", "gfen", "mll", "ovr"] = "gradfac"
     rounds: Annotated[int, Field(gt=0)] = Field(
         1000, description="boosting: rounds at most (early-stopped on held-out training rows); a round grows 1 tree "
                           "(gradfac, gfen) or one per class")
     learning_rate: Annotated[float, Field(gt=0)] = Field(0.3, description="boosting: shrinkage of every tree")
-    depth: Annotated[int, Field(ge=1, le=16)] = Field(6, description="boosting: depth of the oblivious trees")
+    max_depth: Annotated[int, Field(ge=1, le=16)] = Field(6, description="boosting: depth of the oblivious trees")
 
 
 _BOOSTING = BoostingParams()
@@ -206,7 +204,7 @@ class _Boosting(SavedModel, ParamsMixin):
         return {"max_depth": (1, MAX_SEARCHED_DEPTH)}
 
     def __init__(self, *, rounds: int = _BOOSTING.rounds, learning_rate: float = _BOOSTING.learning_rate,
-                 max_depth: int = _BOOSTING.depth, max_bins: int = 64,
+                 max_depth: int = _BOOSTING.max_depth, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
                  block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
@@ -563,7 +561,7 @@ class GradFac(_Boosting):
     _trees = "factor"
 
     def __init__(self, *, rounds: int = _BOOSTING.rounds, learning_rate: float = _BOOSTING.learning_rate,
-                 max_depth: int = _BOOSTING.depth, max_bins: int = 64,
+                 max_depth: int = _BOOSTING.max_depth, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
                  power_iter: int = 1, block_rows: int = 8192, backend: str = "auto", scratch: str | None = None,
@@ -618,7 +616,7 @@ class GradFacEN(GradFac):
     family = "gfen"
 
     def __init__(self, *, rounds: int = _BOOSTING.rounds, learning_rate: float = _BOOSTING.learning_rate,
-                 max_depth: int = _BOOSTING.depth, max_bins: int = 64,
+                 max_depth: int = _BOOSTING.max_depth, max_bins: int = 64,
                  l2_leaf_reg: float = 1.0, leaf_estimation: str = "newton", validation_fraction: float = 0.1,
                  n_iter_no_change: int = 20,
                  power_iter: int = 1, en_l1_u: float = 0.05, en_l2_u: float = 0.0, en_l1_v: float = 0.05,

@@ -291,7 +291,7 @@ class LEMLParams(BinaryRelevanceParams):
     on the observed label entries; ``lam``, row scaling and an intercept chosen on held-out rows unless given."""
 
     model: Literal["leml"] = "leml"
-    k: Annotated[int, Field(gt=0)] = Field(50, description="leml: the rank of Z = W H^T")
+    n_components: Annotated[int, Field(gt=0)] = Field(50, description="leml: the rank k of Z = W H^T")
     n_iter: Annotated[int, Field(gt=0)] = Field(5, description="leml: alternations of the H- and W-steps")
 
 
@@ -479,7 +479,7 @@ class LEML(_LowRankLinear):
     #: parameters saved under another name by earlier versions
     _FORMER_PARAMS = {"k": "n_components"}
 
-    def __init__(self, *, n_components: int = _LEML.k, loss: str = _LEML.loss, lam: float = _LEML.lam,
+    def __init__(self, *, n_components: int = _LEML.n_components, loss: str = _LEML.loss, lam: float = _LEML.lam,
                  n_iter: int = _LEML.n_iter, tol: float = 1e-3, max_cg_iter: int = 20, max_newton_iter: int = 10,
                  init: str = "spectral", init_scale: float = 1.0, solver: str = "auto", features: str = _LEML.features,
                  fit_intercept: bool = False, random_state=None):

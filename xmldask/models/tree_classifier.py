@@ -83,18 +83,17 @@ class TreeClassifierParams(FamilyParams):
     (:class:`TreeClassifier`) of a spectral label tree, its passes early-stopped on held-out training rows."""
 
     searched = False
-    estimator_names = {**FamilyParams.estimator_names, "tree_form": "form"}
 
     model: Literal["tree"] = "tree"
     tree: str | None = Field(
         None, description="a spectral label tree store (xmldask tree): train its candidate-restricted classifier "
                           "(--model tree; rank k, max_epochs passes at most, early-stopped on held-out training rows; "
                           "seed)")
-    tree_form: Literal["low_rank", "per_label"] = Field(
+    form: Literal["low_rank", "per_label"] = Field(
         "low_rank", description="with tree: the classifier's form, low_rank (rank-k U shared by the leaves, V and b "
                                 "per leaf: the paper's ALOI form) or per_label (a weight vector per label shared by "
                                 "the leaves, a bias per leaf and candidate: its text form)")
-    k: Annotated[int, Field(gt=0)] = Field(50, description="the rank of the classifier (tree_form low_rank)")
+    n_components: Annotated[int, Field(gt=0)] = Field(50, description="the rank k of the classifier (form low_rank)")
     max_epochs: Annotated[int, Field(ge=0)] = Field(
         200, description="passes at most (early-stopped on held-out training rows; the reference code trains "
                          "200-250)")
@@ -192,7 +191,7 @@ class TreeClassifier(SavedModel, ParamsMixin):
     _SCALARS = ("task", "sigma_form", "n_features_in", "n_labels", "n_passes", "fit_seconds", "history",
                 "preconditioner", "best_epoch", "held_out")
 
-    def __init__(self, tree=None, *, n_components: int = _TREE.k, form: str = _TREE.tree_form,
+    def __init__(self, tree=None, *, n_components: int = _TREE.n_components, form: str = _TREE.form,
                  per_leaf: bool = True, routing: str = "randomized", max_epochs: int = _TREE.max_epochs,
                  learning_rate="auto", decay="auto", momentum="auto", ridge: float = 1e-2, task: str = "auto",
                  validation_fraction: float = 0.1, max_validation_rows: int = 10000, n_iter_no_change: int = 10,
