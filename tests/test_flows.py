@@ -140,17 +140,17 @@ def test_pipeline_with_the_tree_stage(data, storage, scheduler):
     the report shows the tree's figures and its plots."""
     from flows.pipeline import build_parser
 
-    args = build_parser().parse_args(["--grow-tree", "--tree-depth", "3", "--tree-leaf-labels", "10"])
-    assert (args.grow_tree, args.tree_depth, args.tree_leaf_labels) == (True, 3, 10)
-    tree = {"depth": 3, "leaf_labels": 10, "routing": "deterministic"}
-    model = {"k": 8, "max_epochs": 3}
+    args = build_parser().parse_args(["--grow-tree", "--tree-max-depth", "3", "--tree-leaf-labels", "10"])
+    assert (args.grow_tree, args.tree_max_depth, args.tree_leaf_labels) == (True, 3, 10)
+    tree = {"max_depth": 3, "leaf_labels": 10, "routing": "deterministic"}
+    model = {"n_components": 8, "max_epochs": 3}
     result = pipeline([data["train"]], [data["test"]], storage=storage, scheduler=scheduler, model=model,
                       spectrum_components=4, tree=tree)
     assert list(result["stages"]) == ["ingest-train", "ingest-test", "spectrum", "tree", "train", "predict",
                                       "evaluate"]
     run = Path(result["run_dir"])
     record = json.loads((run / "tree" / "stage.json").read_text())
-    assert record["params"] == {**tree, "seed": 0, "unseen_labels": "ignore"}
+    assert record["params"] == {**tree, "random_state": 0, "unseen_labels": "ignore"}
     figures = record["result"]["test_figures"]
     assert 0 < figures["tree_recall"] <= 1 and figures["mean_depth"] <= 3
     by_depth = record["result"]["by_depth"]
@@ -268,7 +268,8 @@ def test_tree_stage_grows_without_labels_no_training_row_has(tmp_path, scheduler
     opts = {"storage": str(tmp_path / "storage"), "scheduler": scheduler}
     train_url = ingest_flow([str(train)], storage=opts["storage"])["outputs"]["data"]
     test_url = ingest_flow([str(test)], split="test", like=train_url, storage=opts["storage"])["outputs"]["data"]
-    grown = tree_flow(train_url, test_url, tree={"depth": 2, "leaf_labels": 2, "routing": "deterministic"}, **opts)
+    grown = tree_flow(train_url, test_url, tree={"depth": 2, "leaf_labels": 2, "routing": "deterministic"},  # depth:
+                      **opts)  # max_depth's former name, as older deployments hold it
     assert grown["state"] == "Completed" and grown["result"]["n_unseen_labels"] == 1
     assert "1 labels have no training example" in "\n".join(tree_lines(grown["result"]))
 
