@@ -260,10 +260,12 @@ def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monke
         np.testing.assert_allclose(passes.W_.toarray(), reference.W_.toarray(), atol=1e-6)
         np.testing.assert_array_equal(passes.order_, reference.order_)
         url = model.save(str(tmp_path / "blocked.zarr"))
+        monkeypatch.setattr(C, "LAZY_BYTES", 0)  # its centroids left in the store, as a million labels' are
         loaded = LabelCentroidClassifier.load(url)
         with caplog.at_level(logging.INFO, logger="xmldask.models.centroid"):
             labels, scores = (a.compute() for a in loaded.predict_topk(Xtd, k=5))
         assert "cluster blocks read from" in caplog.text and "kept by the workers" in caplog.text
+        assert "W_" not in loaded.__dict__  # only the workers read the centroids, by cluster block
         assert loaded.routing_ == routing
         reads = []
         read_rows = C._read_rows

@@ -969,7 +969,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     def _check_fitted(self) -> None:
         from ..base import NotFittedError
 
-        if getattr(self, "W_", None) is None:
+        if self.__dict__.get("W_") is None and self.__dict__.get("_stored") is None:  # W_ not read for this
             raise NotFittedError("this LabelCentroidClassifier is not fitted yet; call fit(X, Y) first")
 
     def memory_needed(self, data) -> dict:
