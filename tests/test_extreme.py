@@ -758,6 +758,26 @@ def test_a_fit_that_cannot_fit_is_refused_before_any_pass(stores, monkeypatch, c
     assert not exists(out)
 
 
+def test_an_ensembles_fit_counts_its_other_members(stores, monkeypatch, capsys):
+    """The fitting process of an ensemble also holds its other fitted members: a fit that one member's peak leaves
+    room for and three members' do not is refused before any pass, naming the smaller ensemble as a fix."""
+    import psutil
+
+    root, train, _ = stores
+    data = open_dataset(train)
+    est = LabelCentroidClassifier()
+    one, three = jobs._check_memory(est, data), jobs._check_memory(est, data, members=3)
+    assert three["fit_process"] == one["fit_process"] + 2 * one["model_bytes"] > one["fit_process"]
+    middle = (one["fit_process"] + three["fit_process"]) / 2
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: type("Memory", (), {"available": middle / 0.6})())
+    monkeypatch.setattr(jobs, "MEMORY_SHARE", 0.6)
+    jobs._check_memory(est, data)  # one member fits
+    out = str(root / "ensemble-refused.zarr")
+    with pytest.raises(MemoryError, match="would not fit: the fit process needs .* or an ensemble of fewer than 3"):
+        jobs.train(train, out, model="centroid", n_estimators=3)
+    assert not exists(out)
+
+
 def test_memory_estimate_counts_the_router_rows_and_in_process_workers(stores, monkeypatch):
     """Routers to train: a worker's peak at least the group routers' rows (two copies of the entries' bound, at most
     SVM_GROUP_SHARE of its limit), past its label blocks' sums; workers that are threads of the fitting process:

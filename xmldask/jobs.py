@@ -294,7 +294,7 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
     grid = _family_grid(cls, p, {**(given or {}), **extra})
     start = time.perf_counter()
     if hasattr(est, "memory_needed"):
-        _check_memory(est, data)
+        _check_memory(est, data, members=asked)
     fitted = None
     if grid:
         from .model_selection import HeldOutSearch
@@ -395,9 +395,10 @@ def _given(params: dict) -> dict:
 MEMORY_SHARE = 0.6
 
 
-def _check_memory(est, data) -> None:
+def _check_memory(est, data, *, members: int = 1) -> None:
     """Refuse, before any pass, a fit whose estimated peak (``est.memory_needed(data)``: bytes of the fitting
-    process and of one worker, the worker's added to the process's where the workers are its threads) exceeds
+    process and of one worker, the worker's added to the process's where the workers are its threads; an
+    ensemble's fitting process also holds its ``members`` - 1 other fitted models) exceeds
     :data:`MEMORY_SHARE` of this machine's available memory or of the
     smallest worker's limit, with the numbers and what to change."""
     import psutil
@@ -405,6 +406,7 @@ def _check_memory(est, data) -> None:
     from .scheduling import worker_memory_limit, workers_in_process
 
     need = dict(est.memory_needed(data))
+    need["fit_process"] = need.get("fit_process", 0) + (members - 1) * need.get("model_bytes", 0)
     if workers_in_process():  # the workers' tasks run in this process: a worker's peak is its peak too
         need["fit_process"] = need.get("fit_process", 0) + need.get("worker", 0)
     limits = {"fit_process": psutil.virtual_memory().available, "worker": worker_memory_limit()}
@@ -416,7 +418,8 @@ def _check_memory(est, data) -> None:
         raise MemoryError(f"{type(est).__name__} on {data.url} ({data.n_samples} rows, {data.n_features} features, "
                           f"{data.n_labels} labels) would not fit: {said} (at most {MEMORY_SHARE:.0%} is used). Fix: "
                           "give the workers more memory (--memory-limit, or a cluster with larger workers), train on "
-                          "fewer features (a smaller vocabulary), or on a sample of the rows")
+                          "fewer features (a smaller vocabulary), or on a sample of the rows"
+                          + (f", or an ensemble of fewer than {members} members" if members > 1 else ""))
     logger.info("estimated peak memory: %s", ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in need.items()
                                                       if k != "entries"))
     return need
