@@ -27,6 +27,7 @@ import logging
 import math
 import operator
 import threading
+import time
 from typing import Literal
 
 import dask
@@ -1151,6 +1152,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                             -1)
         entries = np.asarray(label_entries, np.float64)
         by_cluster = np.bincount(cluster_of[cluster_of >= 0], weights=entries[cluster_of >= 0], minlength=n_clusters)
+        start = time.perf_counter()
         self.U_, self.cluster_bias_, passes = _train_svms(X, Y, idf, cluster_of, self.group_offsets_, by_cluster,
                                                           share=share, seed=seed, max_passes=ROUTER_PASSES)
         # one task trains the group routers on every row (a row is a negative of the groups it has no label in): a
@@ -1160,10 +1162,12 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         keep = min(1.0, SVM_GROUP_SHARE * (worker_memory_limit() or memory_for_data()) / max(2 * total * _ENTRY_BYTES,
                                                                                               1.0))
         whole = np.array([0, n_groups], np.int64)
+        middle = time.perf_counter()
         self.R_, self.router_bias_, n = _train_svms(X, Y, idf, group_of, whole, np.full(n_groups, total / n_groups),
                                                     share=share, seed=seed, keep=keep, max_passes=ROUTER_PASSES)
-        logger.info(f"routers: {n_groups:,} groups of clusters ({self.R_.nnz:,} weights), {n_clusters:,} clusters "
-                    f"({self.U_.nnz:,} weights; {passes + n} passes)")
+        logger.info(f"routers: {n_groups:,} groups of clusters ({self.R_.nnz:,} weights, {keep:.0%} of the rows, "
+                    f"{time.perf_counter() - middle:.1f} s), {n_clusters:,} clusters ({self.U_.nnz:,} weights, "
+                    f"{middle - start:.1f} s; {passes + n} passes)")
         return passes + n
 
     def _without(self, norms: np.ndarray, D: sp.csr_matrix, rest=None) -> sp.csr_matrix:
