@@ -87,8 +87,8 @@ class TreeClassifierParams(FamilyParams):
     model: Literal["tree"] = "tree"
     tree: str | None = Field(
         None, description="a spectral label tree store (xmldask tree): train its candidate-restricted classifier "
-                          "(--model tree; rank k, max_epochs passes at most, early-stopped on held-out training rows; "
-                          "seed)")
+                          "(--model tree; rank n_components, max_epochs passes at most, early-stopped on held-out "
+                          "training rows; random_state)")
     form: Literal["low_rank", "per_label"] = Field(
         "low_rank", description="with tree: the classifier's form, low_rank (rank-k U shared by the leaves, V and b "
                                 "per leaf: the paper's ALOI form) or per_label (a weight vector per label shared by "
