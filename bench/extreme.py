@@ -18,6 +18,7 @@ Usage::
     python bench/extreme.py --presets xmc-10k --systems xmldask-default,omikuji-parabel
     python bench/extreme.py --json bench/results/extreme.json --plot docs/extreme.png
     python bench/extreme.py --stats --presets eurlex-4k,wiki10-31k   # the generator's statistics only
+    python bench/extreme.py --presets xmc-100k --knobs background=0.9,label_words=32,avg_labels=5  # another shape
 
 ``--test-rows N`` predicts on the first N test rows only (Omikuji's Python API predicts one row a call).
 """
@@ -41,8 +42,9 @@ KEYS = ["preset", "labels", "system", "P@1 %", "P@3 %", "P@5 %", "PSP@5 %", "tra
         "rows/s / fastest peer"]
 
 
-def generate(preset: str, work: Path, seed: int, test_rows: int | None) -> dict:
-    """The preset's train and test splits as XC text files and ingested stores under ``work`` (made once)."""
+def generate(preset: str, work: Path, seed: int, test_rows: int | None, knobs: dict | None = None) -> dict:
+    """The preset's train and test splits as XC text files and ingested stores under ``work`` (made once);
+    ``knobs`` override the generator's knobs or the preset's means (``--knobs``)."""
     from xmldask.io import ingest
     from xmldask.store import open_dataset
     from xmldask.xmc import preset as preset_args
@@ -54,7 +56,7 @@ def generate(preset: str, work: Path, seed: int, test_rows: int | None) -> dict:
     made = False
     for split in ("train", "test"):
         text, store = work / f"{split}.txt.gz", work / f"{split}.zarr"
-        args = preset_args(preset, split)
+        args = preset_args(preset, split, **(knobs or {}))
         if split == "test" and test_rows:
             args["n_samples"] = min(args["n_samples"], test_rows)
         if not text.exists():
@@ -71,7 +73,7 @@ def generate(preset: str, work: Path, seed: int, test_rows: int | None) -> dict:
     return urls
 
 
-def stats(preset: str, urls: dict) -> dict:
+def stats(preset: str, urls: dict, knobs: dict | None = None) -> dict:
     """The realised statistics of the generated training split beside the preset's published ones."""
     import numpy as np
 
@@ -82,7 +84,7 @@ def stats(preset: str, urls: dict) -> dict:
     info = train.info()
     counts = np.asarray(train.label_counts)
     seen = counts[counts > 0]
-    want = PUBLISHED[preset]
+    want = {**PUBLISHED[preset], **{k: v for k, v in (knobs or {}).items() if k in ("avg_labels", "avg_features")}}
     return {"preset": preset, "rows": train.n_samples, "features": train.n_features, "labels": train.n_labels,
             "labels a row (published)": want["avg_labels"], "labels a row": round(info["avg_labels_per_row"], 2),
             "non-zeros a row (published)": want["avg_features"],
@@ -91,9 +93,29 @@ def stats(preset: str, urls: dict) -> dict:
             "rows a seen label": round(float(seen.mean()), 2)}
 
 
+def parse_knobs(text: str | None) -> dict:
+    """``--knobs NAME=VALUE,...``: the generator's knobs (:data:`xmldask.xmc.DEFAULT_KNOBS`) or a preset's means
+    (``avg_labels``, ``avg_features``), typed as their defaults are."""
+    from xmldask.xmc import DEFAULT_KNOBS
+
+    known = {**DEFAULT_KNOBS, "avg_labels": 1.0, "avg_features": 1.0}
+    knobs = {}
+    for item in filter(None, (text or "").split(",")):
+        name, _, value = item.partition("=")
+        if name not in known or not value:
+            raise SystemExit(f"--knobs: {item!r} is not NAME=VALUE with NAME one of {', '.join(known)}")
+        knobs[name] = type(known[name])(value)
+    return knobs
+
+
+def work_dir(args, preset: str) -> Path:
+    """Where a preset's data and runs live: ``--work/PRESET``, or ``PRESET+name=value...`` with ``--knobs``."""
+    return Path(args.work) / "+".join([preset, *(f"{name}={value}" for name, value in sorted(args.knobs.items()))])
+
+
 def run_preset(preset: str, args, pecos) -> list[dict]:
-    work = Path(args.work) / preset
-    urls = generate(preset, work, args.seed, args.test_rows)
+    work = work_dir(args, preset)
+    urls = generate(preset, work, args.seed, args.test_rows, args.knobs)
     from xmldask.store import open_dataset
 
     n_labels = open_dataset(urls["train_url"]).n_labels
@@ -182,18 +204,23 @@ def main(argv=None) -> None:
     parser.add_argument("--work", default=str(ROOT / "storage" / "bench" / "extreme"),
                         help="generated files and stores (reused; default %(default)s)")
     parser.add_argument("--pecos-venv", default=str(ROOT / "storage" / "bench" / "pecos-venv"))
+    parser.add_argument("--knobs", default=None, metavar="NAME=VALUE,...",
+                        help="another shape of data: the generator's knobs (xmldask.xmc.DEFAULT_KNOBS, e.g. "
+                             "background=0.9,values=counts) or the preset's avg_labels / avg_features")
     parser.add_argument("--stats", action="store_true", help="print the generated data's statistics only")
     parser.add_argument("--plot", default=None, metavar="PNG", help="cost against the number of labels")
     parser.add_argument("--keep", action="store_true", help="keep each system's model and predictions")
     parser.add_argument("--json", default=None, metavar="FILE", help="write the rows as JSON")
     args = parser.parse_args(argv)
+    args.knobs = parse_knobs(args.knobs)
     args.systems = [s for s in args.systems.split(",") if s]
     unknown = sorted(set(args.systems) - set(SYSTEMS))
     if unknown:
         parser.error(f"unknown system(s) {', '.join(unknown)}; systems: {', '.join(SYSTEMS)}")
     presets = [p for p in args.presets.split(",") if p]
     if args.stats:
-        rows = [stats(p, generate(p, Path(args.work) / p, args.seed, args.test_rows)) for p in presets]
+        rows = [stats(p, generate(p, work_dir(args, p), args.seed, args.test_rows, args.knobs), args.knobs)
+                for p in presets]
         print(markdown_table(rows, list(rows[0])))
         write_json(args.json, rows)
         return
