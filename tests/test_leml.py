@@ -66,6 +66,24 @@ def test_block_gradient_and_hessp_match_dense_reference(loss, observed):
 
 
 @pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
+@pytest.mark.parametrize("observed", [None, 0.3])
+def test_identity_h_given_as_none_equals_the_explicit_identity(loss, observed):
+    """Binary relevance's ``H = I`` is never formed (``H=None``): the same gradient, Hessian-vector product and
+    full squared gradient as with ``np.eye(L)``."""
+    X, Y, O = _data(observed=observed)
+    rng = np.random.default_rng(3)
+    W, S = rng.standard_normal((12, 9)), rng.standard_normal((12, 9))
+    eye = np.eye(9)
+    np.testing.assert_allclose(LK.block_grad(X, Y, W, None, O, loss=loss, budget=64),
+                               LK.block_grad(X, Y, W, eye, O, loss=loss, budget=64), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(LK.block_hessp(X, Y, W, None, S, O, loss=loss, budget=64),
+                               LK.block_hessp(X, Y, W, eye, S, O, loss=loss, budget=64), rtol=1e-10, atol=1e-10)
+    if observed is None and loss == "squared":
+        np.testing.assert_allclose(LK.block_sq_full_grad(X, Y, W, None, None),
+                                   LK.block_sq_full_grad(X, Y, W, eye, eye), rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("loss", ["squared", "logistic", "sqhinge"])
 def test_curvature_is_the_second_derivative_of_loss_terms(loss):
     rng = np.random.default_rng(2)
     a, b = np.where(rng.random(200) < 0.5, 1.0, -1.0), rng.normal(scale=3.0, size=200)

@@ -137,10 +137,24 @@ def _sub_rows(n_rows: int, per_row: float, k: int, budget: int) -> int:
     return max(1, min(n_rows, int(budget // max(per_row * max(k, 1), 1.0))))
 
 
-def _entry_scores(A: np.ndarray, H: np.ndarray, E: sp.csr_matrix) -> np.ndarray:
-    """``a_i^T h_j`` at the non-zeros of ``E`` (row-major order)."""
+def _entry_scores(A: np.ndarray, H: np.ndarray | None, E: sp.csr_matrix) -> np.ndarray:
+    """``a_i^T h_j`` at the non-zeros of ``E`` (row-major order); ``H=None`` is the identity (``a_ij``)."""
     rows = np.repeat(np.arange(E.shape[0]), np.diff(E.indptr))
+    if H is None:
+        return np.asarray(A[rows, E.indices], dtype=np.float64)
     return np.einsum("ij,ij->i", A[rows], H[E.indices])
+
+
+def _times(M, H: np.ndarray | None):
+    """``M H`` (``M`` dense or sparse), or ``M`` itself (dense) for ``H=None``, the identity: a sparse ``M`` has as
+    many columns as the dense ``X_b W`` of its rows, and ``X_b^T M`` with a dense ``M`` is the fast product."""
+    if H is None:
+        return M.toarray() if sp.issparse(M) else M
+    return M @ H
+
+
+def _dense(M) -> np.ndarray:
+    return M.toarray() if sp.issparse(M) else np.asarray(M)
 
 
 def _dense_signs(Yb: sp.csr_matrix, encoding: str) -> np.ndarray:
@@ -160,7 +174,8 @@ def _batches(Xb, Yb, Ob, n_labels: int, k: int, budget: int):
         yield Xb[a:a + step], Yb[a:a + step], (None if E is None else E[a:a + step])
 
 
-def block_grad(Xb, Yb, W: np.ndarray, H: np.ndarray, Ob=None, *, loss: str, budget: int = ENTRY_BUDGET) -> np.ndarray:
+def block_grad(Xb, Yb, W: np.ndarray, H: np.ndarray | None, Ob=None, *, loss: str,
+               budget: int = ENTRY_BUDGET) -> np.ndarray:
     """Gradient ``X_b^T D H`` of the block's loss over ``Omega`` and the loss itself (Algorithm 1).
 
     Parameters
@@ -168,7 +183,8 @@ def block_grad(Xb, Yb, W: np.ndarray, H: np.ndarray, Ob=None, *, loss: str, budg
     Xb : sparse or ndarray, shape (n_b, n_features)
     Yb : sparse, shape (n_b, n_labels)
     W : ndarray, shape (n_features, k)
-    H : ndarray, shape (n_labels, k)
+    H : ndarray, shape (n_labels, k), or None
+        ``None``: the identity (``k = n_labels``: binary relevance), never formed.
     Ob : sparse, shape (n_b, n_labels), optional
         Observed entries; ``None``: every entry is observed.
     loss : {"squared", "logistic", "sqhinge"}
@@ -182,15 +198,15 @@ def block_grad(Xb, Yb, W: np.ndarray, H: np.ndarray, Ob=None, *, loss: str, budg
     """
     d, k = W.shape
     out = np.zeros((d + 1, k), dtype=np.float64)
-    for Xs, Ys, Es in _batches(Xb, Yb, Ob, H.shape[0], k, budget):
+    for Xs, Ys, Es in _batches(Xb, Yb, Ob, k if H is None else H.shape[0], k, budget):
         A = np.asarray(Xs @ W, dtype=np.float64)
         if Es is None:
-            value, D = loss_terms(_dense_signs(Ys, "pm1"), A @ H.T, loss)
-            DH = D @ H
+            value, D = loss_terms(_dense_signs(Ys, "pm1"), _times(A, None if H is None else H.T), loss)
+            DH = _times(D, H)
         else:
             value, d1 = loss_terms(Es.data, _entry_scores(A, H, Es), loss)
-            DH = sp.csr_matrix((d1, Es.indices, Es.indptr), shape=Es.shape) @ H
-        out[:d] += Xs.T @ DH
+            DH = _times(sp.csr_matrix((d1, Es.indices, Es.indptr), shape=Es.shape), H)
+        out[:d] += _dense(Xs.T @ DH)
         out[d, 0] += value
     return out
 
@@ -209,7 +225,7 @@ def curvature(a: np.ndarray, b: np.ndarray, loss: str) -> np.ndarray:
     raise ValueError(f"loss must be one of {', '.join(map(repr, LOSSES))}, but is {loss!r}")
 
 
-def block_hessp(Xb, Yb, W: np.ndarray, H: np.ndarray, S: np.ndarray, Ob=None, *, loss: str,
+def block_hessp(Xb, Yb, W: np.ndarray, H: np.ndarray | None, S: np.ndarray, Ob=None, *, loss: str,
                 budget: int = ENTRY_BUDGET) -> np.ndarray:
     """Hessian-vector product ``X_b^T U H`` of the block's loss at ``W`` along ``S`` (eq. (10)).
 
@@ -218,33 +234,36 @@ def block_hessp(Xb, Yb, W: np.ndarray, H: np.ndarray, S: np.ndarray, Ob=None, *,
     """
     d, k = W.shape
     out = np.zeros((d, k), dtype=np.float64)
-    WS = np.concatenate([W, S], axis=1)
-    for Xs, Ys, Es in _batches(Xb, Yb, Ob, H.shape[0], 2 * k, budget):
+    # the squared loss's curvature is 2 wherever W is: X_b W is not needed
+    WS = S if loss == "squared" else np.concatenate([W, S], axis=1)
+    HT = None if H is None else H.T
+    for Xs, Ys, Es in _batches(Xb, Yb, Ob, k if H is None else H.shape[0], WS.shape[1], budget):
         AB = np.asarray(Xs @ WS, dtype=np.float64)
-        A, B = AB[:, :k], AB[:, k:]
+        A, B = (None, AB) if loss == "squared" else (AB[:, :k], AB[:, k:])
         if Es is None:
-            d2 = curvature(_dense_signs(Ys, "pm1"), A @ H.T, loss)
-            UH = (d2 * (B @ H.T)) @ H
+            d2 = 2.0 if loss == "squared" else curvature(_dense_signs(Ys, "pm1"), _times(A, HT), loss)
+            UH = _times(d2 * _times(B, HT), H)
         else:
-            d2 = curvature(Es.data, _entry_scores(A, H, Es), loss)
+            d2 = 2.0 if loss == "squared" else curvature(Es.data, _entry_scores(A, H, Es), loss)
             U = sp.csr_matrix((d2 * _entry_scores(B, H, Es), Es.indices, Es.indptr), shape=Es.shape)
-            UH = U @ H
-        out += Xs.T @ UH
+            UH = _times(U, H)
+        out += _dense(Xs.T @ UH)
     return out
 
 
-def block_sq_full_grad(Xb, Yb, W: np.ndarray, H: np.ndarray, M: np.ndarray) -> np.ndarray:
-    """``X_b^T (X_b W M - Y_b H)`` and ``||Y_b - X_b W H^T||_F^2`` for ``M = H^T H`` (eq. (11), Algorithm 2).
+def block_sq_full_grad(Xb, Yb, W: np.ndarray, H: np.ndarray | None, M: np.ndarray | None) -> np.ndarray:
+    """``X_b^T (X_b W M - Y_b H)`` and ``||Y_b - X_b W H^T||_F^2`` for ``M = H^T H`` (eq. (11), Algorithm 2);
+    ``H=None`` and ``M=None``: the identity.
 
     ``Y_b`` in ``{0, 1}``; the ``n_b x n_labels`` residual is never formed (the loss is
     ``||Y_b||^2 - 2 <Y_b H, A> + <A M, A>`` with ``A = X_b W``). Returns ``(n_features + 1, k)`` float64:
     the (half) gradient rows, then the loss at ``[n_features, 0]``.
     """
     d, k = W.shape
-    Yb = _csr(Yb, H.shape[0])
+    Yb = _csr(Yb, k if H is None else H.shape[0])
     A = np.asarray(Xb @ W, dtype=np.float64)
-    B = np.asarray(Yb @ H, dtype=np.float64)
-    AM = A @ M
+    B = _dense(_times(Yb, H)).astype(np.float64, copy=False)
+    AM = _times(A, M)
     out = np.empty((d + 1, k), dtype=np.float64)
     out[:d] = Xb.T @ (AM - B)
     out[d] = 0.0

@@ -159,9 +159,15 @@ class _WProblem:
     def __init__(self, X, Y, O, H, lam, loss, full_sq, counter: _Counter):
         self.X, self.Y, self.O, self.H, self.lam, self.loss = X, Y, O, H, lam, loss
         self.full_sq, self.counter = full_sq, counter
-        self.d, self.k = X.shape[1], H.shape[1]
-        self.M = H.T @ H
+        # H=None: the identity (binary relevance: one problem per label), never formed nor shipped
+        self.d, self.k = X.shape[1], Y.shape[1] if H is None else H.shape[1]
+        self.M = None if H is None else H.T @ H
         self._last = None
+
+    def _whole(self, **arrays) -> tuple[dict, dict]:
+        """The operands of a pass (``H`` and ``M`` when not the identity) and its static arguments."""
+        identity = {name: None for name in ("H", "M") if arrays.get(name, 0) is None}
+        return {name: value for name, value in arrays.items() if name not in identity}, identity
 
     def fun_grad(self, w):
         if self._last is not None and np.array_equal(self._last[0], w):
@@ -169,13 +175,15 @@ class _WProblem:
         W = w.reshape(self.d, self.k)
         d = self.d
         if self.full_sq:
-            out = _pass(LK.block_sq_full_grad, self.X, self.Y, None, {"W": W, "H": self.H, "M": self.M},
-                        tail=(d + 1, self.k), static={}, token="leml-sq-grad-block")
+            whole, static = self._whole(W=W, H=self.H, M=self.M)
+            out = _pass(LK.block_sq_full_grad, self.X, self.Y, None, whole, tail=(d + 1, self.k), static=static,
+                        token="leml-sq-grad-block")
             (out,) = self.counter.compute(out)
             G = 2.0 * out[:d]
         else:
-            out = _pass(LK.block_grad, self.X, self.Y, self.O, {"W": W, "H": self.H}, tail=(d + 1, self.k),
-                        static={"loss": self.loss}, token="leml-grad-block")
+            whole, static = self._whole(W=W, H=self.H)
+            out = _pass(LK.block_grad, self.X, self.Y, self.O, whole, tail=(d + 1, self.k),
+                        static={"loss": self.loss, **static}, token="leml-grad-block")
             (out,) = self.counter.compute(out)
             G = out[:d]
         f = float(out[d, 0]) + 0.5 * self.lam * float(np.vdot(W, W))
@@ -186,12 +194,13 @@ class _WProblem:
     def hessp(self, w, s):
         S = np.asarray(s).reshape(self.d, self.k)
         if self.full_sq:
-            (HS,) = self.counter.compute(xt_x_q(self.X, S @ self.M))
+            (HS,) = self.counter.compute(xt_x_q(self.X, S if self.M is None else S @ self.M))
             HS = 2.0 * np.asarray(HS, dtype=np.float64)
         else:
             W = np.zeros_like(S) if w is None else np.asarray(w).reshape(self.d, self.k)
-            out = _pass(LK.block_hessp, self.X, self.Y, self.O, {"W": W, "H": self.H, "S": S}, tail=(self.d, self.k),
-                        static={"loss": self.loss}, token="leml-hessp-block")
+            whole, static = self._whole(W=W, H=self.H, S=S)
+            out = _pass(LK.block_hessp, self.X, self.Y, self.O, whole, tail=(self.d, self.k),
+                        static={"loss": self.loss, **static}, token="leml-hessp-block")
             (HS,) = self.counter.compute(out)
         return (HS + self.lam * S).ravel()
 
@@ -725,8 +734,7 @@ class BinaryRelevance(_LowRankLinear):
         counter = _Counter()
         X = self._common_fit_state(X, Y, O, loss, counter)
         d, L = X.shape[1], Y.shape[1]
-        H = np.eye(L)
-        problem = _WProblem(X, Y, O, H, lam, loss, self.full_sq_, counter)
+        problem = _WProblem(X, Y, O, None, lam, loss, self.full_sq_, counter)  # H = I, never formed
         W0 = np.zeros((d, L))
         if loss == "squared":
             W, info = _solve_quadratic(problem, W0, tol=tol, max_iter=check_int(self.max_cg_iter, "max_cg_iter", 1))
@@ -734,6 +742,6 @@ class BinaryRelevance(_LowRankLinear):
             w, info = _solve_newton(problem.fun_grad, problem.hessp, W0.ravel(), tol=tol,
                                     max_iter=check_int(self.max_newton_iter, "max_newton_iter", 1))
             W = w.reshape(d, L)
-        self.W_, self.H_ = W, H
+        self.W_, self.H_ = W, np.eye(L)
         self.history_, self.n_passes_ = [info], counter.n
         return self
