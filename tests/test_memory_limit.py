@@ -1,8 +1,9 @@
 """A pass over a store several times larger than the workers' total memory limit completes, and is right.
 
 Two worker processes of :func:`xmldask.cluster.cluster` with a 240 MB limit each (a worker uses about
-160 MB after its imports; measured peaks during this pass: 200-223 MB) run ``xt_x_q`` over a synthetic
-store whose CSR matrix ``X`` alone is more than 3x their 480 MB total. Dask's memory manager is set to
+160 MB after its imports; measured peaks during this pass: 200-223 MB) run ``xt_x_q`` over a store
+whose CSR matrix ``X`` alone is more than 3x their 480 MB total (416 row blocks: 7 synthetic blocks, repeated in
+turn, checked against the 7 blocks' products times their repeats). Dask's memory manager is set to
 restart (kill) a worker at 95% of its limit and not to pause or spill first: a worker that ever
 held much more than one row block would be killed, the pass would fail with ``KilledWorker`` or the
 worker processes would change; both are checked, as is each worker's peak RSS (``VmHWM``): below the
@@ -24,12 +25,16 @@ from xmldask import open_dataset
 from xmldask.cluster import cluster
 from xmldask.datasets import make_synthetic
 from xmldask.linalg import xt_x_q
+from xmldask.store import DatasetWriter
 
 N_WORKERS = 2
 MEMORY_LIMIT = 240_000_000  # bytes per worker
 N_FEATURES, K = 50_000, 8
-N_SAMPLES = 1_700_000  # about 110 nonzeros per row: X is about 1.5 GB as an in-memory CSR matrix
 BLOCK_ROWS = 4_096  # about 0.45 M nonzeros, 3.6 MB per row block
+N_BLOCKS = 416  # 1,703,936 rows of about 110 nonzeros: X is about 1.5 GB as an in-memory CSR matrix
+#: row blocks generated; the store repeats them in turn (a pass that read one block in place of another, or one
+#: twice, gives another sum), written at the speed of the store instead of the generator's
+DISTINCT_BLOCKS = 7
 #: the memory manager: no spilling or pausing (a worker uses 2/3 of its limit at rest), restart at 95%
 MEMORY_CONFIG = {"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False,
                  "distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": 0.95}
@@ -37,11 +42,19 @@ MEMORY_CONFIG = {"distributed.worker.memory.target": False, "distributed.worker.
 
 @pytest.fixture(scope="module")
 def big_store(tmp_path_factory):
-    url = str(tmp_path_factory.mktemp("memory-limit") / "big.zarr")
-    # background tokens only and a flat feature law: the generator's cheapest settings per nonzero
-    make_synthetic(url, n_samples=N_SAMPLES, n_features=N_FEATURES, n_labels=64, multiclass=True, rank=4,
-                   avg_features=110, background=1.0, feature_exponent=0.5, block_rows=BLOCK_ROWS, seed=3)
-    return url
+    """The store of ``N_BLOCKS`` row blocks, block ``b`` the generated block ``b % DISTINCT_BLOCKS``, and the
+    generated blocks (``X``, in memory)."""
+    root = tmp_path_factory.mktemp("memory-limit")
+    seed = make_synthetic(str(root / "seed.zarr"), n_samples=DISTINCT_BLOCKS * BLOCK_ROWS, n_features=N_FEATURES,
+                          n_labels=64, multiclass=True, rank=4, avg_features=110, background=1.0,
+                          feature_exponent=0.5, block_rows=BLOCK_ROWS, seed=3)
+    blocks = [dask.compute(seed.X.blocks[i], seed.Y.blocks[i], scheduler="sync") for i in range(DISTINCT_BLOCKS)]
+    url = str(root / "big.zarr")
+    with DatasetWriter.create(url, n_features=N_FEATURES, n_labels=64, block_rows=BLOCK_ROWS) as writer:
+        for b in range(N_BLOCKS):
+            writer.write(*blocks[b % DISTINCT_BLOCKS])
+        writer.commit()
+    return url, [X for X, _ in blocks]
 
 
 def _pid_and_peak_rss():
@@ -59,8 +72,10 @@ def _pid_and_peak_rss():
 
 @pytest.mark.slow
 def test_pass_over_store_three_times_total_worker_memory(big_store):
-    ds = open_dataset(big_store)
+    url, blocks = big_store
+    ds = open_dataset(url)
     X = ds.X
+    assert X.numblocks[0] == N_BLOCKS
     nnz, n_samples = ds.meta["nnz"], ds.n_samples
     csr_bytes = nnz * (X.dtype.itemsize + 4) + (n_samples + 1) * 8  # data + int32 indices + int64 indptr
     assert csr_bytes >= 3 * N_WORKERS * MEMORY_LIMIT, (csr_bytes, nnz)
@@ -78,14 +93,13 @@ def test_pass_over_store_three_times_total_worker_memory(big_store):
     peaks = [peak for _, peak in after.values()]
     assert max(peaks) < MEMORY_LIMIT, [p / 2**20 for p in peaks]
 
-    # reference: block by block in this process, float64 accumulation
+    # reference: each generated block's product in this process, float64, times the blocks of the store it is
     Q64 = Q.astype(np.float64)
     reference = np.zeros((N_FEATURES, K))
-    max_row_nnz = 0
-    for i in range(X.numblocks[0]):
-        block = X.blocks[i].compute(scheduler="sync").astype(np.float64)
-        reference += block.T @ (block @ Q64)
-        max_row_nnz = max(max_row_nnz, int(np.diff(block.indptr).max(initial=0)))
+    for j, block in enumerate(blocks):
+        block = block.astype(np.float64)
+        reference += len(range(j, N_BLOCKS, DISTINCT_BLOCKS)) * (block.T @ (block @ Q64))
+    max_row_nnz = max(int(np.diff(block.indptr).max(initial=0)) for block in blocks)
     assert result.dtype == np.float32 and result.shape == (N_FEATURES, K)
     # X >= 0 and Q >= 0, so the reference is also the product of the absolute values, which bounds the
     # rounding error (Higham, Accuracy and Stability of Numerical Algorithms, eq. 3.5): an entry is a
