@@ -84,6 +84,8 @@ def test_fits_made_at_once_give_the_same_search(data, strategy, monkeypatch):
     one fit at a time (screened settings scored by the screener's statistics stay in this thread)."""
     ds = open_dataset(data[1])
     grid = {"n_components": [4, 8], "alpha": [1e-3, 1.0], "kernel": ["none", "gaussian"]}
+    if strategy == "grid":  # 4 fits of a step in two threads show it as well as 8
+        grid = {"alpha": [1e-3, 1.0], "kernel": ["none", "gaussian"]}
     kw = dict(strategy=strategy, max_extensions=0, screen={"max_epochs": 0, "kernel": "none"} if strategy ==
               "coordinate" else None)
     threads = []
@@ -106,8 +108,8 @@ def test_fits_made_at_once_give_the_same_search(data, strategy, monkeypatch):
     np.testing.assert_array_equal(many.best_estimator_.W_, one.best_estimator_.W_)
     pooled = [name for name in threads if name.startswith("xmldask-fit")]
     assert len(set(pooled)) == 2
-    # grid: every one of the 8 fits in the pool; coordinate: the two kernels' full fits
-    assert len(pooled) == (8 if strategy == "grid" else 2), threads
+    # grid: every one of the 4 fits in the pool; coordinate: the two kernels' full fits
+    assert len(pooled) == (4 if strategy == "grid" else 2), threads
 
 
 def test_search_refusals(data):
