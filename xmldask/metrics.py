@@ -120,7 +120,6 @@ import dask
 import dask.array as da
 import numpy as np
 import scipy.sparse as sp
-from scipy.stats import rankdata
 
 from .linalg.passes import block_sum, dense_operand
 
@@ -384,6 +383,8 @@ def _auc_stats(out, lay, Yb, S: np.ndarray, row0: int) -> None:
     ok = (n_pos > 0) & (n_pos < L)
     if not np.any(ok):
         return
+    from scipy.stats import rankdata  # here: scipy.stats takes 0.4 s to import, which every process would pay
+
     R = rankdata(S, axis=1)  # average ranks (ties: half credit), ascending scores
     rows = np.repeat(np.arange(n), n_pos)
     pos_rank = np.bincount(rows, weights=R[rows, Yb.indices], minlength=n)
