@@ -31,6 +31,7 @@ import scipy.sparse as sp
 from scipy.special import expit
 
 from ..linalg import canonical
+from ._kernels import _dense
 
 __all__ = ["LOSSES", "ENTRY_BUDGET", "block_grad", "block_hessp", "block_sq_full_grad", "block_target_sketch",
            "curvature", "label_grams", "loss_terms", "signed_entries"]
@@ -151,10 +152,6 @@ def _times(M, H: np.ndarray | None):
     if H is None:
         return M.toarray() if sp.issparse(M) else M
     return M @ H
-
-
-def _dense(M) -> np.ndarray:
-    return M.toarray() if sp.issparse(M) else np.asarray(M)
 
 
 def _dense_signs(Yb: sp.csr_matrix, encoding: str) -> np.ndarray:

@@ -166,7 +166,7 @@ class _WProblem:
 
     def _whole(self, **arrays) -> tuple[dict, dict]:
         """The operands of a pass (``H`` and ``M`` when not the identity) and its static arguments."""
-        identity = {name: None for name in ("H", "M") if arrays.get(name, 0) is None}
+        identity = {name: None for name in ("H", "M") if name in arrays and arrays[name] is None}
         return {name: value for name, value in arrays.items() if name not in identity}, identity
 
     def fun_grad(self, w):
