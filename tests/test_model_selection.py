@@ -372,6 +372,58 @@ def test_screen_repeats_score_a_setting_by_the_mean_over_splits(data):
     assert len(full) == 1 and search.best_estimator_.random_state == 3
 
 
+def test_screen_fraction_screens_on_that_share_and_the_finalist_competes_on_the_full_fits_rows(data):
+    """screen_fraction=0.3: a screened setting's figures are those of the fit holding out 0.3 of the rows; the
+    screen's best then competes with the full fit on the full fit's own held-out rows (the template's 0.1), and the
+    model kept holds out 0.1 whichever wins."""
+    from xmldask.base import kept_epoch
+
+    ds = open_dataset(data[1])
+    screen = {"max_epochs": 0, "kernel": "none"}
+    template = _template(validation_fraction=0.1)
+    search = HeldOutSearch(template, {"alpha": [1e-3, 1.0], "kernel": ["gaussian"]}, screen=screen,
+                           screen_fraction=0.3, screen_finalist=True, max_extensions=0).fit(ds.X, ds.Y)
+    params = {**template.get_params(deep=False), **screen}
+    screened = [r for r in search.results_ if r["screened"]]
+    for record in screened:
+        kept = kept_epoch(EmbeddingClassifier(**{**params, "alpha": record["params"]["alpha"],
+                                                 "validation_fraction": 0.3}).fit(ds.X, ds.Y))
+        assert record["val_p@1"] == pytest.approx(kept["val_p@1"], abs=1e-9)
+        assert record["val_loss"] == pytest.approx(kept["val_loss"], rel=1e-4)
+    best_alpha = max(screened, key=lambda r: r["score"])["params"]["alpha"]
+    as_screened = held_out_score(EmbeddingClassifier(**{**params, "alpha": best_alpha}).fit(ds.X, ds.Y))
+    (full,) = [r["score"] for r in search.results_ if not r["screened"]]
+    assert search.best_score_ == pytest.approx(max(as_screened, full))
+    assert search.best_estimator_.validation_fraction == 0.1
+    assert search.record()["screen_fraction"] == 0.3
+
+
+@pytest.mark.parametrize("fraction", [0, 1, 1.5, -0.2, True, "0.3"])
+def test_screen_fraction_outside_zero_one_is_refused_by_name(data, fraction):
+    ds = open_dataset(data[1])
+    with pytest.raises(ValueError, match="screen_fraction must be between 0 and 1"):
+        HeldOutSearch(_template(), {"alpha": [1.0]}, screen={"max_epochs": 0}, screen_fraction=fraction).fit(ds.X, ds.Y)
+
+
+@pytest.mark.parametrize("n, fraction, repeats", [
+    (100_000, None, 1),  # the model's own 0.1 holds out 10,000 rows: its own split
+    (8000, 0.125, 1),  # 1000 rows are an eighth: one split of them
+    (4000, 0.25, 1),  # a quarter
+    (2000, 0.25, 2),  # a quarter is 500 rows: two splits
+    (300, 0.25, 5),  # 75 rows a split: at most five
+])
+def test_the_screen_holds_out_about_a_thousand_rows_in_as_few_splits_as_a_quarter_of_the_rows_allow(n, fraction,
+                                                                                                      repeats):
+    from types import SimpleNamespace
+
+    from xmldask.models import TrainParams
+
+    split = jobs._screen_split(TrainParams(), EmbeddingClassifier(validation_fraction=0.1),
+                               SimpleNamespace(n_samples=n))
+    assert split == {"screen_repeats": repeats, "screen_fraction": fraction}
+    assert jobs._screen_split(TrainParams(search_repeats=3), EmbeddingClassifier(), None) == {"screen_repeats": 3}
+
+
 @pytest.fixture(scope="module")
 def multiclass_data(tmp_path_factory):
     url = str(tmp_path_factory.mktemp("search-mc") / "train.zarr")

@@ -37,6 +37,7 @@ from .base import FAMILIES, BudgetError, ParamsMixin, check_fully_observed, regi
 from .models.families import SCHEMAS, TrainParams
 from .params import (
     AUTO_ESTIMATORS,
+    MAX_SCREEN_FRACTION,
     MAX_SCREEN_REPEATS,
     SCREEN,
     SCREEN_ROWS,
@@ -121,7 +122,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         screen = _search_grid({name: [value] for name, value in SCREEN.items()}) if p.search_screen else None
         fitted = HeldOutSearch(model, grid, strategy=p.search_strategy, max_extensions=p.search_extensions,
                                screen={name: values[0] for name, values in screen.items()} if screen else None,
-                               screen_repeats=_screen_repeats(p, model, data),
+                               **_screen_split(p, model, data),
                                screen_finalist=_screened_decoder_may_win(p, search),
                                n_jobs=concurrent_fits(), time_budget=p.time_budget).fit(data.X, data.Y,
                                                                                        started=start)
@@ -234,13 +235,22 @@ def _screened_decoder_may_win(p: TrainParams, search: dict) -> bool:
             and SCREEN["kernel"] in [kernel_name(value) for value in search.get("kernel", [p.kernel])])
 
 
-def _screen_repeats(p: TrainParams, model, data) -> int:
-    """``search_repeats``, or for ``"auto"`` the splits that give the screen about :data:`SCREEN_ROWS`
-    held-out rows in all (at most :data:`MAX_SCREEN_REPEATS`)."""
+def _screen_split(p: TrainParams, model, data) -> dict:
+    """How the screen holds out rows: ``screen_repeats`` (``search_repeats``) and ``screen_fraction``.
+
+    ``search_repeats="auto"``: :data:`SCREEN_ROWS` held-out rows in one split where they are at most
+    :data:`MAX_SCREEN_FRACTION` of the rows (a screened setting then costs one solve, not one per repeat), else that
+    share in each of the splits that give about :data:`SCREEN_ROWS` in all (at most :data:`MAX_SCREEN_REPEATS`). The
+    model's own held-out share where it already holds out that many rows.
+    """
+    own = model.validation_fraction
     if p.search_repeats != "auto":
-        return int(p.search_repeats)
-    held = max(1, min(model.validation_fraction * data.n_samples, model.max_validation_rows))
-    return int(min(MAX_SCREEN_REPEATS, math.ceil(SCREEN_ROWS / held)))
+        return {"screen_repeats": int(p.search_repeats)}
+    n = max(data.n_samples, 1)
+    fraction = max(own, min(MAX_SCREEN_FRACTION, SCREEN_ROWS / n))
+    held = max(1.0, min(fraction * n, model.max_validation_rows))
+    repeats = int(min(MAX_SCREEN_REPEATS, math.ceil(SCREEN_ROWS / held)))
+    return {"screen_repeats": repeats, "screen_fraction": fraction if fraction != own else None}
 
 
 def _fit_to_data(p: TrainParams, data, given=frozenset()) -> tuple[int, dict | None]:

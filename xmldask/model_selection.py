@@ -128,6 +128,11 @@ class HeldOutSearch:
         Fits of every screened setting, each holding out other random rows (seeds drawn from the
         template's ``random_state``); its score is their mean. A held-out slice of a few hundred rows
         is noise: repeats are what make a screen of small data a choice.
+    screen_fraction : float or None
+        For an estimator that holds out rows itself: the share of the rows every screened fit holds out (its
+        ``validation_fraction``; None: the template's). A larger share on small data gives a screened setting as
+        many held-out rows in one split as several repeats would, at the cost of one fit. The screen's best is
+        then compared with the full fits on their own held-out rows (scored again with the template's share).
     n_jobs : int or None
         Fits of one step (a coordinate's values, or the whole grid) made at once, in threads of this
         process (None: one at a time). The results, and the model kept, are the same either way.
@@ -160,11 +165,11 @@ class HeldOutSearch:
 
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
                  max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1,
-                 screen_finalist: bool = False, n_jobs: int | None = None, validation_fraction: float = 0.2,
-                 refit: bool = True, time_budget: float | None = None):
+                 screen_finalist: bool = False, screen_fraction: float | None = None, n_jobs: int | None = None,
+                 validation_fraction: float = 0.2, refit: bool = True, time_budget: float | None = None):
         self.estimator, self.param_grid, self.strategy, self.scoring = estimator, param_grid, strategy, scoring
         self.max_extensions, self.screen, self.screen_repeats = max_extensions, screen, screen_repeats
-        self.screen_finalist, self.n_jobs = screen_finalist, n_jobs
+        self.screen_finalist, self.screen_fraction, self.n_jobs = screen_finalist, screen_fraction, n_jobs
         self.validation_fraction, self.refit, self.time_budget = validation_fraction, refit, time_budget
 
     def _holds_out_itself(self) -> bool:
@@ -199,6 +204,11 @@ class HeldOutSearch:
             raise ValueError("the estimator holds out no rows (validation_fraction=0): nothing to choose by")
         if not self._holds_out_itself() and not 0 < self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be between 0 and 1, but is {self.validation_fraction!r}")
+        if self.screen_fraction is not None and (
+                not self._holds_out_itself() or isinstance(self.screen_fraction, bool)
+                or not isinstance(self.screen_fraction, numbers.Real) or not 0 < self.screen_fraction < 1):
+            raise ValueError(f"screen_fraction must be between 0 and 1 for an estimator that holds out rows itself "
+                             f"(validation_fraction), but is {self.screen_fraction!r}")
         if self.screen is not None:
             if not isinstance(self.screen, dict) or set(self.screen) - known:
                 raise ValueError(f"screen must be a dict of the estimator's parameters to cheap values, but is "
@@ -267,6 +277,8 @@ class HeldOutSearch:
         setting = self._effective({**setting, **overrides})
         key = tuple(sorted((name, repr(value)) for name, value in setting.items())) + (bool(overrides),)
         params = {**self.estimator.get_params(deep=False), **setting}
+        if overrides and self.screen_fraction is not None:
+            params["validation_fraction"] = self.screen_fraction
         # a screened setting is judged on more held-out rows: fitted on other random splits too
         repeats = [params] + [{**params, "random_state": int(np.random.SeedSequence(
             [_seed(params.get("random_state")), i]).generate_state(1)[0])}
@@ -462,11 +474,20 @@ class HeldOutSearch:
         """Keep the best screened ``setting`` as screened (``overrides`` on top), fitted in full, if on the full
         fits' held-out rows it scores higher than the best of them (or if there is no full fit yet)."""
         setting, key, repeats, _ = self._prepare(setting, overrides)
-        score, full = self._first.get(key, -math.inf), self._best[0] if self._best else -math.inf
-        if self._best is not None and score <= full:
-            return
-        start = time.perf_counter()
-        model = type(self.estimator)(**repeats[0]).fit(X, Y)
+        # as screened, holding out the rows the full fits hold out
+        params = {**repeats[0], "validation_fraction": self.estimator.get_params(deep=False)["validation_fraction"]}
+        full, model, start = self._best[0] if self._best else -math.inf, None, time.perf_counter()
+        if self._best is not None:
+            if params == repeats[0]:
+                score = self._first.get(key, -math.inf)
+            elif self._screener is not None and self._screener.applies(params):
+                score = self._score(self._screener.score(params))
+            else:
+                model = type(self.estimator)(**params).fit(X, Y)
+                score = held_out_score(model, self.scoring)
+            if score <= full:
+                return
+        model = model or type(self.estimator)(**params).fit(X, Y)
         self._best = (held_out_score(model, self.scoring), model, dict(setting))
         self.best_fit_seconds_ = time.perf_counter() - start
         if full > -math.inf:
@@ -522,9 +543,11 @@ class HeldOutSearch:
         return self._check_fitted().save(url, overwrite=overwrite, meta={**(meta or {}), "search": self.record()})
 
     def record(self) -> dict:
-        """The search as JSON: ``strategy``, ``scoring``, ``screen``, ``best_params``, ``best_score``, ``results``,
-        ``time_budget``, ``skipped`` (the settings the budget left unfitted) and ``seconds``."""
+        """The search as JSON: ``strategy``, ``scoring``, ``screen``, ``screen_fraction``, ``best_params``,
+        ``best_score``, ``results``, ``time_budget``, ``skipped`` (the settings the budget left unfitted) and
+        ``seconds``."""
         self._check_fitted()
         return {"strategy": self.strategy, "scoring": self.scoring, "screen": self.screen,
+                "screen_fraction": self.screen_fraction,
                 "best_params": self.best_params_, "best_score": self.best_score_, "results": self.results_,
                 "time_budget": self.time_budget, "skipped": self.skipped_, "seconds": round(self.seconds_, 3)}

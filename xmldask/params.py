@@ -68,6 +68,9 @@ SCREEN = {"max_epochs": 0, "kernel": "none"}
 SCREEN_ROWS = 1000
 #: ``search_repeats="auto"``: at most this many splits per screened setting
 MAX_SCREEN_REPEATS = 5
+#: ``search_repeats="auto"``: a screened fit holds out up to this share of the rows (more than the model's own
+#: ``validation_fraction`` on small data), so that :data:`SCREEN_ROWS` rows take one split, not several
+MAX_SCREEN_FRACTION = 0.25
 #: ``n_estimators="auto"`` after a search: the chosen setting is fitted this many times with other seeds (each
 #: holding out its own rows) and the probabilities averaged, as Omikuji's default averages 3 trees (its
 #: measurements: docs/measurements.md). Without a search (``--no-search``): 1
@@ -136,7 +139,8 @@ class FamilyParams(BaseModel):
                           "(no decoder epochs); the searched kernels and the winner get full fits")
     search_repeats: PositiveInt | Literal["auto"] = Field(
         "auto", description="fits of each screened setting, each on another random held-out split, scored by "
-                            "their mean; auto: enough for about 1000 held-out rows in all (at most 5)")
+                            "their mean; auto: one split of about 1000 held-out rows where they are at most a quarter "
+                            "of the rows, else enough splits of a quarter for 1000 (at most 5)")
     search_extensions: Annotated[int, Field(ge=0)] = Field(
         2, description="coordinate search: at most N geometric steps past a numeric grid's winning end (0: the "
                        "listed values only)")

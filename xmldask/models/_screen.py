@@ -73,7 +73,7 @@ CACHE_BYTES = 1 << 30
 
 @dataclass
 class _Moments:
-    """One input normalisation's statistics over all rows (float64) and the held-out rows by split seed."""
+    """One input normalisation's statistics over all rows (float64) and the held-out rows by split."""
 
     X: object  # the transformed rows (lazy)
     idf: np.ndarray | None
@@ -82,7 +82,7 @@ class _Moments:
     C: np.ndarray  # X^T Y (as Rembrandt accumulates it)
     y: np.ndarray  # Y^T 1
     task: str
-    held: dict  # split seed -> (X_h, Y_h)
+    held: dict  # (split seed, fraction) -> (X_h, Y_h)
     features: str
     rembrandt: RembrandtMoments | None = None
 
@@ -213,10 +213,10 @@ class Screener:
     def _primal_decoder(self, est, p, split, seed):
         """The decoder's normal equations, held-out features and task from ``X^T X``, ``X^T Y``, the held-out rows."""
         m = self._statistics(est, p, split)
-        Xh, Yh = m.held[split.seed]
+        Xh, Yh = m.held[split.seed, split.fraction]
         R = est._every_label(p, self.Y.shape[1])
         R = self._embedding(m, p, seed) if R is None else R
-        W, c, (Gc, mu, C_t, y_t, n_t) = self._feature_map(m, split.seed, Xh, Yh, R, p)
+        W, c, (Gc, mu, C_t, y_t, n_t) = self._feature_map(m, (split.seed, split.fraction), Xh, Yh, R, p)
         # the decoder's normal equations of F = [X W + c, 1] over the training rows, from the statistics:
         # X^T X = Gc + n mu mu^T and X^T 1 = n mu over them
         W64, c64 = W.astype(np.float64), c.astype(np.float64)
@@ -248,7 +248,7 @@ class Screener:
             M += overall
             return M, row_means, np.array([overall, np.trace(M)])
 
-        M, row_means, (overall, trace) = self._shared.get(("dual", g.features, split.seed), centred)
+        M, row_means, (overall, trace) = self._shared.get(("dual", g.features, split.seed, split.fraction), centred)
         Y_T = g.Y[T]
         YR = np.asarray(Y_T @ R)
         c = YR.mean(axis=0)
@@ -259,7 +259,8 @@ class Screener:
             Ml[np.diag_indices_from(Ml)] += lam
             return scipy.linalg.cho_factor(Ml, lower=True, overwrite_a=True)
 
-        A = scipy.linalg.cho_solve(self._shared.get(("dual", g.features, split.seed, p["alpha"]), factor), YR - c)
+        A = scipy.linalg.cho_solve(self._shared.get(("dual", g.features, split.seed, split.fraction, p["alpha"]),
+                                                    factor), YR - c)
         dtype = p["dtype"]
         # the training rows' predictions K_TT A + c are YR - lam A, since (K_TT + lam I) A = YR - c: no product
         F_T = (YR - lam * A).astype(dtype).astype(np.float64)  # as the fit's float32 features round them
@@ -313,7 +314,7 @@ class Screener:
         """The statistics of ``est``'s input normalisation, with ``split``'s held-out rows (a pass if new)."""
         features = est.features
         m = self._moments.get(features)
-        if m is not None and split.seed in m.held:
+        if m is not None and (split.seed, split.fraction) in m.held:
             return m
         if m is None:
             est._fit_idf(self.X, p["dtype"])
@@ -339,7 +340,8 @@ class Screener:
         else:
             blocks = dask.compute(held)[0]
         self.n_passes += 1
-        m.held[split.seed] = (_stack([b[0][0] for b in blocks]), _stack([b[0][1] for b in blocks]).tocsr())
+        m.held[split.seed, split.fraction] = (_stack([b[0][0] for b in blocks]),
+                                              _stack([b[0][1] for b in blocks]).tocsr())
         return m
 
     def _embedding(self, m: _Moments, p: dict, seed: int) -> np.ndarray:
@@ -355,8 +357,8 @@ class Screener:
             self._embeddings[key] = V.astype(p["dtype"])
         return self._embeddings[key]
 
-    def _feature_map(self, m: _Moments, seed: int, Xh, Yh, R: np.ndarray, p: dict):
-        """``W``, ``c`` of the ridge onto ``Y R`` over the training rows of split ``seed`` (centred,
+    def _feature_map(self, m: _Moments, split: tuple, Xh, Yh, R: np.ndarray, p: dict):
+        """``W``, ``c`` of the ridge onto ``Y R`` over the training rows of ``split`` (its seed and fraction; centred,
         ``lam = alpha tr / d``), and their statistics ``(X_c^T X_c, mean row, X^T Y, Y^T 1, n)``."""
         f64 = np.float64
         Xh64 = sp.csr_matrix(Xh, dtype=f64) if sp.issparse(Xh) else np.asarray(Xh, dtype=f64)
@@ -368,7 +370,7 @@ class Screener:
             Gc -= n_t * np.outer(mu, mu)
             return Gc, mu, np.array([np.trace(Gc)])
 
-        Gc, mu, (trace,) = self._shared.get(("primal", m.features, seed), centred)
+        Gc, mu, (trace,) = self._shared.get(("primal", m.features, *split), centred)
         Yh64 = sp.csr_matrix(Yh, dtype=f64)
         C_t = m.C - K._dense(Xh64.T @ Yh64)
         y_t = m.y - np.asarray(Yh64.sum(axis=0), dtype=f64).ravel()
@@ -376,8 +378,12 @@ class Screener:
         B = C_t @ R64 - np.outer(mu, y_t @ R64)
         d = Gc.shape[0]
         lam = p["alpha"] * trace / d
-        chol = self._shared.get(("primal", m.features, seed, p["alpha"]),
-                                lambda: scipy.linalg.cho_factor(Gc + lam * np.eye(d), lower=True))
+        def factor():  # Gc + lam I, made in place of a d x d identity (three d x d passes less)
+            Gl = Gc.copy()
+            Gl[np.diag_indices_from(Gl)] += lam
+            return scipy.linalg.cho_factor(Gl, lower=True, overwrite_a=True)
+
+        chol = self._shared.get(("primal", m.features, *split, p["alpha"]), factor)
         Z = scipy.linalg.cho_solve(chol, B)
         c = (y_t @ R64) / n_t - mu @ Z
         return Z.astype(p["dtype"]), c.astype(p["dtype"]), (Gc, mu, C_t, y_t, n_t)
