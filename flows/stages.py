@@ -323,6 +323,10 @@ def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Cal
         publish(work, out, overwrite=True)
     except BaseException:
         remove(work)
+        from xmldask.cluster import paused_out
+
+        if paused_out():  # the workers stayed paused for memory and the job was cancelled: say so, not the task's error
+            raise MemoryError(f"stage {stage}: {paused_out()}") from None
         raise
     seconds = time.perf_counter() - start
     # the jobs report the temporary paths they wrote: name the final ones instead

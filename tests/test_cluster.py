@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -394,3 +395,27 @@ def test_workers_paused_for_memory_stop_the_job_with_a_memory_error(tmp_path):
         with cluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="150MB", dashboard_address=None,
                      pause_limit=2):
             EmbeddingClassifier(embedding="rembrandt", n_components=8, max_epochs=1).fit(ds.X, ds.Y)
+
+
+@pytest.mark.timeout(120)
+def test_a_job_cancelled_for_memory_raises_from_compute_each_and_names_the_pause(tmp_path):
+    """``compute_each`` gathers each part as it is computed: a part the pause watch cancelled raises
+    ``CancelledError`` (before: its error object was passed on as the part's value, and the job died later on
+    it: "scipy.sparse does not support dtype object"), and ``paused_out`` names the pause, for the flows'
+    stages, which run inside a cluster block entered elsewhere."""
+    from concurrent.futures import CancelledError
+
+    import dask
+
+    from xmldask.cluster import paused_out
+    from xmldask.linalg.passes import compute_each
+
+    seen = []
+    ballast = np.ones(2**23)  # 64 MiB more in this process, whose memory is the in-process worker's: it pauses
+    with cluster(n_workers=1, threads_per_worker=1, processes=False, memory_limit="150MB", dashboard_address=None,
+                 pause_limit=2) as client:
+        assert paused_out(client) == "" and ballast.sum() == 2**23
+        with pytest.raises(CancelledError, match="part [0-2] of 3 was cancelled"):
+            compute_each([dask.delayed(time.sleep)(6) for _ in range(3)], lambda i, value: seen.append(value))
+        assert paused_out() == paused_out(client) and "paused for memory for more than 2 s" in paused_out()
+    assert seen == [] and paused_out(client) == ""

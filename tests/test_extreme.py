@@ -778,6 +778,32 @@ def test_an_ensembles_fit_counts_its_other_members(stores, monkeypatch, capsys):
     assert not exists(out)
 
 
+def test_a_worker_that_would_pause_for_what_it_already_holds_is_refused_before_any_pass(stores, monkeypatch):
+    """A worker pauses at 80 % of its limit counting what it holds before the job (measured: 2 workers of 500 MiB
+    paused at 401 MiB, a job estimated at 0.25 GiB a worker, then cancelled after 60 s): a job whose estimate
+    does not fit beside it is refused before any pass, with the numbers; one that does is let through."""
+    import xmldask.scheduling as S
+
+    root, train, _ = stores
+    data = open_dataset(train)
+    est = LabelCentroidClassifier()
+    need = jobs._check_memory(est, data)["worker"]
+    limit = 2**30
+    monkeypatch.setattr(S, "worker_memory_limit", lambda: limit)
+    monkeypatch.setattr(S, "workers_in_process", lambda: False)
+    monkeypatch.setattr(S, "worker_memory_in_use", lambda: int(0.8 * limit - need) - 2**20)
+    jobs._check_memory(est, data)  # 1 MiB to spare
+    monkeypatch.setattr(S, "worker_memory_in_use", lambda: int(0.8 * limit - need) + 2**20)
+    with pytest.raises(MemoryError, match=r"a worker needs about .* GiB on top of the .* GiB it holds before the job, "
+                                          r"past the 0.80 GiB \(80% of its limit\) at which Dask pauses it. Fix"):
+        jobs._check_memory(est, data)
+    out = str(root / "paused.zarr")
+    monkeypatch.setattr(S, "worker_memory_in_use", lambda: limit)
+    with pytest.raises(MemoryError, match="at which Dask pauses it"):
+        jobs.train(train, out, model="centroid")
+    assert not exists(out)
+
+
 def test_memory_estimate_counts_the_router_rows_and_in_process_workers(stores, monkeypatch):
     """Routers to train: a worker's peak at least the group routers' rows (two copies of the entries' bound, at most
     SVM_GROUP_SHARE of its limit), past its label blocks' sums; workers that are threads of the fitting process:

@@ -615,3 +615,24 @@ def test_prefect_engine_lines_leave_the_terminal_unless_verbose(monkeypatch):
     finally:
         for name, level in saved.items():
             logging.getLogger(name).setLevel(level)
+
+
+def test_a_stage_whose_job_was_cancelled_for_memory_says_so_and_leaves_nothing(tmp_path, monkeypatch):
+    """A flow's stage runs inside a cluster block entered by the flow: when the pause watch cancelled its job, the
+    stage fails with the watch's MemoryError (the workers' memory, what to change), not the error of whatever
+    code met the cancelled task (measured before: "scipy.sparse does not support dtype object"), and its
+    unfinished directory is removed."""
+    import xmldask.cluster
+    from flows.stages import run_stage
+
+    def compute(work, scratch):
+        raise ValueError("scipy.sparse does not support dtype object")
+
+    out = str(tmp_path / "train")
+    with pytest.raises(ValueError, match="dtype object"):  # not paused: the job's own error
+        run_stage("train", params={}, inputs={}, compute=compute, out=out)
+    said = "every Dask worker has been paused for memory for more than 60 s (0: 401 MiB of 500 MiB)"
+    monkeypatch.setattr(xmldask.cluster, "paused_out", lambda client=None: said)
+    with pytest.raises(MemoryError, match=r"^stage train: every Dask worker has been paused .*401 MiB of 500"):
+        run_stage("train", params={}, inputs={}, compute=compute, out=out)
+    assert list(tmp_path.iterdir()) == []

@@ -57,6 +57,7 @@ import logging
 import os
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -77,6 +78,7 @@ __all__ = [
     "cluster_from_args",
     "default_layout",
     "parse_memory_limit",
+    "paused_out",
     "worker_blas_threads",
 ]
 
@@ -526,6 +528,26 @@ class _MutedOnTrip:
             logging.getLogger(name).setLevel(level)
 
 
+#: the pause watch of each client that :func:`cluster` yields, while it runs
+_WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def paused_out(client=None) -> str:
+    """Why the jobs of ``client`` (default: the current one) were cancelled, if its workers stayed paused for
+    memory past :data:`PAUSE_LIMIT` (the message of the ``MemoryError`` that :func:`cluster` raises), else ``""``.
+    For code that runs a job inside a :func:`cluster` block entered elsewhere (a flow's stage), whose error
+    otherwise names only the cancelled task."""
+    if client is None:
+        from distributed import default_client
+
+        try:
+            client = default_client()
+        except ValueError:
+            return ""
+    watch = _WATCHES.get(client)
+    return watch.tripped if watch is not None else ""
+
+
 class _PauseWatch:
     """Watches the workers while a job runs: when every one of them has been paused for memory longer than
     ``limit`` seconds, the client's tasks are cancelled (the job's ``compute`` raises) and :attr:`tripped` says
@@ -539,12 +561,14 @@ class _PauseWatch:
         self._thread = threading.Thread(target=self._run, name="xmldask-pause-watch", daemon=True)
 
     def __enter__(self) -> _PauseWatch:
+        _WATCHES[self.client] = self
         self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        _WATCHES.pop(self.client, None)
 
     def _run(self) -> None:
         since = None

@@ -411,27 +411,37 @@ def _check_memory(est, data, *, members: int = 1) -> None:
     ensemble's fitting process also holds its ``members`` - 1 other fitted models) exceeds
     :data:`MEMORY_SHARE` of this machine's available memory or of the
     smallest worker's limit, with the numbers and what to change."""
+    import dask
     import psutil
 
-    from .scheduling import worker_memory_limit, workers_in_process
+    from .scheduling import worker_memory_in_use, worker_memory_limit, workers_in_process
 
     need = dict(est.memory_needed(data))
     need["fit_process"] = need.get("fit_process", 0) + (members - 1) * need.get("model_bytes", 0)
-    if workers_in_process():  # the workers' tasks run in this process: a worker's peak is its peak too
+    in_process = workers_in_process()
+    if in_process:  # the workers' tasks run in this process: a worker's peak is its peak too
         need["fit_process"] = need.get("fit_process", 0) + need.get("worker", 0)
     limits = {"fit_process": psutil.virtual_memory().available, "worker": worker_memory_limit()}
-    over = [(what, need[what], limit) for what, limit in limits.items()
+    said = [f"the {what.replace('_', ' ')} needs about {need[what] / 2**30:.2f} GiB of its {limit / 2**30:.2f} GiB "
+            f"(at most {MEMORY_SHARE:.0%} is used)" for what, limit in limits.items()
             if limit and need.get(what, 0) > MEMORY_SHARE * limit]
-    if over:
-        said = "; ".join(f"the {what.replace('_', ' ')} needs about {n / 2**30:.1f} GiB of its {lim / 2**30:.1f} GiB"
-                         for what, n, lim in over)
+    # a worker pauses at a share of its limit (Dask's distributed.worker.memory.pause) that counts what it holds
+    # before the job (the interpreter and libraries: a few hundred MiB, most of a small limit)
+    pause, held = dask.config.get("distributed.worker.memory.pause", 0.8), worker_memory_in_use()
+    limit = limits["worker"]
+    if limit and pause and not in_process and not said and need.get("worker", 0) + held > pause * limit:
+        said.append(f"a worker needs about {need['worker'] / 2**30:.2f} GiB on top of the {held / 2**30:.2f} GiB it "
+                    f"holds before the job, past the {pause * limit / 2**30:.2f} GiB ({pause:.0%} of its limit) at "
+                    "which Dask pauses it")
+    if said:
         raise MemoryError(f"{type(est).__name__} on {data.url} ({data.n_samples} rows, {data.n_features} features, "
-                          f"{data.n_labels} labels) would not fit: {said} (at most {MEMORY_SHARE:.0%} is used). Fix: "
+                          f"{data.n_labels} labels) would not fit: {'; '.join(said)}. Fix: "
                           "give the workers more memory (--memory-limit, or a cluster with larger workers), train on "
                           "fewer features (a smaller vocabulary), or on a sample of the rows"
                           + (f", or an ensemble of fewer than {members} members" if members > 1 else ""))
-    logger.info("estimated peak memory: %s", ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in need.items()
-                                                      if k != "entries"))
+    logger.info("estimated peak memory: %s%s", ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in need.items()
+                                                        if k != "entries"),
+                f" (beside the {held / 2**30:.2f} GiB a worker holds now)" if held and not in_process else "")
     return need
 
 

@@ -78,6 +78,14 @@ def worker_memory_limit() -> int | None:
     return min(limits) if limits else None
 
 
+def worker_memory_in_use() -> int:
+    """The most memory (bytes) that one of the current client's workers holds now, as the scheduler last heard
+    (0 without a client): what a worker holds before a job's tasks (the interpreter, the libraries, data kept)."""
+    client = current_client()
+    workers = client.scheduler_info().get("workers", {}).values() if client is not None else ()
+    return max((int((w.get("metrics") or {}).get("memory") or 0) for w in workers), default=0)
+
+
 def workers_in_process() -> bool:
     """Whether the current client's workers are threads of this process (a local cluster with
     ``processes=False``: their memory is this process's)."""

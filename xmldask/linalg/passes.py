@@ -555,12 +555,16 @@ def compute_each(parts: list, each=None) -> list:
     client = current_client()
     if client is None:
         return [each(i, value) for i, value in enumerate(dask.compute(*parts))]
+    from concurrent.futures import CancelledError
+
     from distributed import as_completed
 
     futures = client.compute(list(parts))
     position = {id(future): i for i, future in enumerate(futures)}
     out = [None] * len(futures)
     for future, value in as_completed(futures, with_results=True):
+        if isinstance(value, CancelledError):  # as_completed yields a cancelled future's error as its value
+            raise CancelledError(f"part {position[id(future)]} of {len(futures)} was cancelled ({value})")
         i = position[id(future)]
         future.release()
         out[i] = each(i, value)
