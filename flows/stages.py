@@ -325,8 +325,9 @@ def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Cal
         remove(work)
         from xmldask.cluster import paused_out
 
-        if paused_out():  # the workers stayed paused for memory and the job was cancelled: say so, not the task's error
-            raise MemoryError(f"stage {stage}: {paused_out()}") from None
+        why = paused_out()
+        if why:  # the workers stayed paused for memory and the job was cancelled: say so, not the task's error
+            raise MemoryError(f"stage {stage}: {why}") from None
         raise
     seconds = time.perf_counter() - start
     # the jobs report the temporary paths they wrote: name the final ones instead

@@ -426,7 +426,7 @@ def _check_memory(est, data, *, members: int = 1) -> None:
             f"(at most {MEMORY_SHARE:.0%} is used)" for what, limit in limits.items()
             if limit and need.get(what, 0) > MEMORY_SHARE * limit]
     # a worker pauses at a share of its limit (Dask's distributed.worker.memory.pause) that counts what it holds
-    # before the job (the interpreter and libraries: a few hundred MiB, most of a small limit)
+    # before the job (the interpreter and libraries: 100-130 MiB fresh, more after earlier stages)
     pause, held = dask.config.get("distributed.worker.memory.pause", 0.8), worker_memory_in_use()
     limit = limits["worker"]
     if limit and pause and not in_process and not said and need.get("worker", 0) + held > pause * limit:
