@@ -680,3 +680,36 @@ def test_time_budget_stops_the_search_and_keeps_the_best_so_far(monkeypatch):
     for bad in (0, -1, math.inf, "10", True):
         with pytest.raises(ValueError, match="time_budget must be a positive number"):
             HeldOutSearch(_Timed(), grid, scoring="p@1", time_budget=bad).fit(X, Y)
+
+
+def test_screened_finalist_is_taken_from_the_full_fit_of_its_setting(data, monkeypatch):
+    """Where the screen's best, as screened, wins and a full fit of the same setting on the linear map ran with
+    decoder epochs, the search keeps that fit's ridge decoder (``at_warm_start``) instead of fitting it again: the
+    same model as a fresh fit of the chosen setting, one fit fewer."""
+    ds = open_dataset(data[1])
+    screen = {"max_epochs": 0, "kernel": "none"}
+    template = _template()
+    grid = {"alpha": [1e-3, 1.0], "kernel": ["none"]}
+
+    def worse_epochs(self, d, Q, P, p, rng):  # an epoch of lower held-out loss that ranks no label right
+        d.history.append({**d.history[0], "epoch": 1, "val_loss": 0.0, "val_p@1": 0.0})
+        return Q * 0, 1
+
+    monkeypatch.setattr(EmbeddingClassifier, "_sgd", worse_epochs)
+    fits = []
+    original = EmbeddingClassifier.fit
+    monkeypatch.setattr(EmbeddingClassifier, "fit", lambda self, *a, **kw: fits.append(self.get_params()) or
+                        original(self, *a, **kw))
+    search = HeldOutSearch(template, grid, screen=screen, screen_finalist=True, max_extensions=0,
+                           n_jobs=1).fit(ds.X, ds.Y)
+    assert search.best_params_ == {"alpha": search.best_params_["alpha"], **screen}
+    full_fits = [f for f in fits if f["max_epochs"] > 0]
+    assert len(full_fits) == 1 and not [f for f in fits if f["max_epochs"] == 0 and
+                                         f["validation_fraction"] == template.validation_fraction]
+    model = search.best_estimator_
+    alone = original(EmbeddingClassifier(**{**template.get_params(deep=False), **search.best_params_}), ds.X, ds.Y)
+    assert model.max_epochs == 0 and model.n_passes_ == alone.n_passes_
+    np.testing.assert_array_equal(model.Q_, alone.Q_)
+    np.testing.assert_array_equal(model.bias_, alone.bias_)
+    assert model.history_ == [{**alone.history_[0], "seconds": model.history_[0]["seconds"]}]
+    assert search.best_score_ == held_out_score(alone)

@@ -599,8 +599,9 @@ def test_sgd_chains_give_the_same_decoder_on_a_distributed_cluster(multiclass, c
     assert _p_at_1(labels, sp.csr_matrix(Y.compute())) > 0.5
 
 
+@pytest.mark.parametrize("block", [256, 7])
 @pytest.mark.parametrize("lower", [True, False])
-def test_inverse_from_cholesky_is_the_inverse(lower):
+def test_inverse_from_cholesky_is_the_inverse(lower, block):
     """SGD's preconditioner: the inverse of the decoder's normal matrix from its Cholesky factor (potri)."""
     import scipy.linalg
 
@@ -608,7 +609,7 @@ def test_inverse_from_cholesky_is_the_inverse(lower):
 
     A = np.random.default_rng(0).normal(size=(60, 25))
     H = A.T @ A + 0.1 * np.eye(25)
-    P = inverse_from_cholesky(scipy.linalg.cho_factor(H, lower=lower))
+    P = inverse_from_cholesky(scipy.linalg.cho_factor(H, lower=lower), block=block)  # 7: uneven blocks
     np.testing.assert_allclose(P, np.linalg.inv(H), rtol=1e-10, atol=1e-12)
     np.testing.assert_array_equal(P, P.T)
 
@@ -639,3 +640,23 @@ def test_time_budget_stops_the_decoder_epochs(multiclass, monkeypatch):
     assert len(none.history_) == 1 and np.array_equal(none.Q_, ridge.Q_)
     with pytest.raises(ValueError, match="time_budget"):
         EmbeddingClassifier(**kw, time_budget=-3).fit(X, Y)
+
+
+def test_at_warm_start_is_the_fit_without_epochs(multilabel):
+    """A fit with decoder epochs on the linear map keeps its ridge decoder: ``at_warm_start()`` is the model that
+    ``max_epochs=0`` fits (not one with random features, nor one without epochs)."""
+    X, Y = multilabel
+    kw = dict(embedding="rembrandt", n_components=8, kernel="none", random_state=2)
+    epochs = EmbeddingClassifier(**kw, max_epochs=3, learning_rate=8.0).fit(X, Y)
+    ridge = EmbeddingClassifier(**kw, max_epochs=0, learning_rate=8.0).fit(X, Y)
+    warm = epochs.at_warm_start()
+    assert warm.get_params() == ridge.get_params()
+    np.testing.assert_array_equal(warm.Q_, ridge.Q_)
+    np.testing.assert_array_equal(warm.bias_, ridge.bias_)
+    assert not np.array_equal(epochs.Q_, warm.Q_)  # the epochs' decoder is untouched
+    assert warm.n_passes_ == ridge.n_passes_ < epochs.n_passes_
+    assert [h["val_p@1"] for h in warm.history_] == [h["val_p@1"] for h in ridge.history_]
+    np.testing.assert_array_equal(warm.predict_topk(X, 3)[0].compute(), ridge.predict_topk(X, 3)[0].compute())
+    assert ridge.at_warm_start() is None and warm.at_warm_start() is None
+    gaussian = EmbeddingClassifier(**{**kw, "kernel": "gaussian"}, n_random_features=50, max_epochs=1).fit(X, Y)
+    assert gaussian.at_warm_start() is None

@@ -84,6 +84,11 @@ def _seed(random_state) -> int:
     return int(random_state) if isinstance(random_state, numbers.Integral) else 0
 
 
+def _params_key(params: dict) -> tuple:
+    """Parameters as a dictionary key, but for ``time_budget`` (the search hands each fit the time left)."""
+    return tuple(sorted((name, repr(value)) for name, value in params.items() if name != "time_budget"))
+
+
 def held_out_score(estimator, scoring: str = "p@1") -> float:
     """The held-out figure of a fitted estimator's kept decoder (larger is better).
 
@@ -369,6 +374,10 @@ class HeldOutSearch:
         self._fit_seconds[bool(overrides)].append(seconds / self._cost(repeats[0]))
         if not overrides and self._best is None:
             self._check_first_model(setting)
+        if not overrides and model is not None and callable(getattr(model, "at_warm_start", None)):
+            warm = model.at_warm_start()  # its ridge decoder: the screened setting, should it win
+            if warm is not None:
+                self._warm[_params_key(warm.get_params(deep=False))] = warm
         # keep only the best fitted model in memory (a screened fit is never the one kept)
         if not overrides and (self._best is None or score > self._best[0]):
             self._best, self.best_fit_seconds_ = (score, model, dict(setting)), seconds / len(repeats)
@@ -421,7 +430,7 @@ class HeldOutSearch:
         grid = self._validated()
         self._start = time.perf_counter() if started is None else started
         self._fit_seconds, self.skipped_ = {True: [], False: []}, []
-        self.results_, self._done, self._first, self._best = [], {}, {}, None
+        self.results_, self._done, self._first, self._best, self._warm = [], {}, {}, None, {}
         self._split = None
         if not self._holds_out_itself():
             split = HeldOut(_seed(self.estimator.get_params(deep=False).get("random_state")),
@@ -467,7 +476,7 @@ class HeldOutSearch:
                         time.perf_counter() - start, self._budget_used())
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
         self.seconds_ = time.perf_counter() - self._start
-        del self._done, self._first, self._best, self._screener, self._split
+        del self._done, self._first, self._best, self._screener, self._split, self._warm
         return self
 
     def _screened_finalist(self, setting: dict, overrides: dict, X, Y) -> None:
@@ -477,22 +486,27 @@ class HeldOutSearch:
         # as screened, holding out the rows the full fits hold out
         params = {**repeats[0], "validation_fraction": self.estimator.get_params(deep=False)["validation_fraction"]}
         full, model, start = self._best[0] if self._best else -math.inf, None, time.perf_counter()
+        # a full fit of this setting with decoder epochs started from this very model (at_warm_start)
+        warm = self._warm.get(_params_key(params))
         if self._best is not None:
             if params == repeats[0]:
                 score = self._first.get(key, -math.inf)
             elif self._screener is not None and self._screener.applies(params):
                 score = self._score(self._screener.score(params))
             else:
-                model = type(self.estimator)(**params).fit(X, Y)
+                model = warm or type(self.estimator)(**params).fit(X, Y)
                 score = held_out_score(model, self.scoring)
             if score <= full:
                 return
-        model = model or type(self.estimator)(**params).fit(X, Y)
+        model = model or warm or type(self.estimator)(**params).fit(X, Y)
         self._best = (held_out_score(model, self.scoring), model, dict(setting))
-        self.best_fit_seconds_ = time.perf_counter() - start
+        # taken from a full fit: the seconds that fit took to its warm start
+        self.best_fit_seconds_ = model.history_[0]["seconds"] if model is warm else time.perf_counter() - start
         if full > -math.inf:
-            logger.info("held-out search: the screened %s beats the full fits (%s %.4f against %.4f; fitted in %.1f "
-                        "s)", setting, self.scoring, abs(score), abs(full), time.perf_counter() - start)
+            how = ("the ridge decoder of its full fit with epochs" if model is warm
+                   else f"fitted in {time.perf_counter() - start:.1f} s")
+            logger.info("held-out search: the screened %s beats the full fits (%s %.4f against %.4f; %s)", setting,
+                        self.scoring, abs(score), abs(full), how)
         else:
             logger.info("held-out search: the screened %s fitted as the first model (%s %.4f; %.1f s%s)", setting,
                         self.scoring, abs(self._best[0]), time.perf_counter() - start, self._budget_used())

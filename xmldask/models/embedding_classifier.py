@@ -28,6 +28,7 @@ preconditioning of the log-loss gradient.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import queue
@@ -510,6 +511,9 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         d = self._decoder_data(X, Y, split, state, p, t_start)  # one pass: normal equations, held-out rows
         passes += 1
         Q, P = self._warm_start(d, p)
+        # the linear map's ridge decoder, as fitted with max_epochs=0 (at_warm_start); a random-feature decoder,
+        # m + 1 wide, is not kept
+        self._ridge_decoder = (Q.copy(), passes) if p["max_epochs"] > 0 and p["kernel"] == "none" else None
         if p["max_epochs"] > 0:  # line 6
             if d.Fh is None:
                 logger.warning("no held-out rows (validation_fraction=%g): SGD runs %d epochs without early "
@@ -525,6 +529,23 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         self.n_passes_ = passes
         logger.info("fitted in %.1f s, %d passes", time.perf_counter() - t_start, passes)
         return self
+
+    def at_warm_start(self) -> EmbeddingClassifier | None:
+        """This fitted model as fitted with ``max_epochs=0`` (the same model: the ridge decoder its epochs
+        started from), for a fit with decoder epochs on the linear map (``kernel='none'``); else ``None``.
+
+        The held-out search takes the ridge decoder it screened from a full fit of the same setting instead of
+        fitting it again.
+        """
+        start = getattr(self, "_ridge_decoder", None)
+        if start is None:
+            return None
+        Q, passes = start
+        model = copy.copy(self)
+        model.max_epochs, model._ridge_decoder = 0, None
+        model.Q_, model.bias_ = np.ascontiguousarray(Q[:-1]), np.ascontiguousarray(Q[-1])
+        model.history_, model.n_passes_ = self.history_[:1], passes
+        return model
 
     # -- the steps of fit -----------------------------------------------------------------------
 
