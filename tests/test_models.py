@@ -660,3 +660,27 @@ def test_at_warm_start_is_the_fit_without_epochs(multilabel):
     assert ridge.at_warm_start() is None and warm.at_warm_start() is None
     gaussian = EmbeddingClassifier(**{**kw, "kernel": "gaussian"}, n_random_features=50, max_epochs=1).fit(X, Y)
     assert gaussian.at_warm_start() is None
+
+
+def test_decoder_normal_equations_scatter_a_large_feature_map(multilabel, client):
+    """The warm start's pass ships ``W`` (d x k: 123 MB on lshtc1, which printed distributed's "large graph"
+    warning) scattered once, not inside the graph, with the same sums as in threads; a small one stays inline."""
+    import warnings
+
+    from xmldask.models import _graph
+
+    X, Y = multilabel
+    rng = np.random.default_rng(0)
+    split = _graph.HeldOut(5, 0.2, tuple(int(c) for c in X.chunks[0]))
+    for k, scattered in ((2000, True), (4, False)):  # W of 2.4 MB and of 4.8 kB (SCATTER_BYTES: 1 MiB)
+        state = {"W": rng.standard_normal((X.shape[1], k)).astype(np.float32) / 10,
+                 "intercept": np.zeros(k, np.float32), "omega": None, "phase": None, "bandwidth": None}
+        want = dask.compute(_graph.normal_equations(X, Y, split, state), scheduler="threads")[0]
+        with client.as_current(), warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)  # "Sending large graph of size ..."
+            graph = _graph.normal_equations(X, Y, split, state)
+            size = len(pickle.dumps(dict(graph.__dask_graph__()), protocol=5))
+            assert (size < state["W"].nbytes / 4) == scattered
+            got = dask.compute(graph)[0]
+        np.testing.assert_allclose(got["G"], want["G"], rtol=1e-6, atol=1e-6)
+        np.testing.assert_allclose(got["FtY"], want["FtY"], rtol=1e-6, atol=1e-6)

@@ -16,6 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from ..linalg import ROWS, WHOLE, dense_operand, per_block, per_block_objects, tree_combine
+from ..linalg.passes import SCATTER_BYTES
 from ..scheduling import current_client
 from ..store.csr import block_reader
 from . import _kernels as K
@@ -264,8 +265,9 @@ def normal_equations(X: da.Array, Y: da.Array, split: HeldOut, state: dict):
 
     One task per row block, then a pairwise tree sum.
     """
+    nbytes = sum(v.nbytes for v in state.values() if isinstance(v, np.ndarray))  # W: d x k, 123 MB on lshtc1
     parts = per_block_objects(_normal_block, X, Y, seed=split.seed, fraction=split.fraction,
-                              state=dask.delayed(state, traverse=False))
+                              state=_ship(state, nbytes))
     return tree_combine(parts, _add)
 
 
@@ -273,10 +275,11 @@ def normal_equations(X: da.Array, Y: da.Array, split: HeldOut, state: dict):
 # the decoder's SGD epochs as tasks
 
 
-def _ship(obj):
+def _ship(obj, nbytes: int | None = None):
     """``obj`` once for a whole graph: scattered to every worker of a current ``distributed`` client (a
-    restarted worker loses nothing), else embedded in the graph."""
-    client = current_client()
+    restarted worker loses nothing), else embedded in the graph; given its size ``nbytes``, scattered only from
+    :data:`~xmldask.linalg.passes.SCATTER_BYTES` (no "large graph" warning, no round trip for a small one)."""
+    client = current_client() if nbytes is None or nbytes >= SCATTER_BYTES else None
     if client is not None:
         return client.scatter([obj], broadcast=True, hash=False)[0]
     return dask.delayed(obj, traverse=False)
