@@ -128,7 +128,9 @@ class HeldOutSearch:
     screen_finalist : bool, default False
         The best screened setting competes with the full fits as it was screened (with ``screen``'s
         overrides: e.g. the ridge decoder alone). Compared on the full fits' own held-out rows (its first
-        split), it is kept when it beats them, and then fitted once more, in full.
+        split), it is kept when it beats them, and then fitted once more, in full; or taken from a full fit of
+        the same setting that started from it, where the estimator offers that fit's start (``at_warm_start``:
+        the embedding classifier's ridge decoder before its epochs).
     screen_repeats : int, default 1
         Fits of every screened setting, each holding out other random rows (seeds drawn from the
         template's ``random_state``); its score is their mean. A held-out slice of a few hundred rows
