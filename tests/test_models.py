@@ -658,6 +658,7 @@ def test_at_warm_start_is_the_fit_without_epochs(multilabel):
     assert [h["val_p@1"] for h in warm.history_] == [h["val_p@1"] for h in ridge.history_]
     np.testing.assert_array_equal(warm.predict_topk(X, 3)[0].compute(), ridge.predict_topk(X, 3)[0].compute())
     assert ridge.at_warm_start() is None and warm.at_warm_start() is None
+    assert epochs.at_warm_start(release=True) is not None and epochs.at_warm_start() is None  # handed over
     gaussian = EmbeddingClassifier(**{**kw, "kernel": "gaussian"}, n_random_features=50, max_epochs=1).fit(X, Y)
     assert gaussian.at_warm_start() is None
 

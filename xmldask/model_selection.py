@@ -377,7 +377,7 @@ class HeldOutSearch:
         if not overrides and self._best is None:
             self._check_first_model(setting)
         if not overrides and model is not None and callable(getattr(model, "at_warm_start", None)):
-            warm = model.at_warm_start()  # its ridge decoder: the screened setting, should it win
+            warm = model.at_warm_start(release=True)  # its ridge decoder: the screened setting, should it win
             if warm is not None:
                 self._warm[_params_key(warm.get_params(deep=False))] = warm
         # keep only the best fitted model in memory (a screened fit is never the one kept)

@@ -530,14 +530,17 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         logger.info("fitted in %.1f s, %d passes", time.perf_counter() - t_start, passes)
         return self
 
-    def at_warm_start(self) -> EmbeddingClassifier | None:
+    def at_warm_start(self, release: bool = False) -> EmbeddingClassifier | None:
         """This fitted model as fitted with ``max_epochs=0`` (the same model: the ridge decoder its epochs
         started from), for a fit with decoder epochs on the linear map (``kernel='none'``); else ``None``.
 
         The held-out search takes the ridge decoder it screened from a full fit of the same setting instead of
-        fitting it again.
+        fitting it again. That decoder (as large as ``Q_``; never saved) is kept in memory until a call with
+        ``release=True``, after which this model has none to give.
         """
         start = getattr(self, "_ridge_decoder", None)
+        if release:
+            self._ridge_decoder = None
         if start is None:
             return None
         Q, passes = start
