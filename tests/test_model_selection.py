@@ -682,10 +682,18 @@ def test_time_budget_stops_the_search_and_keeps_the_best_so_far(monkeypatch):
             HeldOutSearch(_Timed(), grid, scoring="p@1", time_budget=bad).fit(X, Y)
 
 
-def test_screened_finalist_is_taken_from_the_full_fit_of_its_setting(data, monkeypatch):
+@pytest.mark.parametrize("screen_fraction", [None, 0.3])
+def test_screened_finalist_is_taken_from_the_full_fit_of_its_setting(data, monkeypatch, screen_fraction):
     """Where the screen's best, as screened, wins and a full fit of the same setting on the linear map ran with
     decoder epochs, the search keeps that fit's ridge decoder (``at_warm_start``) instead of fitting it again: the
-    same model as a fresh fit of the chosen setting, one fit fewer."""
+    same model as a fresh fit of the chosen setting, one fit fewer. A screen that held out other rows
+    (``screen_fraction``) does not solve the finalist again on the full fits' rows either: the warm start's figure
+    is that solve's."""
+    from xmldask.models._screen import Screener
+
+    screened = []
+    score = Screener.score
+    monkeypatch.setattr(Screener, "score", lambda self, params: screened.append(params) or score(self, params))
     ds = open_dataset(data[1])
     screen = {"max_epochs": 0, "kernel": "none"}
     template = _template()
@@ -701,8 +709,9 @@ def test_screened_finalist_is_taken_from_the_full_fit_of_its_setting(data, monke
     monkeypatch.setattr(EmbeddingClassifier, "fit", lambda self, *a, **kw: fits.append(self.get_params()) or
                         original(self, *a, **kw))
     search = HeldOutSearch(template, grid, screen=screen, screen_finalist=True, max_extensions=0,
-                           n_jobs=1).fit(ds.X, ds.Y)
+                           screen_fraction=screen_fraction, n_jobs=1).fit(ds.X, ds.Y)
     assert search.best_params_ == {"alpha": search.best_params_["alpha"], **screen}
+    assert len(screened) == len(grid["alpha"])  # the screened settings alone
     full_fits = [f for f in fits if f["max_epochs"] > 0]
     assert len(full_fits) == 1 and not [f for f in fits if f["max_epochs"] == 0 and
                                          f["validation_fraction"] == template.validation_fraction]

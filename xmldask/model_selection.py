@@ -493,8 +493,8 @@ class HeldOutSearch:
         if self._best is not None:
             if params == repeats[0]:
                 score = self._first.get(key, -math.inf)
-            elif self._screener is not None and self._screener.applies(params):
-                score = self._score(self._screener.score(params))
+            elif warm is None and self._screener is not None and self._screener.applies(params):
+                score = self._score(self._screener.score(params))  # the same figure as a warm start's, but a solve
             else:
                 model = warm or type(self.estimator)(**params).fit(X, Y)
                 score = held_out_score(model, self.scoring)
