@@ -166,3 +166,46 @@ def test_thread_map_keeps_the_order_and_raises_the_first_error():
         with pytest.raises(ValueError, match="n_jobs"):
             thread_map(abs, [1, 2], n_jobs=bad)
     assert 1 <= concurrent_fits() <= len(os.sched_getaffinity(0))
+
+
+def test_computed_once_shares_a_value_while_it_is_held():
+    """Callers of one key at once wait for the first one's computation; later callers take the value while its first
+    array is referenced; then, or after a failure, it is computed again. ``None``: never shared."""
+    import gc
+    import threading
+
+    import numpy as np
+
+    from xmldask.scheduling import computed_once, thread_map
+
+    calls, started, go = [], threading.Event(), threading.Event()
+
+    def slow():
+        calls.append(1)
+        started.set()
+        go.wait(5)  # the second caller asks meanwhile
+        return np.arange(3.0), "meta"
+
+    def ask(i):
+        if i:
+            started.wait(5)
+            threading.Timer(0.2, go.set).start()
+        return computed_once("k", slow)
+
+    (first, shared0), (second, shared1) = thread_map(ask, [0, 1], n_jobs=2)
+    assert len(calls) == 1 and sorted([shared0, shared1]) == [False, True]
+    assert first[0] is second[0] and first[1] == second[1] == "meta"
+    assert computed_once("k", slow) == ((first[0], "meta"), True) and len(calls) == 1  # held: taken
+    go.set()
+    del first, second
+    gc.collect()
+    value, shared = computed_once("k", slow)  # no longer held anywhere: computed again
+    assert not shared and len(calls) == 2
+
+    def fails():
+        raise KeyError("boom")
+
+    with pytest.raises(KeyError):
+        computed_once("other", fails)
+    assert computed_once("other", lambda: (np.zeros(1),))[1] is False  # computed after the failure
+    assert computed_once(None, slow)[1] is False and computed_once(None, slow)[1] is False and len(calls) == 4

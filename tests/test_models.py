@@ -663,6 +663,41 @@ def test_at_warm_start_is_the_fit_without_epochs(multilabel):
     assert gaussian.at_warm_start() is None
 
 
+@pytest.mark.parametrize("k", [8, 30])  # Rembrandt's embedding, and the identity (k = L)
+def test_fits_of_one_setting_share_the_embedding_and_the_least_squares(multilabel, monkeypatch, k):
+    """Fits of the same rows, embedding, alpha and held-out rows made at once in threads (the search's full fits of
+    one setting under two kernels) fit the embedding and solve the least squares onto it once; each model is the one
+    a fit alone makes. Nothing is kept once no model holds them."""
+    import gc
+
+    from xmldask.embedding import Rembrandt
+    from xmldask.models import embedding_classifier
+    from xmldask.scheduling import thread_map
+
+    X, Y = multilabel
+    solves, embeddings = [], []
+    ridge, fit = embedding_classifier.ridge_lstsq, Rembrandt.fit
+    monkeypatch.setattr(embedding_classifier, "ridge_lstsq", lambda *a, **kw: solves.append(1) or ridge(*a, **kw))
+    monkeypatch.setattr(Rembrandt, "fit", lambda self, *a, **kw: embeddings.append(1) or fit(self, *a, **kw))
+    kw = dict(embedding="rembrandt", n_components=k, max_epochs=1, n_random_features=40, random_state=5)
+    together = thread_map(lambda kernel: EmbeddingClassifier(**kw, kernel=kernel).fit(X, Y), ["none", "gaussian"],
+                          n_jobs=2)
+    assert len(solves) == 1 and len(embeddings) == (k < Y.shape[1])
+    assert together[0].W_ is together[1].W_ and not together[0].W_.flags.writeable
+    states = [(m.W_.copy(), m.R_.copy(), m.Q_.copy(), m.n_passes_) for m in together]
+    del together
+    gc.collect()
+    for kernel, (W, R, Q, n_passes) in zip(["none", "gaussian"], states):
+        alone = EmbeddingClassifier(**kw, kernel=kernel).fit(X, Y)
+        np.testing.assert_array_equal(alone.W_, W)
+        np.testing.assert_array_equal(alone.R_, R)
+        np.testing.assert_array_equal(alone.Q_, Q)
+        assert alone.n_passes_ == n_passes
+        del alone
+        gc.collect()
+    assert len(solves) == 3 and len(embeddings) == 3 * (k < Y.shape[1])  # each fit alone solved its own
+
+
 def test_decoder_normal_equations_scatter_a_large_feature_map(multilabel, client):
     """The warm start's pass ships ``W`` (d x k: 123 MB on lshtc1, which printed distributed's "large graph"
     warning) scattered once, not inside the graph, with the same sums as in threads; a small one stays inline."""

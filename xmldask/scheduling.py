@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
+import weakref
 
 import dask
 from dask.base import get_scheduler
 
-__all__ = ["concurrent_fits", "current_client", "memory_for_data", "parallelism", "release_memory",
+__all__ = ["computed_once", "concurrent_fits", "current_client", "memory_for_data", "parallelism", "release_memory",
            "release_worker_memory", "thread_map", "worker_memory_limit", "workers_in_process"]
 
 
@@ -65,6 +67,54 @@ def thread_map(func, items, n_jobs: int | None = None) -> list:
 
     with ThreadPoolExecutor(min(n_jobs, len(items)), thread_name_prefix="xmldask-fit") as pool:
         return list(pool.map(func, items))
+
+
+_ONCE_LOCK = threading.Lock()
+_ONCE: dict = {}  # key -> (weak reference to the value's first array, the value)
+_ONCE_PENDING: dict = {}  # key -> threading.Event, set when its computation ends
+
+
+def computed_once(key, compute):
+    """``compute()``, or the value an identical computation of this process made: ``(value, shared)``.
+
+    For fits that share a step (the held-out search's full fits of one setting under two kernels, an ensemble's
+    members on one embedding): the first caller of a ``key`` computes, callers that ask meanwhile (fits in other
+    threads, :func:`thread_map`) wait for it instead of computing it again, and later callers take it while the
+    value's first element, an array, is still referenced elsewhere (a fitted model holds it); nothing is kept past
+    that. ``value``: a tuple whose first element is a NumPy array; its arrays must be left unchanged by every
+    taker. ``key`` None: computed, never shared. A failed computation is made again by the next caller.
+    """
+    if key is None:
+        return compute(), False
+    while True:
+        with _ONCE_LOCK:
+            held = _ONCE.get(key)
+            first = held[0]() if held is not None else None
+            if first is not None:
+                return (first, *held[1]), True
+            event = _ONCE_PENDING.get(key)
+            mine = event is None
+            if mine:
+                event = _ONCE_PENDING[key] = threading.Event()
+        if mine:
+            break
+        event.wait()  # then taken, or computed here if that computation failed
+    try:
+        value = compute()
+
+        def forget(ref, key=key):
+            with _ONCE_LOCK:
+                if key in _ONCE and _ONCE[key][0] is ref:
+                    del _ONCE[key]
+
+        ref = weakref.ref(value[0], forget)
+        with _ONCE_LOCK:
+            _ONCE[key] = (ref, tuple(value[1:]))  # the first array weakly: it keeps the entry
+        return value, False
+    finally:
+        with _ONCE_LOCK:
+            del _ONCE_PENDING[key]
+        event.set()
 
 
 def worker_memory_limit() -> int | None:

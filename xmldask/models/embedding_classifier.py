@@ -56,7 +56,7 @@ from ..params import (
     PositiveInt,
     kernel_name,
 )
-from ..scheduling import parallelism
+from ..scheduling import computed_once, parallelism
 from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
@@ -140,6 +140,12 @@ def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
+
+
+def _read_only(a: np.ndarray) -> np.ndarray:
+    """``a``, marked read-only: fits of this process may share it (:func:`~xmldask.scheduling.computed_once`)."""
+    a.flags.writeable = False
+    return a
 
 
 class EmbeddingClassifier(SavedModel, ParamsMixin):
@@ -417,7 +423,9 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
                 logger.info("k=%d keeps all %d label directions: the embedding is the identity", p["n_components"],
                             Y.shape[1])
                 return "label", every
-            emb = _EMBEDDING_CLASSES[emb.lower()](n_components=p["n_components"], random_state=self._seed)
+            if emb.lower() != "pca":  # a label embedding
+                return "label", self._named_embedding(emb.lower(), X, Y, p)
+            emb = PCAEmbedding(n_components=p["n_components"], random_state=self._seed)
         if isinstance(emb, np.ndarray) or (not hasattr(emb, "fit") and np.ndim(emb) == 2):
             R = np.asarray(emb, dtype=p["dtype"])
             if R.ndim != 2 or R.shape[0] != Y.shape[1]:
@@ -444,6 +452,21 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
                              f"({X.shape[1]}, k), but has {V.shape}")
         mean = getattr(emb, "mean_", None)
         return "feature", (V, None if mean is None else np.asarray(mean, dtype=p["dtype"]))
+
+    def _named_embedding(self, name: str, X: da.Array, Y: da.Array, p: dict) -> np.ndarray:
+        """``R`` of the embedding named ``name`` (k and seed from the parameters) fitted on ``X``, ``Y``, once for
+        the fits of this process that ask for the same one (:func:`~xmldask.scheduling.computed_once`)."""
+        def fit():
+            emb = _EMBEDDING_CLASSES[name](n_components=p["n_components"], random_state=self._seed)
+            logger.info("fitting the embedding %r", emb)
+            emb.fit(X, Y)
+            return _read_only(np.asarray(emb.embedding_, dtype=p["dtype"])), int(getattr(emb, "n_passes_", 0))
+
+        key = dask.base.tokenize("embedding", name, p["n_components"], self._seed, X, Y, np.dtype(p["dtype"]).str)
+        (R, self._embedding_passes), shared = computed_once(key, fit)
+        if shared:
+            logger.info("the embedding %s (k=%d) taken from a fit of the same data", name, R.shape[1])
+        return R
 
     # -- fit ------------------------------------------------------------------------------------
 
@@ -590,9 +613,19 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         self.embedding_kind_ = kind
         if kind == "label":
             self.R_ = emb
-            res = ridge_lstsq(X, x_q(Y, emb), p["alpha"], center=True, weights=split.weights(dtype))
-            state = {"W": res.coef.astype(dtype), "intercept": np.asarray(res.intercept, dtype=dtype)}
-            return state, self._embedding_passes + res.n_passes
+
+            def solve():
+                res = ridge_lstsq(X, x_q(Y, emb), p["alpha"], center=True, weights=split.weights(dtype))
+                return (_read_only(res.coef.astype(dtype)), _read_only(np.asarray(res.intercept, dtype=dtype)),
+                        res.n_passes)
+
+            # fits of one setting under other kernels, or an ensemble's members on one embedding: solved once
+            key = dask.base.tokenize("ridge-map", X, Y, emb, p["alpha"], split.seed, split.fraction, split.chunks,
+                                     np.dtype(dtype).str)
+            (W, intercept, n_passes), shared = computed_once(key, solve)
+            if shared:
+                logger.info("the least squares onto the embedding taken from a fit of the same rows and embedding")
+            return {"W": W, "intercept": intercept}, self._embedding_passes + n_passes
         V, mean = emb
         self.R_ = None
         intercept = -(mean @ V) if mean is not None else np.zeros(V.shape[1])
