@@ -52,7 +52,9 @@ from __future__ import annotations
 
 import logging
 import numbers
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 import dask
 import dask.array as da
@@ -103,7 +105,10 @@ class LstsqResult:
     relative_residual : ndarray, shape (k,)
         ``||X^T W B - (X^T W X + lam I) z_j|| / ||X^T W B_j||`` of the kept iterate of each column
         (for CG the recursively updated residual, which tracks the true one closely; exactly 0
-        reported for a zero right-hand side).
+        reported for a zero right-hand side). A direct solve computes it when it is first read: it costs as
+        much as the solve's back substitution (an ``m x m`` matrix times the ``m x k`` solution).
+    residual : ndarray or callable
+        ``relative_residual``, or the function that computes it.
     """
 
     coef: np.ndarray
@@ -113,7 +118,11 @@ class LstsqResult:
     n_passes: int
     n_iter: int
     converged: bool
-    relative_residual: np.ndarray
+    residual: np.ndarray | Callable[[], np.ndarray] = field(repr=False, compare=False)
+
+    @cached_property
+    def relative_residual(self) -> np.ndarray:
+        return self.residual() if callable(self.residual) else self.residual
 
 
 def _check_float(value, name: str, *, positive: bool = False) -> float:
@@ -250,7 +259,7 @@ def _cholesky(system: _System) -> LstsqResult:
         mu, bsum, total = (np.asarray(a, dtype=f64) for a in computed[2:])
         intercept = bsum / total - mu @ Z
     return LstsqResult(Z, intercept, float(lam), "cholesky", n_passes=1, n_iter=0, converged=True,
-                       relative_residual=rel)
+                       residual=rel)
 
 
 def dual_applies(n_rows: int) -> bool:
@@ -261,9 +270,11 @@ def dual_applies(n_rows: int) -> bool:
     return n_rows <= MAX_DUAL_ROWS and (limit is None or 4 * 8 * n_rows * n_rows <= limit)
 
 
-def _ridge_solve(A: np.ndarray, rhs: np.ndarray, lam: float, name: str, cause: str) -> tuple[np.ndarray, np.ndarray]:
-    """``(A + lam I)^{-1} rhs`` by Cholesky (``A`` gets the ridge in place) and its relative residual; a system that
-    is not positive definite raises a ValueError naming it (``name``), the likely ``cause`` and the fix."""
+def _ridge_solve(A: np.ndarray, rhs: np.ndarray, lam: float, name: str, cause: str):
+    """``(A + lam I)^{-1} rhs`` by Cholesky (``A`` gets the ridge in place) and the function of no argument that
+    computes its relative residual (the product ``A Z`` costs as much as the solve, so it is made only when read); a
+    system that is not positive definite raises a ValueError naming it (``name``), the likely ``cause`` and the
+    fix."""
     A[np.diag_indices_from(A)] += lam
     try:
         factor = scipy.linalg.cho_factor(A, lower=True, check_finite=True)
@@ -273,7 +284,7 @@ def _ridge_solve(A: np.ndarray, rhs: np.ndarray, lam: float, name: str, cause: s
             f"the ridge is {'zero' if lam == 0 else 'too small'}; fix: pass alpha > 0 (e.g. alpha=1e-6)"
         ) from None
     Z = scipy.linalg.cho_solve(factor, rhs)
-    return Z, _relative(rhs - A @ Z, rhs)
+    return Z, lambda: _relative(rhs - A @ Z, rhs)
 
 
 def gather_rows(A, *, sparse: bool = False):
@@ -331,7 +342,7 @@ def _dual(system: _System) -> LstsqResult:
         Z, mu = Z[:, :-1], Z[:, -1]
         intercept = b_mean - mu @ Z
     return LstsqResult(Z, intercept, float(lam), "dual", n_passes=2, n_iter=0, converged=True,
-                       relative_residual=rel)
+                       residual=rel)
 
 
 def _total_weight(X, weights, split_every):
@@ -373,7 +384,7 @@ def _cg(system: _System, tol: float, max_iter: int, x0) -> LstsqResult:
                     best_rel.max(), tol)
     intercept = first.b_mean - first.mean @ best if system.center else None
     return LstsqResult(best, intercept, float(first.lam), "cg", n_passes=n_passes + n_iter, n_iter=n_iter,
-                       converged=converged, relative_residual=best_rel)
+                       converged=converged, residual=best_rel)
 
 
 def _checked_start(x0, d: int, k: int) -> np.ndarray | None:
