@@ -332,12 +332,10 @@ class _InMemoryDual:
             K -= m[:, None]
             K -= m[None, :]
             K += m.mean()
-        self.K = K
         self.lam = float(alpha * np.trace(K) / n_features if scale_alpha else alpha)
-        A = K.copy()
-        A[np.diag_indices_from(A)] += self.lam
+        K[np.diag_indices_from(K)] += self.lam  # K itself is not needed again (apply)
         try:
-            self.factor = scipy.linalg.cho_factor(A, lower=True, overwrite_a=True)
+            self.factor = scipy.linalg.cho_factor(K, lower=True, overwrite_a=True)
         except np.linalg.LinAlgError:
             raise ValueError(f"X X^T + lam I ({K.shape[0]} x {K.shape[0]}, lam = {self.lam:.3g}) is not positive "
                              f"definite: rows repeat or are empty; fix: pass alpha > 0 (e.g. alpha=1e-6)") from None
@@ -355,11 +353,12 @@ class _InMemoryDual:
         YQ = np.asarray(self.Y @ Q)
         if self.center:
             YQ -= self.label_means @ Q
-        return Q, scipy.linalg.cho_solve(self.factor, YQ)
+        return Q, YQ, scipy.linalg.cho_solve(self.factor, YQ)
 
     def apply(self, Q):
-        Q, A = self._dual(Q)
-        Psi = np.asarray(self.Y.T @ (self.K @ A))
+        Q, YQ, A = self._dual(Q)
+        # K A = YQ - lam A, since (K + lam I) A = YQ: the rows' predictions without an n x n product
+        Psi = np.asarray(self.Y.T @ (YQ - self.lam * A))
         if self.center:
             Psi += np.outer(self.label_sums, self.label_means @ Q)
         return Psi
@@ -367,7 +366,7 @@ class _InMemoryDual:
     def solve(self, Q):
         from types import SimpleNamespace
 
-        Q, A = self._dual(Q)
+        Q, _, A = self._dual(Q)
         if self.center:  # X_c^T A = X^T (A - 1 (1^T A) / n), and the mean row X^T 1 / n from the same pass
             n = A.shape[0]
             A = np.hstack([A - A.sum(axis=0) / n, np.full((n, 1), 1 / n)])
