@@ -157,6 +157,24 @@ def test_blas_threads_and_plugin_in_a_threaded_cluster():
         assert client.submit(np.add, 1, 2).result() == 3
 
 
+def test_an_in_process_cluster_leaves_this_process_blas_alone_by_default():
+    """Workers that are threads of this process share its BLAS pools with the fitting code: ``blas_threads="auto"``
+    leaves them as found (a limit there is the whole process's; an explicit one still applies:
+    test_blas_threads_and_plugin_in_a_threaded_cluster)."""
+    from threadpoolctl import threadpool_info
+
+    def here():
+        return [pool["num_threads"] for pool in _blas_pools(threadpool_info())]
+
+    before = here()
+    with cluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None) as client:
+        assert here() == before
+        (info,) = worker_blas_threads(client).values()
+        assert [pool["num_threads"] for pool in _blas_pools(info)] == before
+    with pytest.raises(ValueError, match="blas_threads must be a positive integer, 'auto' or None"):
+        cluster(processes=False, dashboard_address=None, blas_threads="many").__enter__()
+
+
 def test_defaults_follow_the_documented_layout(monkeypatch):
     n_workers, threads, processes = default_layout()
     assert (n_workers, processes) == (1, True)

@@ -168,6 +168,27 @@ def test_thread_map_keeps_the_order_and_raises_the_first_error():
     assert 1 <= concurrent_fits() <= len(os.sched_getaffinity(0))
 
 
+def test_thread_map_gives_each_fit_its_share_of_the_blas_threads():
+    """While fits run at once, this process's BLAS pools have the cores divided among them (at least one thread
+    each), also for nested and overlapping calls; the limits found before come back after the last one."""
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from xmldask.scheduling import thread_map
+
+    def blas(_=None):
+        return {pool["num_threads"] for pool in threadpool_info() if pool["user_api"] == "blas"}
+
+    cores = len(os.sched_getaffinity(0))
+    with threadpool_limits(limits=cores, user_api="blas"):
+        assert thread_map(blas, [0, 1], n_jobs=2) == [{max(1, cores // 2)}] * 2
+        nested = thread_map(lambda _: thread_map(blas, [0, 1, 2], n_jobs=3), [0, 1], n_jobs=2)
+        assert all(pools <= set(range(1, max(1, cores // 5) + 1)) for inner in nested for pools in inner)  # 5 to 8
+        assert blas() == {cores} and thread_map(blas, [0, 1]) == [{cores}] * 2  # restored; one at a time: all
+        with pytest.raises(KeyError):
+            thread_map(lambda x: {}[x], [0, 1], n_jobs=2)
+        assert blas() == {cores}
+
+
 def test_computed_once_shares_a_value_while_it_is_held():
     """Callers of one key at once wait for the first one's computation; later callers take the value while its first
     array is referenced; then, or after a failure, it is computed again. ``None``: never shared."""

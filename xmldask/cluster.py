@@ -8,8 +8,8 @@
 - otherwise on a new ``distributed.LocalCluster`` on this machine, closed on exit.
 
 Either way it logs the dashboard link (logger ``xmldask.cluster``; also ``client.dashboard_link``),
-limits the BLAS/OpenMP thread pools of every worker to ``blas_threads`` (a worker plugin calling
-``threadpoolctl.threadpool_limits``; local worker processes also get ``OMP_NUM_THREADS``,
+limits the BLAS/OpenMP thread pools of every worker process to ``blas_threads`` (one by default; a worker plugin
+calling ``threadpoolctl.threadpool_limits``; local worker processes also get ``OMP_NUM_THREADS``,
 ``OPENBLAS_NUM_THREADS`` and ``MKL_NUM_THREADS`` before they start), lets every worker's ``malloc``
 reuse freed large blocks (:class:`MallocThresholds`), and can write a Dask
 performance report (an HTML page of the task stream, worker profiles and bandwidth) of the body.
@@ -405,7 +405,7 @@ def _dashboard(client, enabled: bool) -> str | None:
 @contextlib.contextmanager
 def cluster(address: str | None = None, *, n_workers: int | None = None, threads_per_worker: int | None = None,
             processes: bool | None = None, memory_limit="auto", dashboard_address: str | int | None = ":8787",
-            performance_report: str | os.PathLike | None = None, blas_threads: int | None = 1,
+            performance_report: str | os.PathLike | None = None, blas_threads: int | str | None = "auto",
             silence_logs: int | bool = logging.WARNING, timeout: float = DEFAULT_TIMEOUT,
             data_bytes: int | None = None, pause_limit: float = PAUSE_LIMIT, **cluster_kwargs) -> Iterator:
     """A ``distributed.Client`` on an existing scheduler or on a new local cluster.
@@ -433,9 +433,14 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
     performance_report : str or path-like, optional
         Write a Dask performance report (HTML) of everything computed inside the ``with`` block
         to this file; its parent directories are created.
-    blas_threads : int or None, default 1
+    blas_threads : int, "auto" or None, default "auto"
         Threads of each BLAS/OpenMP pool inside every worker (``None``: leave them alone). One
-        thread per pool avoids oversubscription when every core already runs a task.
+        thread per pool avoids oversubscription when every core already runs a task. ``"auto"``: one in
+        worker processes; left alone where the workers are threads of this process, whose pools they share with
+        the code that fits in this process (its dense solves and decoder steps: a limit there is the whole
+        process's). OpenBLAS serves concurrent callers from its one pool: measured on 2 cores, a 2000 x 2000
+        product took 0.8 s alone with two threads against 1.5 s with one, and two or four callers at once took
+        the same time with either (docs/measurements.md, "BLAS threads of in-process workers").
     silence_logs : int or bool, default logging.WARNING
         Local cluster only: level of the scheduler's and workers' log messages shown.
     timeout : float, default 10
@@ -465,7 +470,10 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
     """
     if timeout is None or not timeout > 0:
         raise ValueError(f"timeout must be a positive number of seconds, but is {timeout!r}")
-    blas_threads = _positive_int("blas_threads", blas_threads)
+    auto_blas = isinstance(blas_threads, str) and blas_threads == "auto"
+    if isinstance(blas_threads, str) and not auto_blas:
+        raise ValueError(f"blas_threads must be a positive integer, 'auto' or None, but is {blas_threads!r}")
+    blas_threads = 1 if auto_blas else _positive_int("blas_threads", blas_threads)
     source = "address"
     if address is None:
         address = os.environ.get(ENV_SCHEDULER) or None
@@ -480,6 +488,8 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
         else:
             if processes is None:
                 processes = default_layout(data_bytes=data_bytes)[2]
+            if auto_blas and not processes:  # threads of this process: its pools are the fitting code's too
+                blas_threads = None
             client = stack.enter_context(_local(
                 n_workers=n_workers, threads_per_worker=threads_per_worker, processes=processes,
                 memory_limit=memory_limit, dashboard_address=dashboard_address, blas_threads=blas_threads,
