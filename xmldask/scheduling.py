@@ -6,7 +6,6 @@ distributed client does not pay for the import.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import threading
@@ -60,8 +59,8 @@ def thread_map(func, items, n_jobs: int | None = None) -> list:
 
     ``n_jobs`` None or 1: in order, in this thread. The results are in the order of ``items`` whatever
     the order the threads finish in; the first exception raised is raised here (the other calls finish
-    first). While the threads run, this process's BLAS pools have their share of the cores each (at least one
-    thread): fits at once, each with its dense solves and SGD steps, took longer with a pool of every core
+    first). While the threads run, this process's BLAS pools have the cores shared among them (at least one thread
+    each): fits at once, each with its dense solves and SGD steps, took longer with a pool of every core
     (lshtc1-dryrun-task2, two ensemble members on 2 cores: 13.5 s against 11 s).
     """
     items = list(items)
@@ -71,39 +70,14 @@ def thread_map(func, items, n_jobs: int | None = None) -> list:
         return [func(item) for item in items]
     from concurrent.futures import ThreadPoolExecutor
 
-    n_threads = min(n_jobs, len(items))
-    with _blas_share(n_threads), ThreadPoolExecutor(n_threads, thread_name_prefix="xmldask-fit") as pool:
-        return list(pool.map(func, items))
-
-
-_BLAS_LOCK = threading.Lock()
-_BLAS = {"threads": 0, "original": None}  # fit threads running in thread_map calls; the limits found before
-
-
-@contextlib.contextmanager
-def _blas_share(n_threads: int):
-    """This process's BLAS pools at their share of the cores for the fit threads of every :func:`thread_map` running
-    (``n_threads`` more in the block); the limits found before are restored when the last one ends."""
     from threadpoolctl import threadpool_limits
 
-    def share():
-        return max(1, _cores() // _BLAS["threads"])
-
-    with _BLAS_LOCK:
-        _BLAS["threads"] += n_threads
-        limits = threadpool_limits(limits=share(), user_api="blas")
-        if _BLAS["original"] is None:
-            _BLAS["original"] = limits  # what restores the limits found before
-    try:
-        yield
-    finally:
-        with _BLAS_LOCK:
-            _BLAS["threads"] -= n_threads
-            if _BLAS["threads"]:
-                threadpool_limits(limits=share(), user_api="blas")
-            else:
-                _BLAS["original"].restore_original_limits()
-                _BLAS["original"] = None
+    n_threads = min(n_jobs, len(items))
+    # set and restored by this thread alone: OpenBLAS 0.3.30 ignored a change made from another thread after one
+    # had been made (and one made while the calls run: a call left alone kept its share)
+    with threadpool_limits(limits=max(1, _cores() // n_threads), user_api="blas"), \
+            ThreadPoolExecutor(n_threads, thread_name_prefix="xmldask-fit") as pool:
+        return list(pool.map(func, items))
 
 
 _ONCE_LOCK = threading.Lock()
