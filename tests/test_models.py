@@ -663,6 +663,36 @@ def test_at_warm_start_is_the_fit_without_epochs(multilabel):
     assert gaussian.at_warm_start() is None
 
 
+@pytest.mark.parametrize("kernel", ["none", "gaussian"])
+def test_epochs_keep_the_training_features_between_epochs(multilabel, monkeypatch, kernel):
+    """Epochs in the fitting process keep each block's training features from the first epoch (up to
+    EPOCH_FEATURES_BYTES): the same minibatches and the same model as computing them every epoch, fewer
+    feature computations (uneven row blocks, several minibatches a block)."""
+    from xmldask.models import embedding_classifier
+
+    X, Y = multilabel
+    calls = []
+    features = embedding_classifier.K.decoder_features
+    monkeypatch.setattr(embedding_classifier.K, "decoder_features",
+                        lambda *a, **kw: calls.append(a[0].shape[0]) or features(*a, **kw))
+    kw = dict(embedding="rembrandt", n_components=8, kernel=kernel, n_random_features=40, max_epochs=4,
+              batch_size=256, n_iter_no_change=10, random_state=4)
+    fits = {}
+    for limit in (embedding_classifier.EPOCH_FEATURES_BYTES, 0):
+        monkeypatch.setattr(embedding_classifier, "EPOCH_FEATURES_BYTES", limit)
+        calls.clear()
+        fits[limit > 0] = (EmbeddingClassifier(**kw).fit(X, Y), len(calls))
+    (kept, n_kept), (again, n_again) = fits[True], fits[False]
+    assert len(kept.history_) == len(again.history_) == 5
+    for a, b in zip(kept.history_, again.history_):
+        if a.get("train_loss") is not None or b.get("train_loss") is not None:  # None at the warm start
+            assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-5)
+        assert a["val_p@1"] == b["val_p@1"]
+    np.testing.assert_allclose(kept.Q_, again.Q_, rtol=1e-4, atol=1e-6)
+    n_blocks = len(X.chunks[0])
+    assert n_again - n_kept >= 3 * n_blocks  # epochs 2-4 compute nothing (at least a minibatch a block each)
+
+
 @pytest.mark.parametrize("k", [8, 30])  # Rembrandt's embedding, and the identity (k = L)
 def test_fits_of_one_setting_share_the_embedding_and_the_least_squares(multilabel, monkeypatch, k):
     """Fits of the same rows, embedding, alpha and held-out rows made at once in threads (the search's full fits of

@@ -62,8 +62,8 @@ from . import _graph
 from . import _kernels as K
 from ._screen import Screener
 
-__all__ = ["MODEL_VERSION", "SGD_CHAIN_BLOCKS", "SGD_CLUSTER_ENTRIES", "EmbeddingClassifier", "EmbeddingParams",
-           "NotFittedError"]
+__all__ = ["EPOCH_FEATURES_BYTES", "MODEL_VERSION", "SGD_CHAIN_BLOCKS", "SGD_CLUSTER_ENTRIES", "EmbeddingClassifier",
+           "EmbeddingParams", "NotFittedError"]
 
 logger = logging.getLogger("xmldask.models")
 
@@ -92,6 +92,10 @@ BANDWIDTH_BLOCKS = 8
 SGD_CLUSTER_ENTRIES = 1 << 28
 #: row blocks per chain at least, with ``sgd_chains="auto"``
 SGD_CHAIN_BLOCKS = 4
+#: bytes of the training rows' decoder features up to which epochs in the fitting process keep them from the first
+#: epoch to the next ones, instead of reading the row blocks and computing the features again every epoch (lshtc1's
+#: 3,563 rows x 2,001 random features: 28.5 MB, docs/measurements.md)
+EPOCH_FEATURES_BYTES = 1 << 28
 
 
 class EmbeddingParams(FamilyParams):
@@ -741,24 +745,37 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         return Q
 
     @staticmethod
-    def _minibatches(d: _graph.DecoderData, order, batch_size, rng, out, stop):
+    def _minibatches(d: _graph.DecoderData, order, batch_size, rng, out, stop, kept: dict | None = None):
         """Producer: put ``(F_mb, Y_mb)`` of the training rows of the blocks in ``order`` into ``out``.
 
         Runs in a background thread: the next block is read (by Dask) and the next minibatch's
-        features are computed while the caller updates the decoder with the current one.
+        features are computed while the caller updates the decoder with the current one. ``kept`` (a dict, by
+        block): the features and labels of a block's training rows, made at its first epoch and taken by the next
+        ones (the same minibatches, not read nor computed again).
         """
+        st = d.state
+
+        def features(X):
+            return K.decoder_features(X, st["W"], st["intercept"], st["omega"], st["phase"], st["bandwidth"] or 1.0)
+
         try:
             for b in order:
-                Xb, Yb = dask.compute(d.X.blocks[int(b)], d.Y.blocks[int(b)])
-                Yb = sp.csr_matrix(Yb)
-                rows = np.flatnonzero(~d.split.mask(int(b)))
-                rng.shuffle(rows)
-                for a in range(0, rows.size, batch_size):
-                    idx = np.sort(rows[a:a + batch_size])
-                    st = d.state
-                    F = K.decoder_features(Xb[idx], st["W"], st["intercept"], st["omega"], st["phase"],
-                                           st["bandwidth"] or 1.0)
-                    if not _put(out, (F, Yb[idx]), stop):
+                if kept is not None and int(b) in kept:
+                    F, Yt = kept[int(b)]
+                else:
+                    Xb, Yb = dask.compute(d.X.blocks[int(b)], d.Y.blocks[int(b)])
+                    rows = np.flatnonzero(~d.split.mask(int(b)))
+                    Xt, Yt = Xb[rows], sp.csr_matrix(Yb)[rows]
+                    F = None
+                    if kept is not None:
+                        F = kept[int(b)] = (features(Xt), Yt)
+                        F = F[0]
+                # positions among the block's training rows, in a random order; each minibatch's in row order
+                order_rows = np.arange(Yt.shape[0])
+                rng.shuffle(order_rows)
+                for a in range(0, order_rows.size, batch_size):
+                    idx = np.sort(order_rows[a:a + batch_size])
+                    if not _put(out, (features(Xt[idx]) if F is None else F[idx], Yt[idx]), stop):
                         return  # the consumer has stopped
             _put(out, None, stop)
         except BaseException as exc:  # hand the error to the consumer
@@ -773,11 +790,13 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             return max(1, min(parallelism(), n_blocks // SGD_CHAIN_BLOCKS))
         return min(p["sgd_chains"], n_blocks)
 
-    def _epoch_here(self, d: _graph.DecoderData, Q, V, P, p, bs, order, seed, lr) -> tuple[float, int]:
-        """One epoch in this process, ``Q`` and ``V`` updated in place: the summed loss and the rows."""
+    def _epoch_here(self, d: _graph.DecoderData, Q, V, P, p, bs, order, seed, lr,
+                    kept: dict | None = None) -> tuple[float, int]:
+        """One epoch in this process, ``Q`` and ``V`` updated in place: the summed loss and the rows (``kept``: the
+        blocks' features between epochs, :meth:`_minibatches`)."""
         batches, stop = queue.Queue(maxsize=2), threading.Event()
         producer = threading.Thread(target=self._minibatches, daemon=True,
-                                    args=(d, order, bs, np.random.default_rng(seed), batches, stop))
+                                    args=(d, order, bs, np.random.default_rng(seed), batches, stop, kept))
         producer.start()
         total_loss, total_rows = 0.0, 0
         try:
@@ -813,6 +832,9 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         n_epochs = 0
         deadline = d.t_start + p["time_budget"] if p["time_budget"] is not None else math.inf
         longest = 0.0
+        # the training rows' features kept between the epochs made here, when they are few
+        kept = {} if not chains and d.n_train * d.G.shape[0] * np.dtype(p["dtype"]).itemsize <= \
+            EPOCH_FEATURES_BYTES else None
         for epoch in range(1, p["max_epochs"] + 1):
             if time.perf_counter() + longest > deadline:
                 d.history[-1]["stopped"] = "time_budget"
@@ -827,7 +849,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
                 Q, V, total_loss, total_rows = dask.compute(_graph.sgd_epoch(
                     d.X, d.Y, setup, Q, V, order=order, chains=chains, seeds=seeds, learning_rate=lr))[0]
             else:
-                total_loss, total_rows = self._epoch_here(d, Q, V, P, p, bs, order, seed, lr)
+                total_loss, total_rows = self._epoch_here(d, Q, V, P, p, bs, order, seed, lr, kept)
             if not np.all(np.isfinite(Q)):
                 logger.warning("epoch %d diverged (learning_rate %g); restarting from the best decoder with half the "
                                "step", epoch, lr)
