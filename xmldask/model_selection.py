@@ -142,7 +142,8 @@ class HeldOutSearch:
         then compared with the full fits on their own held-out rows (scored again with the template's share).
     n_jobs : int or None
         Fits of one step (a coordinate's values, or the whole grid) made at once, in threads of this
-        process (None: one at a time). The results, and the model kept, are the same either way.
+        process (None: one at a time). The results, and the model kept, are the same either way, but for the
+        last digits of the losses: fits at once share the BLAS threads (:func:`~xmldask.scheduling.thread_map`).
     validation_fraction : float, default 0.2
         For an estimator that holds out no rows itself: the share of every row block the search holds out
         (seeded by the estimator's ``random_state``).
