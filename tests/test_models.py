@@ -133,6 +133,33 @@ def test_loss_gradients(loss_name):
     assert G32.dtype == np.float32 and loss32 == pytest.approx(loss, rel=1e-5)
 
 
+@pytest.mark.parametrize("loss_name", ["softmax", "logistic"])
+def test_rescale_grid_min_is_the_whole_grids_minimum(loss_name):
+    from xmldask.models.embedding_classifier import RESCALE_FACTORS, RESCALE_OFFSETS, rescale_grid_min
+
+    fn = K.softmax_loss if loss_name == "softmax" else K.logistic_loss
+    # as _rescale searches them: a softmax is the same for every offset
+    offsets = (0.0,) if loss_name == "softmax" else RESCALE_OFFSETS
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        # ridge-like scores: near-probabilities, a few rows' labels scored high
+        Y = sp.random(200, 30, density=rng.uniform(0.02, 0.2), format="csr", random_state=seed)
+        Y.data[:] = 1
+        S = (0.3 * Y.toarray() + rng.normal(scale=rng.uniform(0.02, 0.3), size=Y.shape)).astype(np.float32)
+        calls = []
+
+        def loss(c, o, S=S, Y=Y, calls=calls):
+            calls.append((c, o))
+            return fn(c * S + o, Y, gradient=False)[0]
+
+        grid = [(fn(c * S + o, Y, gradient=False)[0], i, j, c, o) for i, c in enumerate(RESCALE_FACTORS)
+                for j, o in enumerate(offsets)]
+        best = min(grid, key=lambda g: (g[0], g[1], g[2]))  # the first of ties, c then o
+        assert rescale_grid_min(loss, RESCALE_FACTORS, offsets) == (best[3], best[4])
+        # each loss evaluated once; fewer than the grid's where there are offsets to walk
+        assert len(calls) == len(set(calls)) and len(calls) <= len(grid) and (len(offsets) == 1 or len(calls) < 40)
+
+
 @pytest.mark.parametrize("special", ["finite", "nan", "-inf"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_topk_rows_matches_stable_argsort_with_ties(special, dtype):
