@@ -108,6 +108,10 @@ def test_members_differ_only_in_their_seeds_and_member_0_is_the_single_model(dat
 
 @pytest.mark.parametrize("scheduler", ["threads", "distributed"])
 def test_members_fitted_at_once_are_the_members_fitted_one_at_a_time(data, scheduler, monkeypatch):
+    from threadpoolctl import threadpool_limits
+
+    from xmldask.scheduling import blas_share
+
     X, Y = data["multiclass"]
     threads = set()
     fit = EmbeddingClassifier.fit
@@ -117,12 +121,14 @@ def test_members_fitted_at_once_are_the_members_fitted_one_at_a_time(data, sched
         return fit(self, *args, **kwargs)
 
     def both():
-        one = EnsembleClassifier(_template(), n_estimators=3, random_state=5).fit(X, Y)
-        monkeypatch.setattr(EmbeddingClassifier, "fit", recording_fit)
-        try:
-            return one, EnsembleClassifier(_template(), n_estimators=3, random_state=5, n_jobs=2).fit(X, Y)
-        finally:
-            monkeypatch.setattr(EmbeddingClassifier, "fit", fit)
+        # every member with the BLAS threads of a member in thread_map's pool (a product's last digits depend on them)
+        with threadpool_limits(limits=blas_share(2), user_api="blas"):
+            one = EnsembleClassifier(_template(), n_estimators=3, random_state=5).fit(X, Y)
+            monkeypatch.setattr(EmbeddingClassifier, "fit", recording_fit)
+            try:
+                return one, EnsembleClassifier(_template(), n_estimators=3, random_state=5, n_jobs=2).fit(X, Y)
+            finally:
+                monkeypatch.setattr(EmbeddingClassifier, "fit", fit)
 
     if scheduler == "distributed":
         from distributed import Client

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import threading
 
 import dask
@@ -87,6 +86,8 @@ def test_fits_made_at_once_give_the_same_search(data, strategy, monkeypatch):
     staying in this thread."""
     from threadpoolctl import threadpool_limits
 
+    from xmldask.scheduling import blas_share
+
     ds = open_dataset(data[1])
     grid = {"n_components": [4, 8], "alpha": [1e-3, 1.0], "kernel": ["none", "gaussian"]}
     if strategy == "grid":  # 4 fits of a step in two threads show it as well as 8
@@ -100,7 +101,7 @@ def test_fits_made_at_once_give_the_same_search(data, strategy, monkeypatch):
         threads.append(threading.current_thread().name)
         return fit(self, *args, **kwargs)
 
-    with threadpool_limits(limits=max(1, len(os.sched_getaffinity(0)) // 2), user_api="blas"):
+    with threadpool_limits(limits=blas_share(2), user_api="blas"):
         one = HeldOutSearch(_template(), grid, **kw).fit(ds.X, ds.Y)
     monkeypatch.setattr(EmbeddingClassifier, "fit", recording_fit)
     many = HeldOutSearch(_template(), grid, n_jobs=2, **kw).fit(ds.X, ds.Y)

@@ -14,8 +14,8 @@ import weakref
 import dask
 from dask.base import get_scheduler
 
-__all__ = ["computed_once", "concurrent_fits", "current_client", "memory_for_data", "parallelism", "release_memory",
-           "release_worker_memory", "thread_map", "worker_memory_limit", "workers_in_process"]
+__all__ = ["blas_share", "computed_once", "concurrent_fits", "current_client", "memory_for_data", "parallelism",
+           "release_memory", "release_worker_memory", "thread_map", "worker_memory_limit", "workers_in_process"]
 
 
 def current_client():
@@ -54,6 +54,13 @@ def concurrent_fits() -> int:
     return max(1, min(parallelism(), _cores()))
 
 
+def blas_share(n_threads: int) -> int:
+    """The BLAS threads each of ``n_threads`` calls of :func:`thread_map` run with: this process's cores shared
+    among them, at least one each. A product's last digits depend on its BLAS threads (OpenBLAS), so a fit made
+    alone gives a fit made in the pool's results exactly under this share."""
+    return max(1, _cores() // n_threads)
+
+
 def thread_map(func, items, n_jobs: int | None = None) -> list:
     """``[func(item) for item in items]``, computed in up to ``n_jobs`` threads of this process.
 
@@ -75,7 +82,7 @@ def thread_map(func, items, n_jobs: int | None = None) -> list:
     n_threads = min(n_jobs, len(items))
     # set and restored by this thread alone: OpenBLAS 0.3.30 ignored a change made from another thread after one
     # had been made (and one made while the calls run: a call left alone kept its share)
-    with threadpool_limits(limits=max(1, _cores() // n_threads), user_api="blas"), \
+    with threadpool_limits(limits=blas_share(n_threads), user_api="blas"), \
             ThreadPoolExecutor(n_threads, thread_name_prefix="xmldask-fit") as pool:
         return list(pool.map(func, items))
 
