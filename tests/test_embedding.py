@@ -409,7 +409,7 @@ def test_spectrum_takes_fewer_columns_where_the_workers_hold_few(tmp_path, monke
         S._fitting_columns(A, 10, 20, int(5 * column / S.MEMORY_SHARE), url)
     Ym = A.compute()
     exact = np.linalg.eigvalsh((Ym.T @ Ym).toarray() if sp.issparse(Ym) else np.asarray(Ym.T @ Ym))[::-1]
-    monkeypatch.setattr(S, "MEMORY_SHARE", 12 * 5 * column / 2**30)  # a 1 GiB worker holds 12 columns
+    monkeypatch.setattr(S, "MEMORY_SHARE", 12 * 5 * column / 2**29)  # a task of a 1 GiB worker of 2 threads: 12 columns
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit="1GiB",
                                   dashboard_address=":0") as cluster, distributed.Client(cluster):
         spectrum = S.compute_spectrum(url, n_components=10)

@@ -834,6 +834,48 @@ def test_memory_estimate_counts_the_router_rows_and_in_process_workers(stores, m
         assert need["fit_process"] == routed["fit_process"] + routed["worker"]
 
 
+def test_a_worker_of_several_threads_sizes_a_task_by_its_share_and_counts_its_tasks(stores, monkeypatch):
+    """A worker runs a task a thread (measured: 1 worker, 2 threads, 1 GiB, one task estimated at 0.37 GiB: the
+    worker paused at 820-890 MiB): a task's label blocks and rows are sized by the worker's limit shared by its
+    threads (task_memory_limit), the worker's estimate is its threads' tasks together, and a worker that would pause
+    for them is refused before any pass, naming its threads."""
+    import distributed
+
+    import xmldask.scheduling as S
+    from xmldask.models import centroid as C
+
+    # label blocks and a sample of the routers' rows at this data's size
+    monkeypatch.setattr(C, "LABEL_BLOCK_SHARE", 1e-3)
+    monkeypatch.setattr(C, "SVM_GROUP_SHARE", 1e-3)
+    root, train, _ = stores
+    data = open_dataset(train)
+    assert S.task_memory_limit() is None and S.worker_threads() == 1  # no client
+    needs = {}
+    for threads in (1, 2):
+        with distributed.LocalCluster(n_workers=1, threads_per_worker=threads, processes=False, memory_limit="1GiB",
+                                      dashboard_address=":0") as cluster, distributed.Client(cluster):
+            assert S.worker_threads() == threads and S.task_memory_limit() == 2**30 // threads
+            assert S.worker_memory_limit() == 2**30
+            needs[threads] = LabelCentroidClassifier(routing="routers").memory_needed(data)
+    # a task of a 2-thread worker holds half the label block sums and at most half the rows of a 1-thread one's
+    assert needs[2]["worker"] < needs[1]["worker"]
+    assert needs[2]["fit_process"] == needs[1]["fit_process"]
+    # worker processes (not this process's threads): the worker's estimate is its threads' tasks together
+    monkeypatch.setattr(S, "workers_in_process", lambda: False)
+    monkeypatch.setattr(S, "worker_memory_limit", lambda: 2**30)
+    monkeypatch.setattr(S, "worker_memory_in_use", lambda: 0)
+    monkeypatch.setattr(S, "worker_threads", lambda: 3)
+    monkeypatch.setattr(C, "task_memory_limit", lambda: 2**30 // 3)
+    est = LabelCentroidClassifier(routing="routers")
+    task = est.memory_needed(data)["worker"]
+    need = jobs._check_memory(est, data)
+    assert need["task"] == task and need["worker"] == 3 * task
+    monkeypatch.setattr(S, "worker_memory_in_use", lambda: int(0.8 * 2**30 - 3 * task) + 2**20)
+    with pytest.raises(MemoryError, match=r"a worker needs about .* GiB \(3 threads, a task each\) on top of .* "
+                                          r"at which Dask pauses it. Fix: .*fewer threads \(--threads-per-worker\)"):
+        jobs._check_memory(est, data)
+
+
 def test_centroid_refuses_the_flat_models_options(stores):
     _, train, _ = stores
     with pytest.raises(ValueError, match="kernel do.es. not apply with model=centroid"):

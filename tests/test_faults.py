@@ -428,7 +428,7 @@ def test_worker_memory_limit_below_one_task_is_refused_before_the_first_pass(tmp
 
     ds = make_synthetic(str(tmp_path / "t.zarr"), n_samples=2000, n_features=500, n_labels=20_000, seed=0)
     with cluster(n_workers=1, threads_per_worker=1, memory_limit="300MB", dashboard_address=None) as client:
-        with pytest.raises(ValueError, match="blocks of 2000 rows.*memory limit is 286.10 MiB.*--memory-limit"):
+        with pytest.raises(ValueError, match="blocks of 2000 rows.*1 thread.*286.10 MiB.*--memory-limit"):
             EmbeddingClassifier(n_components=8, max_epochs=1).fit(ds.X, ds.Y)
         assert not client.run(lambda: 0) == {}  # the worker was never lost
 

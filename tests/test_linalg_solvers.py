@@ -191,13 +191,13 @@ def test_auto_picks_by_feature_and_row_count(monkeypatch):
     assert ridge_lstsq(_x(np.float64), B, ALPHA, max_iter=2).solver == "cg"
 
 
-def test_dual_only_where_the_rows_gram_matrix_fits_a_quarter_of_a_worker(monkeypatch):
-    monkeypatch.setattr(solvers, "worker_memory_limit", lambda: None)  # no client, or no limit: the row count decides
+def test_dual_only_where_the_rows_gram_matrix_fits_a_quarter_of_a_workers_task(monkeypatch):
+    monkeypatch.setattr(solvers, "task_memory_limit", lambda: None)  # no client, or no limit: the row count decides
     assert solvers.dual_applies(solvers.MAX_DUAL_ROWS) and not solvers.dual_applies(solvers.MAX_DUAL_ROWS + 1)
-    monkeypatch.setattr(solvers, "worker_memory_limit", lambda: 256 << 20)  # 4 x 8 n^2 <= 256 MiB: n <= 2896
+    monkeypatch.setattr(solvers, "task_memory_limit", lambda: 256 << 20)  # 4 x 8 n^2 <= 256 MiB: n <= 2896
     assert solvers.dual_applies(2896) and not solvers.dual_applies(2897)
     monkeypatch.setattr(solvers, "MAX_GRAM_FEATURES", D - 1)
-    monkeypatch.setattr(solvers, "worker_memory_limit", lambda: 32 * N * N - 1)
+    monkeypatch.setattr(solvers, "task_memory_limit", lambda: 32 * N * N - 1)
     assert ridge_lstsq(_x(np.float64), B, ALPHA, max_iter=2).solver == "cg"
 
 

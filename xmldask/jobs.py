@@ -407,20 +407,27 @@ MEMORY_SHARE = 0.6
 
 def _check_memory(est, data, *, members: int = 1) -> None:
     """Refuse, before any pass, a fit whose estimated peak (``est.memory_needed(data)``: bytes of the fitting
-    process and of one worker, the worker's added to the process's where the workers are its threads; an
+    process and of one task, the task's added to the process's where the workers are its threads, else times the
+    threads of a worker process, each running one; an
     ensemble's fitting process also holds its ``members`` - 1 other fitted models) exceeds
     :data:`MEMORY_SHARE` of this machine's available memory or of the
     smallest worker's limit, with the numbers and what to change."""
     import dask
     import psutil
 
-    from .scheduling import worker_memory_in_use, worker_memory_limit, workers_in_process
+    from .scheduling import worker_memory_in_use, worker_memory_limit, worker_threads, workers_in_process
 
     need = dict(est.memory_needed(data))
     need["fit_process"] = need.get("fit_process", 0) + (members - 1) * need.get("model_bytes", 0)
     in_process = workers_in_process()
     if in_process:  # the workers' tasks run in this process: a worker's peak is its peak too
         need["fit_process"] = need.get("fit_process", 0) + need.get("worker", 0)
+    elif need.get("worker") and worker_threads() > 1:
+        # a worker process runs a task a thread, each sized by its share of the limit (task_memory_limit): the
+        # worker's peak is theirs together (measured: 1 worker, 2 threads, 1 GiB: one task estimated at 0.37 GiB,
+        # the worker paused at 820-890 MiB)
+        need["task"] = need["worker"]
+        need["worker"] = need["worker"] * worker_threads()
     limits = {"fit_process": psutil.virtual_memory().available, "worker": worker_memory_limit()}
     said = [f"the {what.replace('_', ' ')} needs about {need[what] / 2**30:.2f} GiB of its {limit / 2**30:.2f} GiB "
             f"(at most {MEMORY_SHARE:.0%} is used)" for what, limit in limits.items()
@@ -430,7 +437,9 @@ def _check_memory(est, data, *, members: int = 1) -> None:
     pause, held = dask.config.get("distributed.worker.memory.pause", 0.8), worker_memory_in_use()
     limit = limits["worker"]
     if limit and pause and not in_process and not said and need.get("worker", 0) + held > pause * limit:
-        said.append(f"a worker needs about {need['worker'] / 2**30:.2f} GiB on top of the {held / 2**30:.2f} GiB it "
+        said.append(f"a worker needs about {need['worker'] / 2**30:.2f} GiB"
+                    + (f" ({worker_threads()} threads, a task each)" if "task" in need else "")
+                    + f" on top of the {held / 2**30:.2f} GiB it "
                     f"holds before the job, past the {pause * limit / 2**30:.2f} GiB ({pause:.0%} of its limit) at "
                     "which Dask pauses it")
     if said:
@@ -438,9 +447,11 @@ def _check_memory(est, data, *, members: int = 1) -> None:
                           f"{data.n_labels} labels) would not fit: {'; '.join(said)}. Fix: "
                           "give the workers more memory (--memory-limit, or a cluster with larger workers), train on "
                           "fewer features (a smaller vocabulary), or on a sample of the rows"
+                          + (", or give each worker fewer threads (--threads-per-worker)" if "task" in need else "")
                           + (f", or an ensemble of fewer than {members} members" if members > 1 else ""))
     logger.info("estimated peak memory: %s%s", ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in need.items()
-                                                        if k != "entries"),
+                                                        if k != "entries") + (
+                f" ({worker_threads()} tasks at once)" if "task" in need else ""),
                 f" (beside the {held / 2**30:.2f} GiB a worker holds now)" if held and not in_process else "")
     return need
 

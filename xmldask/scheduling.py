@@ -15,7 +15,8 @@ import dask
 from dask.base import get_scheduler
 
 __all__ = ["blas_share", "computed_once", "concurrent_fits", "current_client", "memory_for_data", "parallelism",
-           "release_memory", "release_worker_memory", "thread_map", "worker_memory_limit", "workers_in_process"]
+           "release_memory", "release_worker_memory", "task_memory_limit", "thread_map", "worker_memory_limit",
+           "worker_threads", "workers_in_process"]
 
 
 def current_client():
@@ -144,6 +145,27 @@ def worker_memory_limit() -> int | None:
     limits = [w.get("memory_limit") or 0 for w in client.scheduler_info().get("workers", {}).values()]
     limits = [int(limit) for limit in limits if limit > 0]
     return min(limits) if limits else None
+
+
+def worker_threads() -> int:
+    """The most threads a worker of the current client has (1 without a client): the tasks it runs at once."""
+    client = current_client()
+    if client is None:
+        return 1
+    return max((int(n) for n in client.nthreads().values()), default=1) or 1
+
+
+def task_memory_limit() -> int | None:
+    """The bytes one task may plan its memory by: the smallest of the current client's workers' memory limits, each
+    shared among the worker's threads (a worker runs that many tasks at once, each at its own peak), or ``None``
+    (no client, or no worker with a limit). Sizes that one task holds (a label block's sums, a group's rows, a cluster
+    block) are cut by it; :func:`worker_memory_limit` is the worker's whole."""
+    client = current_client()
+    if client is None:
+        return None
+    shares = [int(w["memory_limit"]) // max(1, int(w.get("nthreads") or 1))
+              for w in client.scheduler_info().get("workers", {}).values() if (w.get("memory_limit") or 0) > 0]
+    return min(shares) if shares else None
 
 
 def worker_memory_in_use() -> int:

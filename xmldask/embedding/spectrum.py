@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..linalg.randomized import randomized_pca
-from ..scheduling import worker_memory_limit
+from ..scheduling import task_memory_limit
 
 __all__ = ["Spectrum", "compute_spectrum", "write_spectrum"]
 
@@ -64,7 +64,7 @@ class Spectrum:
                 for i, (v, s, c) in enumerate(zip(self.eigenvalues, share, cumulative))]
 
 
-#: share of a worker's memory limit that the spectrum's column-sized dense operands may take
+#: share of a worker's memory limit per thread that the spectrum's column-sized dense operands of a task may take
 MEMORY_SHARE = 0.25
 
 #: eigenvalues of the spectrum on every path (``xmldask spectrum``, the pipeline's and the refresh's stage)
@@ -99,7 +99,7 @@ def compute_spectrum(url: str, *, matrix: str = "Y", n_components: int = SPECTRU
     ds = open_dataset(url)
     A = ds.Y if matrix == "Y" else ds.X
     k = min(int(n_components), A.shape[1])
-    k, oversample, split_every = _fitting_columns(A, k, oversample, worker_memory_limit(), url)
+    k, oversample, split_every = _fitting_columns(A, k, oversample, task_memory_limit(), url)
     start = time.perf_counter()
     res = randomized_pca(A, k, oversample=oversample, n_iter=n_iter, center=center, random_state=random_state,
                          split_every=split_every)

@@ -62,7 +62,7 @@ import numpy as np
 import scipy.linalg
 import scipy.sparse as sp
 
-from ..scheduling import worker_memory_limit
+from ..scheduling import task_memory_limit
 from ._kernels import working_dtype
 from .passes import _as_weights, check_rows_operand, check_x, column_moments, column_sums, gram, row_gram, xt_b, xt_x_q
 
@@ -75,7 +75,7 @@ logger = logging.getLogger(__name__)
 MAX_GRAM_FEATURES = 2048
 #: ``solver="auto"`` solves in the dual beyond :data:`MAX_GRAM_FEATURES` features when there are at most this many
 #: rows (the rows' Gram matrix in float64: 512 MiB at 8192 rows, held where the solve runs) and the Gram matrix
-#: fits a quarter of the smallest worker's memory limit (:func:`dual_applies`)
+#: fits a quarter of the smallest worker's memory limit per thread (:func:`dual_applies`)
 MAX_DUAL_ROWS = 8192
 
 _SOLVERS = ("auto", "cholesky", "cg", "dual")
@@ -265,8 +265,9 @@ def _cholesky(system: _System) -> LstsqResult:
 def dual_applies(n_rows: int) -> bool:
     """Whether ``solver="auto"`` takes the dual for ``n_rows`` rows (beyond :data:`MAX_GRAM_FEATURES` features): at
     most :data:`MAX_DUAL_ROWS` rows, and the rows' float64 Gram matrix, computed as one block by one task and
-    copied by the solve, at most a quarter of the smallest worker's memory limit (any size without a limit)."""
-    limit = worker_memory_limit()
+    copied by the solve, at most a quarter of the smallest worker's memory limit per thread
+    (:func:`~xmldask.scheduling.task_memory_limit`; any size without a limit)."""
+    limit = task_memory_limit()
     return n_rows <= MAX_DUAL_ROWS and (limit is None or 4 * 8 * n_rows * n_rows <= limit)
 
 

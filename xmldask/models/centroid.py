@@ -41,7 +41,7 @@ from ..base import ParamsMixin, as_rows, check_int, seed_of
 from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
 from ..metrics import paired_gain
 from ..params import FamilyParams
-from ..scheduling import memory_for_data, parallelism, release_memory, worker_memory_limit
+from ..scheduling import memory_for_data, parallelism, release_memory, task_memory_limit, worker_memory_limit
 from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
@@ -246,7 +246,7 @@ def _train_svms(X: da.Array, Y: da.Array, idf, position: np.ndarray, offsets: np
     if n_classifiers == 0:
         return sp.csr_matrix((0, X.shape[1]), dtype=np.float32), np.zeros(0, np.float32), 0
     entries = np.asarray(entries, np.float64)
-    limit = worker_memory_limit()
+    limit = task_memory_limit()
     budget = SVM_GROUP_SHARE * (limit or memory_for_data())
     groups = svm_groups(np.add.reduceat(entries, offsets[:-1]), budget, 2 * parallelism())
     at = offsets[groups]  # the groups' first classifiers
@@ -989,7 +989,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         labels = np.asarray(group["Y"]["indices"][:], np.int64)
         by_label = np.minimum(np.bincount(labels, weights=np.repeat(rows["X"], rows["Y"]).astype(np.float64),
                                           minlength=data.n_labels), data.n_features)  # a centroid has <= d entries
-        bounds = label_block_bounds(by_label, worker_memory_limit())
+        bounds = label_block_bounds(by_label, task_memory_limit())
         label_block = None if bounds is None else float(np.add.reduceat(by_label, bounds[:-1]).max())
         need = centroid_memory(float(by_label.sum()), data.n_labels, data.n_features, n_blocks=len(data.X.chunks[0]),
                                block_entries=block_entries, label_block_entries=label_block)
@@ -998,7 +998,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             # the group routers' task holds the rows twice (pieces and stack), bounded as :meth:`_fit_routers`
             # bounds them, a sample of them past SVM_GROUP_SHARE of the worker's memory
             rows_bytes = 2 * _ENTRY_BYTES * float(by_label.sum())
-            need["worker"] = max(need["worker"], min(rows_bytes, SVM_GROUP_SHARE * (worker_memory_limit()
+            need["worker"] = max(need["worker"], min(rows_bytes, SVM_GROUP_SHARE * (task_memory_limit()
                                                                                    or memory_for_data())))
         return need
 
@@ -1019,7 +1019,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             raise ValueError(f"Y ({Y.shape[0]} rows) must have X's rows ({X.shape[0]}) in the same row blocks")
         passes = 0
         self.idf_, bounds = None, None
-        limit = worker_memory_limit()
+        limit = task_memory_limit()
         first = {}  # the first pass: document frequencies (tf-idf), the labels' entry bounds
         if self.features == "tfidf":
             first["df"] = _graph.document_counts(X)
@@ -1159,7 +1159,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         # random sample of the rows where all of them would take more than a classifier task's memory
         # (its rows' entries bounded by the labels' entry bounds, which count a row once per label)
         total = float(entries.sum())
-        keep = min(1.0, SVM_GROUP_SHARE * (worker_memory_limit() or memory_for_data()) / max(2 * total * _ENTRY_BYTES,
+        keep = min(1.0, SVM_GROUP_SHARE * (task_memory_limit() or memory_for_data()) / max(2 * total * _ENTRY_BYTES,
                                                                                               1.0))
         whole = np.array([0, n_groups], np.int64)
         middle = time.perf_counter()
@@ -1307,7 +1307,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         k = self._checked_k(k)
         fallback = np.argsort(-self.label_counts_, kind="stable")[:k]
         url = getattr(self, "store_url_", None)
-        limit = worker_memory_limit() if url else None
+        limit = task_memory_limit() if url else None
         if limit:
             bounds = _cluster_blocks(self._cluster_bytes(), limit, parallelism())
             if bounds is not None:

@@ -499,16 +499,17 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
     # -- fit ------------------------------------------------------------------------------------
 
     def _check_worker_memory(self, X, Y, p) -> None:
-        """Refuse before the first pass a fit whose decoder pass cannot fit one worker's memory limit.
+        """Refuse before the first pass a fit whose decoder pass cannot fit one worker's memory limit, shared by the
+        tasks its threads run at once.
 
         A task of the decoder's pass holds ``F^T F`` and ``F^T Y`` partial sums (float64, three at a
         time in the tree sum: :func:`_graph.normal_equations_task_bytes`) plus its row block; a worker
         whose limit is below that is restarted again and again until Dask gives up (``KilledWorker``)
         after minutes.
         """
-        from ..scheduling import worker_memory_limit
+        from ..scheduling import task_memory_limit, worker_threads
 
-        limit = worker_memory_limit()
+        limit = task_memory_limit()  # a worker's limit shared by the tasks its threads run at once
         if limit is None:
             return
         m1 = (p["n_random_features"] if p["kernel"] != "none" else min(p["n_components"], Y.shape[1])) + 1
@@ -521,9 +522,10 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             raise ValueError(
                 f"one task of the decoder's pass needs about {format_bytes(need)} ({m1 - 1} decoder features x "
                 f"{Y.shape[1]} labels in float64 partial sums, blocks of {block_rows} rows) but the smallest worker "
-                f"memory limit is {format_bytes(limit)}: raise the limit (--memory-limit) above "
-                f"{format_bytes(need)}, or lower n_random_features (--n-random-features) or k; fewer block rows "
-                "(ingest --block-rows) help only the last term")
+                f"memory limit gives each of its {worker_threads()} thread(s) {format_bytes(limit)}: raise the limit "
+                f"(--memory-limit) above {format_bytes(need * worker_threads())} or give the workers fewer threads, "
+                "or lower n_random_features (--n-random-features) or k; fewer block rows (ingest --block-rows) help "
+                "only the last term")
 
     def fit(self, X, Y, *, validation_seed: int | None = None) -> EmbeddingClassifier:
         """Fit ``W``, the feature map and the decoder ``Q`` (Algorithm 3).

@@ -39,7 +39,7 @@ import scipy.sparse as sp
 
 from ..linalg.passes import ROWS, WHOLE, block_sum, check_rows_operand, check_x, dense_operand, per_block, whole_operand
 from ..params import TREE_DEPTH, TREE_LEAF_LABELS
-from ..scheduling import worker_memory_limit
+from ..scheduling import task_memory_limit
 from . import _kernels as K
 
 logger = logging.getLogger(__name__)
@@ -183,8 +183,9 @@ def router_operand(W, dense_bytes: int | None = None):
 
 
 def default_memory_budget() -> int:
-    """:data:`MEMORY_BUDGET`, or less on a cluster whose workers have a smaller memory limit."""
-    limit = worker_memory_limit()
+    """:data:`MEMORY_BUDGET`, or less on a cluster whose workers have a smaller memory limit (shared by the tasks a
+    worker's threads run at once: :func:`~xmldask.scheduling.task_memory_limit`)."""
+    limit = task_memory_limit()
     return MEMORY_BUDGET if limit is None else max(1, min(MEMORY_BUDGET, int(limit * WORKER_MEMORY_SHARE)))
 
 
@@ -332,7 +333,7 @@ def grow_tree(X, Y, *, max_depth: int = TREE_DEPTH, leaf_labels: int = TREE_LEAF
     memory_budget : int or None
         Bytes of one block's per-node partial sums for a level; larger levels are split into groups.
         ``None``: :data:`MEMORY_BUDGET`, or :data:`WORKER_MEMORY_SHARE` of the smallest worker memory
-        limit of the current cluster when that is less.
+        limit of the current cluster, shared by the worker's threads, when that is less.
     split_every : int
         Fan-in of the tree sums.
     random_state : int, numpy.random.Generator or None
