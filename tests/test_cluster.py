@@ -200,8 +200,8 @@ def test_defaults_follow_the_documented_layout(monkeypatch):
 
 def test_small_data_gets_threads_of_this_process(monkeypatch):
     """With the data's size known, a local cluster for data of at most IN_PROCESS_MEMORY_SHARE of the
-    memory runs its workers as threads of this process; larger or unknown data gets a worker process;
-    --processes / --no-processes decide otherwise."""
+    memory runs its workers as threads of this process; larger or unknown data, or a memory limit given, gets a
+    worker process; --processes / --no-processes decide otherwise."""
     import psutil
 
     from xmldask.cluster import IN_PROCESS_MEMORY_SHARE, add_cluster_arguments, cluster_from_args
@@ -221,11 +221,14 @@ def test_small_data_gets_threads_of_this_process(monkeypatch):
     monkeypatch.setattr("distributed.LocalCluster", fake_local_cluster)
     parser = argparse.ArgumentParser()
     add_cluster_arguments(parser)
-    for argv, data_bytes in (([], 10**6), ([], 10**15), (["--processes"], 10**6), (["--no-processes"], 10**15)):
+    # a memory limit given per worker asks for processes (an in-process worker's limit counts the whole process)
+    for argv, data_bytes in (([], 10**6), ([], 10**15), (["--processes"], 10**6), (["--no-processes"], 10**15),
+                             (["--memory-limit", "1GiB"], 10**6), (["--memory-limit", "auto"], 10**6),
+                             (["--memory-limit", "1GiB", "--no-processes"], 10**6)):
         with pytest.raises(Stop), cluster_from_args(parser.parse_args(argv), data_bytes=data_bytes,
                                                      dashboard_address=None):
             pass
-    assert captured == [False, True, True, False]
+    assert captured == [False, True, True, False, True, False, False]
 
 
 def test_dashboard_link_is_logged_and_exposed(caplog):

@@ -402,6 +402,11 @@ def _dashboard(client, enabled: bool) -> str | None:
     return link or None
 
 
+def _given_limit(memory_limit) -> bool:
+    """Whether ``memory_limit`` sets a limit per worker (not ``"auto"``, nor none)."""
+    return parse_memory_limit(memory_limit) not in ("auto", None)
+
+
 @contextlib.contextmanager
 def cluster(address: str | None = None, *, n_workers: int | None = None, threads_per_worker: int | None = None,
             processes: bool | None = None, memory_limit="auto", dashboard_address: str | int | None = ":8787",
@@ -422,8 +427,9 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
         ``threads_per_worker``, ``cores // threads_per_worker`` workers).
     processes : bool, optional
         Local cluster only: workers in their own processes, or as threads of this process. Default:
-        threads when ``data_bytes`` is at most :data:`IN_PROCESS_MEMORY_SHARE` of the machine's memory,
-        else processes.
+        threads when ``data_bytes`` is at most :data:`IN_PROCESS_MEMORY_SHARE` of the machine's memory
+        and no ``memory_limit`` is given, else processes (an in-process worker's limit would count the whole
+        process, the fitting code's arrays too: with a 1 GiB limit it paused at once on a 1M-label fit).
     memory_limit : str, int, float or None, default "auto"
         Local cluster only: limit per worker (:func:`parse_memory_limit`), e.g. ``"2GB"``. Dask
         spills to disk past 60% of it, pauses the worker at 80% and restarts it at 95%.
@@ -487,7 +493,9 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
             dashboard_on = True
         else:
             if processes is None:
-                processes = default_layout(data_bytes=data_bytes)[2]
+                # a limit given per worker asks for worker processes: threads of this process would count the whole
+                # process (the fitting code's arrays too) against it, and pause at once
+                processes = default_layout(data_bytes=data_bytes)[2] or _given_limit(memory_limit)
             if auto_blas and not processes:  # threads of this process: its pools are the fitting code's too
                 blas_threads = None
             client = stack.enter_context(_local(
