@@ -436,6 +436,26 @@ def test_cluster_classifiers_train_on_their_clusters_rows_and_prune():
         np.testing.assert_allclose(bias[a:b], ref[:, -1], atol=1e-5)
 
 
+def test_cluster_classifiers_trained_in_chunks_of_labels_are_the_same(monkeypatch):
+    """A cluster's labels are trained in chunks whose dense weights take at most DENSE_BYTES (a cluster of 100
+    labels over 500,000 features is 200 MB): the same weights and biases as all at once."""
+    from xmldask.models import _svm
+
+    rng = np.random.default_rng(1)
+    X = sp.random(300, 50, density=0.2, format="csr", random_state=2, dtype=np.float32)
+    Y = sp.csr_matrix(rng.random((300, 9)) < 0.15, dtype=np.float32)
+    offsets = np.array([0, 2, 9])
+    whole, whole_bias = _svm.cluster_svms(X, Y, offsets, seed=5)
+    calls = []
+    train = _svm.squared_hinge_svms
+    monkeypatch.setattr(_svm, "squared_hinge_svms", lambda X, P, **kw: calls.append(P.shape[1]) or train(X, P, **kw))
+    monkeypatch.setattr(_svm, "DENSE_BYTES", 4 * 51 * 3)  # three labels of at most 50 features (and the bias)
+    V, bias = _svm.cluster_svms(X, Y, offsets, seed=5)
+    assert max(calls) <= 3 and sum(calls) == 9 and len(calls) >= 4
+    np.testing.assert_array_equal(V.toarray(), whole.toarray())
+    np.testing.assert_array_equal(bias, whole_bias)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("row_slots", [None, 8])
 def test_candidate_kernel_matches_dense_scores_of_the_chosen_clusters(dtype, row_slots, monkeypatch):
@@ -575,10 +595,12 @@ def test_classifiers_are_left_out_when_the_memory_cannot_hold_them(small, monkey
 
 
 def test_svm_groups_cut_clusters_into_groups_within_the_budget():
+    from xmldask.models import centroid as C
     from xmldask.models.centroid import svm_groups
 
     sizes = np.array([10, 10, 10, 10, 200, 10, 10, 10], float)
-    assert list(svm_groups(sizes, budget_bytes=2 * 8 * 100, min_groups=1)) == [0, 4, 5, 8]  # 100 entries a group
+    budget = C.SVM_TASK_COPIES * 8 * 100  # 100 entries a group
+    assert list(svm_groups(sizes, budget_bytes=budget, min_groups=1)) == [0, 4, 5, 8]
     assert list(svm_groups(sizes, budget_bytes=1e12, min_groups=1)) == [0, 8]
     assert list(svm_groups(sizes, budget_bytes=1e12, min_groups=2)) == [0, 4, 8]  # the threads' minimum, even bounds
     assert list(svm_groups(np.zeros(0), 1e6, 4)) == [0]

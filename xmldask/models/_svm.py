@@ -23,6 +23,11 @@ PRUNE = 0.1
 MAX_PASSES = 100
 #: that tolerance (liblinear's default for this solver)
 TOL = 0.1
+#: bytes of the dense weights (labels x the cluster's features, float32) trained at once: a cluster's labels are
+#: trained in chunks of at most this (each label's classifier is the same either way). A cluster of 100 frequent
+#: labels over 500,000 features is 200 MB dense: two tasks of a 1 GiB worker training such clusters at once took it
+#: past 95 % of its limit, and it was restarted
+DENSE_BYTES = 1 << 24
 
 
 @functools.cache
@@ -142,12 +147,17 @@ def cluster_svms(X: sp.csr_matrix, Y: sp.csr_matrix, offsets: np.ndarray, *, C: 
         Xc = X[rows]
         columns_, local = np.unique(Xc.indices, return_inverse=True)  # the cluster's features only
         Xl = sp.csr_matrix((Xc.data, local.reshape(-1), Xc.indptr), shape=(len(rows), len(columns_)))
-        Wc = squared_hinge_svms(Xl, Yc[rows], C=C, seed=seed + start, max_passes=max_passes) if len(rows) else \
-            np.zeros((stop - start, 1), np.float32)
-        weights = Wc[:, :-1]
-        weights[np.abs(weights) < prune] = 0.0
-        kept = sp.csr_matrix(weights)
-        pieces.append(sp.csr_matrix((kept.data, columns_[kept.indices], kept.indptr), shape=(stop - start, X.shape[1])))
-        biases.append(Wc[:, -1].copy())  # not a view: it would keep every dense W alive
+        Yr = Yc[rows].tocsc()
+        chunk = max(1, DENSE_BYTES // (4 * (len(columns_) + 1)))  # labels whose dense weights take DENSE_BYTES
+        for a in range(0, stop - start, chunk):
+            b = min(a + chunk, stop - start)
+            Wc = squared_hinge_svms(Xl, Yr[:, a:b], C=C, seed=seed + start + a, max_passes=max_passes) \
+                if len(rows) else np.zeros((b - a, 1), np.float32)
+            weights = Wc[:, :-1]
+            weights[np.abs(weights) < prune] = 0.0
+            kept = sp.csr_matrix(weights)
+            pieces.append(sp.csr_matrix((kept.data, columns_[kept.indices], kept.indptr), shape=(b - a, X.shape[1])))
+            biases.append(Wc[:, -1].copy())  # not a view: it would keep every dense W alive
+            del Wc, weights
     V = sp.vstack(pieces, format="csr", dtype=np.float32) if pieces else sp.csr_matrix((0, X.shape[1]), np.float32)
     return V, (np.concatenate(biases) if biases else np.zeros(0)).astype(np.float32)

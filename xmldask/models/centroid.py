@@ -97,8 +97,12 @@ SVM_MEMORY_SHARE = 0.6
 #: the SVMs' C (Parabel's and Omikuji's default)
 SVM_C = 1.0
 #: share of a worker's memory limit (without a limit: of this machine's memory) that a task training the
-#: classifiers of a group of clusters may take with its rows (two copies: the gathered pieces and their stack)
+#: classifiers of a group of clusters may take with its rows (:data:`SVM_TASK_COPIES` copies)
 SVM_GROUP_SHARE = 1 / 8
+#: copies of a group's rows that a task training its classifiers holds at its peak: the gathered pieces and their
+#: stack, then a cluster's rows taken out, renumbered to its features and widened for the coordinate descent (with
+#: two counted, a 1M-label fit's worker of 2 threads and 1 GiB went past 95 % of its limit and was restarted)
+SVM_TASK_COPIES = 4
 #: training rows held out (at most) for that choice: the standard error of a P@1 near 0.8 on them is 0.9 points,
 #: and the comparison of two beams on the same rows is paired (a row scores the same with either beam unless the
 #: wider beam reaches a better label), so it resolves much smaller differences
@@ -282,11 +286,12 @@ def router_groups(n_clusters: int) -> np.ndarray:
 
 
 def svm_groups(cluster_entries: np.ndarray, budget_bytes: float, min_groups: int) -> np.ndarray:
-    """Cluster ranges ``bounds[j]:bounds[j + 1]`` whose classifiers one task trains: consecutive clusters while two
-    copies of their rows' entries (``cluster_entries``, bounds; :data:`_ENTRY_BYTES` an entry) fit ``budget_bytes``
+    """Cluster ranges ``bounds[j]:bounds[j + 1]`` whose classifiers one task trains: consecutive clusters while
+    :data:`SVM_TASK_COPIES` copies of their rows' entries (``cluster_entries``, bounds; :data:`_ENTRY_BYTES` an entry)
+    fit ``budget_bytes``
     (a cluster past it is a group of its own), cut further into about equal bounds where that gives fewer than
     ``min_groups`` (the workers' threads) and there are as many clusters."""
-    sizes = 2 * np.asarray(cluster_entries, np.float64) * _ENTRY_BYTES
+    sizes = SVM_TASK_COPIES * np.asarray(cluster_entries, np.float64) * _ENTRY_BYTES
     n = len(sizes)
     if not n:
         return np.zeros(1, np.int64)
