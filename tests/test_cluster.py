@@ -418,6 +418,29 @@ def test_workers_paused_for_memory_stop_the_job_with_a_memory_error(tmp_path):
             EmbeddingClassifier(embedding="rembrandt", n_components=8, max_epochs=1).fit(ds.X, ds.Y)
 
 
+def _exit_process(*_):
+    os._exit(1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_part_cancelled_by_a_lost_worker_names_it():
+    """A worker that leaves while a job runs (its nanny restarts it past 95 % of its limit) takes the data scattered
+    to it: the parts that needed it are cancelled ("already forgotten"), and compute_each names the worker and what
+    to change instead of the cancelled task alone."""
+    from concurrent.futures import CancelledError
+
+    import dask
+
+    from xmldask.linalg.passes import compute_each
+
+    with cluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as client:
+        address = next(iter(client.scheduler_info()["workers"]))
+        operand = client.scatter(np.ones(10))
+        with pytest.raises(CancelledError, match=f"worker.s. {address} left the cluster.*--memory-limit"):
+            compute_each([dask.delayed(_exit_process)(operand)])
+
+
 @pytest.mark.timeout(120)
 def test_a_job_cancelled_for_memory_raises_from_compute_each_and_names_the_pause(tmp_path):
     """``compute_each`` gathers each part as it is computed: a part the pause watch cancelled raises

@@ -550,7 +550,9 @@ def tree_combine(parts: list, combine):
 def compute_each(parts: list, each=None) -> list:
     """The values of the delayed ``parts``, ``each(i, value)`` of them if given: with a ``distributed`` client each
     is gathered as soon as it is computed, released on the workers and passed to ``each`` (results that together
-    exceed the workers' memory never wait there for the last one); otherwise ``dask.compute``."""
+    exceed the workers' memory never wait there for the last one); otherwise ``dask.compute``. A cancelled part
+    raises ``CancelledError``, naming the workers that left the cluster meanwhile (a restart for memory loses the
+    data scattered to the worker)."""
     each = each or (lambda i, value: value)
     client = current_client()
     if client is None:
@@ -559,12 +561,18 @@ def compute_each(parts: list, each=None) -> list:
 
     from distributed import as_completed
 
+    workers = set(client.scheduler_info(n_workers=-1).get("workers", {}))
     futures = client.compute(list(parts))
     position = {id(future): i for i, future in enumerate(futures)}
     out = [None] * len(futures)
     for future, value in as_completed(futures, with_results=True):
         if isinstance(value, CancelledError):  # as_completed yields a cancelled future's error as its value
-            raise CancelledError(f"part {position[id(future)]} of {len(futures)} was cancelled ({value})")
+            lost = sorted(workers - set(client.scheduler_info(n_workers=-1).get("workers", {})))
+            raise CancelledError(f"part {position[id(future)]} of {len(futures)} was cancelled ({value})" + (
+                f": worker(s) {', '.join(lost)} left the cluster while the job ran, and with them data that "
+                "cannot be computed again (a worker's nanny restarts it past 95 % of its memory limit: its log "
+                "says so). Give the workers more memory (--memory-limit) or fewer threads each "
+                "(--threads-per-worker)" if lost else ""))
         i = position[id(future)]
         future.release()
         out[i] = each(i, value)
