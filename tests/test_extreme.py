@@ -594,6 +594,34 @@ def test_classifiers_are_left_out_when_the_memory_cannot_hold_them(small, monkey
     assert LabelCentroidClassifier(leaf_labels=40, svm_weight=0.5, random_state=0).fit(X, Y).V_ is not None
 
 
+def test_a_group_of_classifiers_past_a_tasks_memory_trains_on_a_share_of_its_rows(small, monkeypatch, caplog):
+    """A cluster of frequent labels is a group of its own whatever its rows (a 1M-label set's most frequent label has
+    235,000 of 1,500,000 rows): past the task's budget its classifiers train on a seeded random share of them that the
+    budget holds; within it, on all of them (the same classifiers as before)."""
+    import logging
+
+    from xmldask.models import centroid as C
+
+    X, Y, _, _ = small
+    Xd = da.from_array(X, chunks=((700, 1100, 1200), (X.shape[1],)), asarray=False, fancy=False)
+    Yd = da.from_array(Y, chunks=((700, 1100, 1200), (Y.shape[1],)), asarray=False, fancy=False)
+    position = np.arange(Y.shape[1])
+    # per group: all rows, none, all: a group's share leaves the others' rows as they are
+    whole = C._gather_block(X, Y, position=position, bounds=[0, 10, 20, 30], seed=3)
+    shared = C._gather_block(X, Y, position=position, bounds=[0, 10, 20, 30], seed=3, keep=[1.0, 0.0, 1.0])
+    rows = [sum(x.shape[0] for x in xs) for xs, _ in whole]
+    assert rows[0] > 0 and rows[1] > 0 and [sum(x.shape[0] for x in xs) for xs, _ in shared] == [rows[0], 0, rows[2]]
+    half = C._gather_block(X, Y, position=position, bounds=[0, 10, 20, 30], seed=3, keep=[0.5, 0.5, 0.5])
+    assert 0 < sum(x.shape[0] for x in half[1][0]) < rows[1]
+    reference = LabelCentroidClassifier(leaf_labels=40, svm_weight=0.5, random_state=0).fit(Xd, Yd)
+    monkeypatch.setattr(C, "SVM_GROUP_SHARE", 3e6 / C.memory_for_data())  # 3 MB a task: the largest groups are past
+    with caplog.at_level(logging.INFO, logger="xmldask.models.centroid"):
+        sampled = LabelCentroidClassifier(leaf_labels=40, svm_weight=0.5, random_state=0).fit(Xd, Yd)
+    assert "% of their rows" in caplog.text
+    np.testing.assert_array_equal(sampled.order_, reference.order_)  # the same clusters, fewer rows for some
+    assert sampled.V_.shape == reference.V_.shape and (sampled.V_ != reference.V_).nnz > 0
+
+
 def test_svm_groups_cut_clusters_into_groups_within_the_budget():
     from xmldask.models import centroid as C
     from xmldask.models.centroid import svm_groups

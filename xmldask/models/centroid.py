@@ -184,18 +184,19 @@ def _held_out(n: int, share: float, seed: int, block) -> np.ndarray:
 
 
 def _gather_block(Xb, Yb, idf=None, *, position, bounds, share: float = 0.0, seed: int = 0, block=None,
-                  keep: float = 1.0) -> tuple:
+                  keep=1.0) -> tuple:
     """The rows of one row block that train each group of classifiers: for the classifiers ``bounds[j]:bounds[j +
     1]`` (``position``: a label's classifier, such as its position in cluster order, -1 for none), the block's rows
     with a label of one of them, transformed, and their positives among them, the held-out rows left out (those of
-    :func:`_label_sums_block`), and of the others a seeded random ``keep`` share. A pair ``([X pieces], [Y
-    pieces])`` per group, the block transformed :data:`GATHER_ROWS` rows at a time (a transform's copies of a whole
-    block would outweigh what it gives)."""
+    :func:`_label_sums_block`), and of the others a seeded random ``keep`` share (one for all groups, or one per
+    group: a row kept for a group keeps it for the groups of larger shares). A pair ``([X pieces], [Y pieces])`` per
+    group, the block transformed :data:`GATHER_ROWS` rows at a time (a transform's copies of a whole block would
+    outweigh what it gives)."""
     base, end = int(bounds[0]), int(bounds[-1])
     Y = sp.csr_matrix(Yb)
     train = ~_held_out(Y.shape[0], share, seed, block)
-    if keep < 1.0:
-        train &= np.random.default_rng([seed, block or 0, 1]).random(Y.shape[0]) < keep
+    keep = np.broadcast_to(np.asarray(keep, np.float64), (len(bounds) - 1,))
+    draw = np.random.default_rng([seed, block or 0, 1]).random(Y.shape[0]) if np.any(keep < 1.0) else None
     out = [([], []) for _ in range(len(bounds) - 1)]
     for start in range(0, Y.shape[0], GATHER_ROWS):
         stop = min(start + GATHER_ROWS, Y.shape[0])
@@ -207,9 +208,10 @@ def _gather_block(Xb, Yb, idf=None, *, position, bounds, share: float = 0.0, see
         if not P.nnz:
             continue
         Xr = _rows_block(Xb[start:stop], idf)
-        for (xs, ys), first, last in zip(out, bounds[:-1], bounds[1:]):
+        for (xs, ys), first, last, share_kept in zip(out, bounds[:-1], bounds[1:], keep):
             Pg = P[:, int(first) - base:int(last) - base]
-            rows = np.flatnonzero((np.diff(Pg.indptr) > 0) & train[start:stop])
+            kept = train[start:stop] if share_kept >= 1.0 else train[start:stop] & (draw[start:stop] < share_kept)
+            rows = np.flatnonzero((np.diff(Pg.indptr) > 0) & kept)
             if len(rows):
                 xs.append(Xr[rows])
                 ys.append(Pg[rows])
@@ -237,15 +239,16 @@ def _group_svms(pair, offsets: np.ndarray, *, n_features: int, seed: int, column
 
 
 def _train_svms(X: da.Array, Y: da.Array, idf, position: np.ndarray, offsets: np.ndarray, entries: np.ndarray, *,
-                share: float, seed: int, keep: float = 1.0,
+                share: float, seed: int, keep: float | None = None,
                 max_passes: int = MAX_PASSES) -> tuple[sp.csr_matrix, np.ndarray, int]:
     """Classifiers of label clusters (:func:`~xmldask.models._svm.cluster_svms`) from one pass over the row blocks
     (a few when the workers' memory asks for it: :func:`label_passes`): classifier ``j`` has the rows with a label
     ``l`` of ``position[l] == j`` as positives and is trained on the rows of its cluster (``offsets``: cluster ``c``
     is classifiers ``offsets[c]:offsets[c + 1]``); ``entries``: a bound on each classifier's rows' entries. Each
     block gives every group of clusters (:func:`svm_groups`) its rows (the held-out rows left out; ``keep``: a
-    share of the others), the workers stack a group's rows and train its classifiers, and the process keeps the
-    weights alone. Returns the weights, the biases and the passes made."""
+    share of the others, or None: all of them, but for a group whose rows a task cannot hold, a share that it can),
+    the workers stack a group's rows and train its classifiers, and the process keeps the weights alone. Returns the
+    weights, the biases and the passes made."""
     n_classifiers = int(offsets[-1])
     if n_classifiers == 0:
         return sp.csr_matrix((0, X.shape[1]), dtype=np.float32), np.zeros(0, np.float32), 0
@@ -255,10 +258,22 @@ def _train_svms(X: da.Array, Y: da.Array, idf, position: np.ndarray, offsets: np
     groups = svm_groups(np.add.reduceat(entries, offsets[:-1]), budget, 2 * parallelism())
     at = offsets[groups]  # the groups' first classifiers
     position_ = dask.delayed(position, pure=True)
+    if keep is None:
+        # a group past the budget (a cluster of frequent labels is a group of its own, whatever its rows) trains on
+        # a seeded random share of them that the budget holds
+        group_bytes = SVM_TASK_COPIES * np.add.reduceat(entries, at[:-1]) * _ENTRY_BYTES
+        shares = np.minimum(1.0, budget / np.maximum(group_bytes, 1.0))
+        for g in np.flatnonzero(shares < 1.0):
+            logger.info("label classifiers %d-%d: %.0f%% of their rows (%.0f MiB of rows, past the %.0f MiB a task "
+                        "may hold)", at[g], at[g + 1] - 1, 100 * shares[g], group_bytes[g] / 2**20, budget / 2**20)
+    else:
+        shares = np.full(len(at) - 1, float(keep))
     pieces, n_passes = [], 0
     for bounds in label_passes(at, entries, memory_for_data() if limit else None):
+        first = int(np.searchsorted(at, bounds[0]))
+        kept = [float(x) for x in shares[first:first + len(bounds) - 1]]
         parts = per_block_objects(_gather_block, X, Y, position=position_, idf=idf, bounds=[int(b) for b in bounds],
-                                  share=share, seed=seed, keep=keep)
+                                  share=share, seed=seed, keep=kept)
         todo = []
         for j in range(len(bounds) - 1):
             g = int(np.searchsorted(at, bounds[j]))  # the group's index: its clusters groups[g]:groups[g + 1]
