@@ -363,7 +363,7 @@ class HeldOutSearch:
             return self._done[key]
         if by_statistics:
             start = time.perf_counter()
-            model, kept = None, [self._screener.score(repeat) for repeat in repeats]
+            model, kept = None, [self._screener.score(repeat, loss=self.scoring == "loss") for repeat in repeats]
             seconds = time.perf_counter() - start
         else:
             model, kept, seconds = (fits or {}).get(key) or self._fits(repeats, X, Y)
@@ -495,7 +495,8 @@ class HeldOutSearch:
             if params == repeats[0]:
                 score = self._first.get(key, -math.inf)
             elif warm is None and self._screener is not None and self._screener.applies(params):
-                score = self._score(self._screener.score(params))  # the same figure as a warm start's, but a solve
+                # the same figure as a warm start's, but a solve
+                score = self._score(self._screener.score(params, loss=self.scoring == "loss"))
             else:
                 model = warm or type(self.estimator)(**params).fit(X, Y)
                 score = held_out_score(model, self.scoring)

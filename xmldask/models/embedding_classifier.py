@@ -691,8 +691,10 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         return _graph.DecoderData(X=X, Y=Y, split=split, state=state, G=out["G"], FtY=out["FtY"],
                                   n_train=split.n_train(), task=task, loss_fn=loss_fn, Fh=Fh, Yh=Yh, t_start=t_start)
 
-    def _warm_start(self, d: _graph.DecoderData, p) -> tuple[np.ndarray, np.ndarray]:
-        """The ridge decoder (rescaled on the held-out rows) and SGD's preconditioner ``(F^T F / n + lam I)^{-1}``."""
+    def _warm_start(self, d: _graph.DecoderData, p, *, loss: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """The ridge decoder (rescaled on the held-out rows) and SGD's preconditioner ``(F^T F / n + lam I)^{-1}``.
+        ``loss=False``: the decoder not rescaled and its held-out P@1 alone (``val_loss`` nan), for a screen that
+        ranks by P@k: a positive scale and an offset common to every label keep each row's order of the labels."""
         m1 = d.G.shape[0]
         H = d.G / d.n_train
         scale = float(np.mean(np.diag(H)[:-1])) or 1.0
@@ -705,11 +707,15 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
                              f"(now {p['decoder_alpha']})") from exc
         dtype = p["dtype"]
         Q = scipy.linalg.cho_solve(chol, d.FtY.astype(np.float64) / d.n_train).astype(dtype)
-        Q = self._rescale(Q, d.Fh, d.Yh, d.loss_fn, d.task)
-        val = self._evaluate(d.Fh, d.Yh, Q, d.loss_fn)
+        if loss:
+            Q = self._rescale(Q, d.Fh, d.Yh, d.loss_fn, d.task)
+        val = self._evaluate(d.Fh, d.Yh, Q, d.loss_fn if loss else None)
         d.history.append({"epoch": 0, "learning_rate": None, "train_loss": None, **val,
                           "seconds": time.perf_counter() - d.t_start})
-        logger.info("epoch 0 (warm start): held-out loss %.5g, P@1 %.4f", val["val_loss"], val["val_p@1"])
+        if loss:
+            logger.info("epoch 0 (warm start): held-out loss %.5g, P@1 %.4f", val["val_loss"], val["val_p@1"])
+        else:
+            logger.info("epoch 0 (warm start): held-out P@1 %.4f", val["val_p@1"])
         P = K.inverse_from_cholesky(chol).astype(dtype) if p["max_epochs"] > 0 else None
         return Q, P
 
@@ -733,7 +739,8 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             yield a, F[a:a + rows] @ Q
 
     def _evaluate(self, Fh, Yh, Q, loss_fn) -> dict:
-        """Mean held-out loss per row and P@1 of the decoder ``Q`` (``nan`` without held-out rows)."""
+        """Mean held-out loss per row and P@1 of the decoder ``Q`` (``nan`` without held-out rows; the loss ``nan``
+        without a ``loss_fn``)."""
         if Fh is None:
             return {"val_loss": math.nan, "val_p@1": math.nan}
         loss, hits = 0.0, 0
@@ -742,7 +749,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             Yb = Yh[a:a + S.shape[0]]
             top = S.argmax(axis=1)
             hits += int(np.asarray(Yb[np.arange(S.shape[0]), top]).ravel().astype(bool).sum())
-            loss += loss_fn(S, Yb, gradient=False)[0]
+            loss += loss_fn(S, Yb, gradient=False)[0] if loss_fn is not None else math.nan
         return {"val_loss": loss / Fh.shape[0], "val_p@1": hits / Fh.shape[0]}
 
     def _rescale(self, Q, Fh, Yh, loss_fn, task):
