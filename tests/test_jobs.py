@@ -89,8 +89,9 @@ def test_k_beyond_the_labels_is_lowered_before_any_pass(data, caplog):
         info = jobs.train(train, str(root / "k.zarr"), k=500, kernel="none", max_epochs=1,
                           search={"k": [8, 200, 400]}, search_extensions=0)
     assert "k=500" not in caplog.text  # one message, the search's
-    assert "the search's k=[8, 200, 400] exceed the 80 labels" in caplog.text and "trying k=[8, 80]" in caplog.text
-    assert [r["params"]["n_components"] for r in info["search"] if r["screened"]] == [8, 80]
+    # k = L first, where the search starts: every label direction, the identity (no decomposition)
+    assert "the search's k=[8, 200, 400] exceed the 80 labels" in caplog.text and "trying k=[80, 8]" in caplog.text
+    assert [r["params"]["n_components"] for r in info["search"] if r["screened"]] == [80, 8]
 
 
 def test_model_families_are_trained_through_their_class(data):

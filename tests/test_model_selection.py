@@ -497,6 +497,26 @@ def test_screener_shares_a_split_s_factors_between_settings_within_its_cache(dat
     assert kept._shared.items and not nothing._shared.items
 
 
+@pytest.mark.parametrize("route", ["primal", "dual"])
+def test_screener_holds_the_statistics_of_what_it_scored(data, route, monkeypatch):
+    """``holds``: a setting on the statistics and embedding of one scored already (its score a solve), not one of
+    another input normalisation (a pass) or another embedding (a decomposition; the identity needs none)."""
+    from xmldask.models import _screen
+
+    if route == "dual":
+        monkeypatch.setattr(_screen, "MAX_GRAM_FEATURES", 0)
+    ds = open_dataset(data[1])
+    screener = _template().screener(ds.X, ds.Y)
+    base = {**_template().get_params(deep=False), "max_epochs": 0, "n_components": 4}
+    other = "tfidf" if base["features"] != "tfidf" else "raw"
+    assert not screener.holds(base)
+    out = screener.score(base)
+    assert 0 < out["solve_seconds"] <= out["seconds"]
+    assert screener.holds(base) and screener.holds({**base, "alpha": 7.0})
+    assert not screener.holds({**base, "n_components": 6}) and not screener.holds({**base, "features": other})
+    assert screener.holds({**base, "n_components": ds.Y.shape[1]})
+
+
 def test_screener_refuses_what_it_does_not_compute(data, monkeypatch):
     from xmldask.models import _screen
 
@@ -692,6 +712,53 @@ def test_time_budget_stops_the_search_and_keeps_the_best_so_far(monkeypatch):
     for bad in (0, -1, math.inf, "10", True):
         with pytest.raises(ValueError, match="time_budget must be a positive number"):
             HeldOutSearch(_Timed(), grid, scoring="p@1", time_budget=bad).fit(X, Y)
+
+
+def test_time_budget_makes_a_model_first_and_expects_screens_to_cost_what_the_screener_holds(data, monkeypatch):
+    """With a time budget (and ``screen_finalist``) the grid's first setting, as screened, is fitted first: a
+    budget that holds one fit gets that model (a screen, then a model of its best, took two fits and the budget
+    was refused). A screened setting whose statistics the screener holds is expected to cost a solve, one that needs
+    a pass what those cost; the screen leaves the time of one more fit for its best."""
+    import xmldask.model_selection as ms
+    from xmldask.models._screen import Screener
+
+    clock = _Clock()
+    monkeypatch.setattr(ms.time, "perf_counter", clock)  # the fits' and the screener's clock too
+    fit, score, statistics = EmbeddingClassifier.fit, Screener.score, Screener._statistics
+
+    def timed_fit(self, *args, **kwargs):  # a fit: 1 s
+        clock.now += 1.0
+        return fit(self, *args, **kwargs)
+
+    def timed_statistics(self, est, p, split):  # a pass of the screener: 0.8 s; its solve: 0.1 s
+        held = est.features in self._moments and (split.seed, split.fraction) in self._moments[est.features].held
+        clock.now += 0.0 if held else 0.8
+        return statistics(self, est, p, split)
+
+    def timed_score(self, params, **kwargs):
+        out = score(self, params, **kwargs)
+        clock.now += 0.1
+        return out
+
+    monkeypatch.setattr(EmbeddingClassifier, "fit", timed_fit)
+    monkeypatch.setattr(Screener, "_statistics", timed_statistics)
+    monkeypatch.setattr(Screener, "score", timed_score)
+    ds = open_dataset(data[1])
+    screen = {"max_epochs": 0, "kernel": "none"}
+    grid = {"features": ["raw", "tfidf"], "alpha": [1e-3, 1.0, 10.0], "kernel": ["none"]}
+    kw = dict(screen=screen, screen_finalist=True, max_extensions=0)
+    for budget in (1.5, 4.0):
+        clock.now = 0.0
+        search = HeldOutSearch(_template(), grid, time_budget=budget, **kw).fit(ds.X, ds.Y)
+        assert search.seconds_ <= budget
+        screened = [r["params"] for r in search.results_ if r["screened"]]
+        if budget == 1.5:  # the first model alone: no screen (0.9 s) and a fit (1 s) more
+            assert search.best_params_ == {"features": "raw", "alpha": 1e-3, **screen} and not screened
+            assert isinstance(search.best_estimator_, EmbeddingClassifier)
+        else:  # 1 s, then two screens of a pass (2 x 0.9 s), then solves (0.1 s each) while a fit (1 s) is left
+            assert [(p["features"], p["alpha"]) for p in screened][:2] == [("raw", 1e-3), ("tfidf", 1e-3)]
+            assert len(screened) == 4, screened  # the other two alphas of the features chosen: 3.0 s
+            assert not [r for r in search.results_ if not r["screened"]]  # no time left for a full fit
 
 
 @pytest.mark.parametrize("screen_fraction", [None, 0.3])

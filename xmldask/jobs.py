@@ -271,6 +271,10 @@ def _fit_to_data(p: TrainParams, data, given=frozenset()) -> tuple[int, dict | N
             most, what = data.n_features, "features (X W has rank at most that many)"
         values = [int(v) for v in search["n_components"]]
         lowered = list(dict.fromkeys(min(v, most) for v in values))
+        if p.embedding == "rembrandt" and data.n_labels in lowered[1:]:
+            # k = L first, where the search starts: every label direction, and the identity (no decomposition: the
+            # cheapest screen, and the cheapest first model under a time budget)
+            lowered = [data.n_labels] + [v for v in lowered if v != data.n_labels]
         if lowered != values:
             logger.log(logging.WARNING if "search" in given else logging.INFO,
                        "the search's k=%s exceed the %d %s of %s: trying k=%s", values, most, what, data.url, lowered)

@@ -151,7 +151,9 @@ class HeldOutSearch:
         For such an estimator: fit the best setting again on all rows (``False``: keep the candidate fitted
         on the others).
     time_budget : float or None
-        Seconds the search may take, its final refit included (None: no limit).
+        Seconds the search may take, its final refit included (None: no limit). With ``screen_finalist``, the
+        grid's first setting as screened is fitted in full before the screen, the first model (a budget that
+        holds one fit gets one), and the screen's best replaces it only where it scores higher.
 
     Attributes
     ----------
@@ -361,6 +363,7 @@ class HeldOutSearch:
                         self.time_budget)
             self._done[key] = (-math.inf, None)
             return self._done[key]
+        held = self._screener_holds(repeats)
         if by_statistics:
             start = time.perf_counter()
             model, kept = None, [self._screener.score(repeat, loss=self.scoring == "loss") for repeat in repeats]
@@ -375,6 +378,10 @@ class HeldOutSearch:
         logger.info("held-out search%s: %s -> %s %.4f (%.1f s%s)", " (screening)" if overrides else "", setting,
                     self.scoring, abs(score), self.results_[-1]["seconds"], self._budget_used())
         self._fit_seconds[bool(overrides)].append(seconds / self._cost(repeats[0]))
+        if overrides:
+            self._screen_seconds[held].append(seconds)
+            if by_statistics and not held:  # its solve alone: what a setting on the statistics it made costs
+                self._screen_seconds[True].append(sum(k.get("solve_seconds", seconds) for k in kept))
         if not overrides and self._best is None:
             self._check_first_model(setting)
         if not overrides and model is not None and callable(getattr(model, "at_warm_start", None)):
@@ -405,7 +412,22 @@ class HeldOutSearch:
         full = self._fit_seconds[False] or rates
         cost = self._cost(params or {})
         refit = max(full) * cost / (1 - self.validation_fraction) if self._split is not None and self.refit else 0.0
-        return time.perf_counter() - self._start + n_fits * max(rates) * cost + refit > self.time_budget
+        each = max(rates) * cost
+        if screened and (self._screen_seconds[False] or self._screen_seconds[True]):
+            # a screened setting costs what the screened ones of its kind cost so far, whatever its cost units: the
+            # screen's fits all solve on the linear map, and what they cost is their passes and solves (a smaller
+            # embedding needs a decomposition that the identity does not), not the width of their decoders; of
+            # its kind: whether the screener holds its statistics already (a solve) or must make them (a pass)
+            held = self._screener_holds([params or {}])
+            each = max(self._screen_seconds[held] or self._screen_seconds[not held])
+            # and the screen leaves the time of one more first model: its best, fitted as screened, may replace it
+            refit += self._first_model_seconds
+        return time.perf_counter() - self._start + n_fits * each + refit > self.time_budget
+
+    def _screener_holds(self, repeats: list[dict]) -> bool:
+        """Whether the screener holds the statistics of every repeat of a screened setting (its score a solve)."""
+        screener = getattr(self, "_screener", None)
+        return screener is not None and all(screener.applies(r) and screener.holds(r) for r in repeats)
 
     def _budget_used(self) -> str:
         if self.time_budget is None:
@@ -432,7 +454,8 @@ class HeldOutSearch:
         """
         grid = self._validated()
         self._start = time.perf_counter() if started is None else started
-        self._fit_seconds, self.skipped_ = {True: [], False: []}, []
+        self._fit_seconds, self._screen_seconds, self.skipped_ = {True: [], False: []}, {True: [], False: []}, []
+        self._first_model_seconds = 0.0
         self.results_, self._done, self._first, self._best, self._warm = [], {}, {}, None, {}
         self._split = None
         if not self._holds_out_itself():
@@ -460,10 +483,13 @@ class HeldOutSearch:
             full.update({name: values for name, values in list(cheap.items())
                          if conditions.get(name, (None,))[0] in full})
             cheap = {name: values for name, values in cheap.items() if name not in full}
-            best = self._search(cheap, X, Y, overrides=screen) if cheap else {}
-            # with a time budget the screen's best, as screened, is the first model: the full fits follow while
-            # the budget lasts, each kept if it beats it
+            # with a time budget the grid's first setting, as screened, is fitted in full first: a model in one fit
+            # (a screened setting then a model of it took two); the screen's best, as screened, replaces it if it
+            # scores higher, and the full fits follow while the budget lasts, each kept if it beats them
             finalist_first = self.screen_finalist and cheap and self.time_budget is not None
+            if finalist_first:
+                self._screened_finalist({name: values[0] for name, values in cheap.items()}, screen, X, Y)
+            best = self._search(cheap, X, Y, overrides=screen) if cheap else {}
             if finalist_first:
                 self._screened_finalist(best, screen, X, Y)
             self._search(full or {}, X, Y, start=best)
@@ -479,13 +505,16 @@ class HeldOutSearch:
                         time.perf_counter() - start, self._budget_used())
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
         self.seconds_ = time.perf_counter() - self._start
-        del self._done, self._first, self._best, self._screener, self._split, self._warm
+        del self._done, self._first, self._best, self._screener, self._split, self._warm, self._screen_seconds
+        del self._first_model_seconds
         return self
 
     def _screened_finalist(self, setting: dict, overrides: dict, X, Y) -> None:
         """Keep the best screened ``setting`` as screened (``overrides`` on top), fitted in full, if on the full
         fits' held-out rows it scores higher than the best of them (or if there is no full fit yet)."""
         setting, key, repeats, _ = self._prepare(setting, overrides)
+        if self._best is not None and self._best[2] == setting:  # the first model already (a time budget's)
+            return
         # as screened, holding out the rows the full fits hold out
         params = {**repeats[0], "validation_fraction": self.estimator.get_params(deep=False)["validation_fraction"]}
         full, model, start = self._best[0] if self._best else -math.inf, None, time.perf_counter()
@@ -512,9 +541,14 @@ class HeldOutSearch:
             logger.info("held-out search: the screened %s beats the full fits (%s %.4f against %.4f; %s)", setting,
                         self.scoring, abs(score), abs(full), how)
         else:
+            seconds = time.perf_counter() - start
             logger.info("held-out search: the screened %s fitted as the first model (%s %.4f; %.1f s%s)", setting,
-                        self.scoring, abs(self._best[0]), time.perf_counter() - start, self._budget_used())
+                        self.scoring, abs(self._best[0]), seconds, self._budget_used())
             self._check_first_model(setting)
+            if model is not warm:  # a screened setting's fits: what the budget expects a screened setting to cost
+                self._fit_seconds[True].append(seconds / self._cost(params))
+                self._screen_seconds[False].append(seconds * len(repeats))
+                self._first_model_seconds = seconds
 
     def _search(self, grid: dict, X, Y, *, overrides: dict | None = None, start: dict | None = None) -> dict:
         """Search ``grid`` from the setting ``start`` (fitted with ``overrides``); the best setting found."""

@@ -148,7 +148,9 @@ class Screener:
         decoder warm start the screener uses.
 
     ``score(params)`` returns the ``history_[0]`` entry (``val_p@1``, ``val_loss``) that
-    ``EmbeddingClassifier(**params).fit(X, Y)`` records, for the ``params`` that :meth:`applies` to.
+    ``EmbeddingClassifier(**params).fit(X, Y)`` records, for the ``params`` that :meth:`applies` to, with the
+    seconds it took and those of its solve alone (``solve_seconds``: what a setting whose statistics it
+    :meth:`holds` costs).
     """
 
     def __init__(self, X, Y, estimator_class):
@@ -185,11 +187,7 @@ class Screener:
         if not self.applies(params):
             raise ValueError(f"the screener does not compute {params}; fit it instead")
         start = time.perf_counter()
-        est = self.estimator_class(**params)
-        p = est._validated()
-        seed = seed_of(params.get("random_state"))
-        rng_split = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[0])
-        split = est._held_out(self.X, p, int(rng_split.integers(2**63)))
+        est, p, seed, split = self._setting(params)
         if self._route() == "dual":
             G, FtY, n_t, Fh, Yh, task = self._dual_decoder(est, p, split, seed)
         else:
@@ -199,10 +197,30 @@ class Screener:
                          loss_fn=K.softmax_loss if task == "multiclass" else K.logistic_loss, Fh=Fh,
                          Yh=Yh if Fh is not None else None, t_start=start)
         est._warm_start(d, p, loss=loss)
-        figures = {**d.history[0], "seconds": time.perf_counter() - start}
+        end = time.perf_counter()
+        figures = {**d.history[0], "seconds": end - start, "solve_seconds": end - self._ready}
         if not loss:
             del figures["val_loss"]
         return figures
+
+    def _setting(self, params: dict) -> tuple:
+        """The estimator of ``params``, its validated parameters, its seed and its held-out split (as its fit's)."""
+        est = self.estimator_class(**params)
+        p = est._validated()
+        seed = seed_of(params.get("random_state"))
+        rng_split = np.random.default_rng(np.random.SeedSequence(seed).spawn(4)[0])
+        return est, p, seed, est._held_out(self.X, p, int(rng_split.integers(2**63)))
+
+    def holds(self, params: dict) -> bool:
+        """Whether the statistics that :meth:`score` takes for ``params`` are held already (its score then a solve,
+        no pass nor decomposition): for a time budget's estimate of its cost."""
+        est, p, seed, split = self._setting(params)
+        dual = self._route() == "dual"
+        m = self._moments.get(("dual", est.features) if dual else est.features)
+        if m is None or (not dual and (split.seed, split.fraction) not in m.held):
+            return False
+        identity = est._every_label(p, self.Y.shape[1]) is not None
+        return identity or (("dual",) * dual + (est.features, p["n_components"], seed)) in self._embeddings
 
     @staticmethod
     def _normal_equations(F: np.ndarray, Y) -> tuple[np.ndarray, np.ndarray]:
@@ -221,6 +239,7 @@ class Screener:
         Xh, Yh = m.held[split.seed, split.fraction]
         R = est._every_label(p, self.Y.shape[1])
         R = self._embedding(m, p, seed) if R is None else R
+        self._ready = time.perf_counter()  # what follows is a solve on the statistics
         W, c, (Gc, mu, C_t, y_t, n_t) = self._feature_map(m, (split.seed, split.fraction), Xh, Yh, R, p)
         # the decoder's normal equations of F = [X W + c, 1] over the training rows, from the statistics:
         # X^T X = Gc + n mu mu^T and X^T 1 = n mu over them
@@ -243,6 +262,7 @@ class Screener:
         T, H = np.flatnonzero(~held), np.flatnonzero(held)
         R = est._every_label(p, self.Y.shape[1])
         R = (self._dual_embedding(g, p, seed) if R is None else R).astype(np.float64)
+        self._ready = time.perf_counter()  # what follows is a solve on the statistics
 
         def centred():  # the training rows' Gram matrix K_TT, centred by their mean
             M = g.K[np.ix_(T, T)]
