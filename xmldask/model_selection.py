@@ -363,7 +363,7 @@ class HeldOutSearch:
                         self.time_budget)
             self._done[key] = (-math.inf, None)
             return self._done[key]
-        held = self._screener_holds(repeats)
+        held = self.time_budget is not None and self._screener_holds(repeats)  # what a budget's estimates need
         if by_statistics:
             start = time.perf_counter()
             model, kept = None, [self._screener.score(repeat, loss=self.scoring == "loss") for repeat in repeats]
