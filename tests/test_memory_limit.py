@@ -168,6 +168,44 @@ def test_thread_map_keeps_the_order_and_raises_the_first_error():
     assert 1 <= concurrent_fits() <= len(os.sched_getaffinity(0))
 
 
+@pytest.mark.parametrize("n_jobs", [None, 2])
+def test_thread_map_at_once_runs_every_call_and_lets_a_waiting_one_step_aside(n_jobs):
+    """``at_once``: each call in a thread of its own, at most ``n_jobs`` (None: one) running; calls that wait for
+    each other (here all three, at a barrier) finish when each steps aside while it waits."""
+    import threading
+    import time
+
+    from xmldask.scheduling import step_aside, thread_map
+
+    arrived, cond, running, most = [], threading.Condition(), [0], [0]
+
+    lock = threading.Lock()
+
+    def holding(change):  # +1 once a call holds a slot, -1 before it frees it
+        with lock:
+            running[0] += change
+            most[0] = max(most[0], running[0])
+
+    def meet(x):
+        holding(+1)
+        with cond:
+            arrived.append(x)
+            cond.notify_all()
+        holding(-1)
+        with step_aside(), cond:
+            assert cond.wait_for(lambda: len(arrived) == 3, timeout=10)
+        holding(+1)
+        time.sleep(0.02)
+        holding(-1)
+        return threading.current_thread().name, x * x
+
+    out = thread_map(meet, [0, 1, 2], n_jobs, at_once=True)
+    assert [x for _, x in out] == [0, 1, 4] and len({name for name, _ in out}) == 3
+    assert most[0] <= (n_jobs or 1)
+    with step_aside():  # outside such a call: nothing
+        pass
+
+
 def test_thread_map_gives_each_fit_its_share_of_the_blas_threads():
     """While thread_map's threads run, this process's BLAS pools have the cores divided among them (at least one
     thread each); the limits found before come back after, also when a call raises."""

@@ -97,9 +97,9 @@ def test_fits_made_at_once_give_the_same_search(data, strategy, monkeypatch):
     threads = []
     fit = EmbeddingClassifier.fit
 
-    def recording_fit(self, *args, **kwargs):
+    def recording_fit(self, X, Y, *, validation_seed=None, callback=None):
         threads.append(threading.current_thread().name)
-        return fit(self, *args, **kwargs)
+        return fit(self, X, Y, validation_seed=validation_seed, callback=callback)
 
     with threadpool_limits(limits=blas_share(2), user_api="blas"):
         one = HeldOutSearch(_template(), grid, **kw).fit(ds.X, ds.Y)
@@ -114,9 +114,29 @@ def test_fits_made_at_once_give_the_same_search(data, strategy, monkeypatch):
     assert many.best_params_ == one.best_params_ and many.best_score_ == one.best_score_
     np.testing.assert_array_equal(many.best_estimator_.W_, one.best_estimator_.W_)
     pooled = [name for name in threads if name.startswith("xmldask-fit")]
-    assert len(set(pooled)) == 2
-    # grid: every one of the 4 fits in the pool; coordinate: the two kernels' full fits
+    # grid: every one of the 4 fits in the pool; coordinate: the two kernels' full fits; each in a thread of its own
+    # (they race: two run at a time, and one waiting for the others' warm starts lets another run)
     assert len(pooled) == (4 if strategy == "grid" else 2), threads
+    assert len(set(pooled)) == len(pooled)
+
+
+def test_full_fits_race_at_their_warm_start(data):
+    """A full fit makes its decoder epochs only if its warm start (its ridge decoder) scores at least as high as
+    every other full fit's: the leader is the fit ``race=False`` makes, every other one is its warm start alone."""
+    ds = open_dataset(data[1])
+    template = _template(n_random_features=64)
+    grid = {"kernel": ["none", "gaussian"], "alpha": [1e-3, 1.0]}
+    raced = HeldOutSearch(template, grid, strategy="grid").fit(ds.X, ds.Y)
+    plain = HeldOutSearch(template, grid, strategy="grid", race=False).fit(ds.X, ds.Y)
+    settings = [r["params"] for r in plain.results_]
+    assert [r["params"] for r in raced.results_] == settings
+    starts = [held_out_score(_template(n_random_features=64).set_params(**setting, max_epochs=0).fit(ds.X, ds.Y))
+              for setting in settings]
+    leader = int(np.argmax(starts))
+    for i, (fast, slow) in enumerate(zip(raced.results_, plain.results_)):
+        assert fast["score"] == pytest.approx(slow["score"] if i == leader else starts[i]), (i, starts)
+    assert sum(r["score"] != pytest.approx(s) for r, s in zip(plain.results_, starts)) > 1  # epochs changed them
+    assert raced.best_score_ == max(r["score"] for r in raced.results_)
 
 
 def test_search_refusals(data):
@@ -192,7 +212,7 @@ def test_train_job_and_command_line_search(data, capsys):
 def test_conditional_parameters_are_searched_with_the_parameter_they_depend_on(data):
     ds = open_dataset(data[1])
     grid = {"kernel": ["none", "gaussian"], "bandwidth_scale": [0.5, 4.0], "alpha": [1e-3, 1.0]}
-    search = HeldOutSearch(_template(n_random_features=64), grid, max_extensions=0).fit(ds.X, ds.Y)
+    search = HeldOutSearch(_template(n_random_features=64), grid, max_extensions=0, race=False).fit(ds.X, ds.Y)
     params = [r["params"] for r in search.results_]
     # none once (its bandwidth is ignored), gaussian at each bandwidth, then alpha at the best of those
     assert params[:3] == [{"kernel": "none", "alpha": 1e-3},
@@ -779,7 +799,7 @@ def test_screened_finalist_is_taken_from_the_full_fit_of_its_setting(data, monke
     template = _template()
     grid = {"alpha": [1e-3, 1.0], "kernel": ["none"]}
 
-    def worse_epochs(self, d, Q, P, p, rng):  # an epoch of lower held-out loss that ranks no label right
+    def worse_epochs(self, d, Q, P, p, rng, callback=None):  # an epoch of lower held-out loss that ranks no label right
         d.history.append({**d.history[0], "epoch": 1, "val_loss": 0.0, "val_p@1": 0.0})
         return Q * 0, 1
 

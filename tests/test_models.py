@@ -690,6 +690,29 @@ def test_at_warm_start_is_the_fit_without_epochs(multilabel):
     assert gaussian.at_warm_start() is None
 
 
+def test_a_callback_stops_the_epochs_where_it_returns_false(multilabel):
+    """``fit(callback=...)`` is asked before each epoch with the history so far (the warm start first); where it
+    returns false the epochs stop, and the model is the one with that many epochs (the same minibatches)."""
+    X, Y = multilabel
+    kw = dict(embedding="rembrandt", n_components=8, kernel="none", learning_rate=8.0, n_iter_no_change=5,
+              random_state=2)
+    seen = []
+
+    def two_epochs(history):
+        seen.append([h["epoch"] for h in history])
+        return len(history) < 3
+
+    cut = EmbeddingClassifier(**kw, max_epochs=5).fit(X, Y, callback=two_epochs)
+    two = EmbeddingClassifier(**kw, max_epochs=2).fit(X, Y)
+    assert seen == [[0], [0, 1], [0, 1, 2]]
+    assert cut.history_[-1]["stopped"] == "callback" and len(cut.history_) == 3
+    assert [h["val_loss"] for h in cut.history_] == [h["val_loss"] for h in two.history_]
+    np.testing.assert_array_equal(cut.Q_, two.Q_)
+    none = EmbeddingClassifier(**kw, max_epochs=5).fit(X, Y, callback=lambda history: False)
+    ridge = EmbeddingClassifier(**kw, max_epochs=0).fit(X, Y)
+    assert len(none.history_) == 1 and np.array_equal(none.Q_, ridge.Q_)
+
+
 @pytest.mark.parametrize("kernel", ["none", "gaussian"])
 def test_epochs_keep_the_training_features_between_epochs(multilabel, monkeypatch, kernel):
     """Epochs in the fitting process keep each block's training features from the first epoch (up to

@@ -224,6 +224,12 @@ def kept_epoch(estimator) -> dict:
     history = getattr(estimator, "history_", None)
     if not history or history[0].get("val_loss") is None or math.isnan(history[0]["val_loss"]):
         raise ValueError("the estimator has no held-out figures; fit it with validation_fraction > 0")
-    if getattr(estimator, "early_stopping", "loss") == "p@1":
+    return kept_entry(history, getattr(estimator, "early_stopping", "loss"))
+
+
+def kept_entry(history: list[dict], early_stopping: str = "loss") -> dict:
+    """The entry of ``history`` (held-out figures per epoch) whose decoder a fit early-stopped on ``early_stopping``
+    (``"loss"`` or ``"p@1"``) keeps: the first of the best."""
+    if early_stopping == "p@1":
         return max(history, key=lambda h: h["val_p@1"])
     return min(history, key=lambda h: h["val_loss"])

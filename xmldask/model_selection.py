@@ -53,19 +53,21 @@ Examples
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 import math
 import numbers
+import threading
 import time
 
 import dask
 import numpy as np
 
-from .base import BudgetError
+from .base import BudgetError, kept_entry
 from .models import HeldOut, kept_epoch
 from .params import parse_grid
-from .scheduling import thread_map
+from .scheduling import step_aside, thread_map
 
 __all__ = ["BudgetError", "HeldOutSearch", "held_out_score", "kept_epoch", "parse_grid"]
 
@@ -97,6 +99,59 @@ def held_out_score(estimator, scoring: str = "p@1") -> float:
     """
     kept = kept_epoch(estimator)
     return float(kept["val_p@1"]) if scoring == "p@1" else -float(kept["val_loss"])
+
+
+class _Race:
+    """Full fits raced at their warm start: successive halving with two rungs, the decoder's warm start (its ridge
+    solve) and its epochs.
+
+    A fit makes its decoder epochs only if its warm start scores at least as high on the held-out rows as every other
+    full fit's. The fits of a step (:meth:`together`, made by ``thread_map(..., at_once=True)``) wait for each other's
+    warm start, stepping aside for the others meanwhile, so that which ones go on depends neither on which runs faster
+    nor on how many run at once.
+    """
+
+    def __init__(self, score, names: dict):
+        self._score, self._names = score, names  # history -> score; a fit's key -> its setting (for the log)
+        self._starts: dict[tuple, float] = {}  # a fit's key -> the score of its warm start
+        self._waiting: set[tuple] = set()  # fits made at once whose warm start is not scored yet
+        self._cond = threading.Condition()
+
+    def together(self, keys) -> None:
+        with self._cond:
+            self._waiting.update(keys)
+
+    def callback(self, key):
+        """The ``callback`` of the fit ``key``: whether it makes another epoch."""
+        def another_epoch(history: list[dict]) -> bool:
+            if len(history) > 1:  # past the warm start: raced already
+                return True
+            mine = self._score(history)
+            with self._cond:
+                self._starts[key] = mine
+                self._waiting.discard(key)
+                self._cond.notify_all()
+                wait = bool(self._waiting)
+            if wait:  # its slot is free meanwhile, taken again outside the lock (a fit in a slot may want the lock)
+                with step_aside(), self._cond:
+                    self._cond.wait_for(lambda: not self._waiting)
+            with self._cond:
+                theirs = {other: start for other, start in self._starts.items() if other != key}
+            leader = max(theirs, key=theirs.get, default=None)
+            if leader is None or theirs[leader] <= mine:
+                return True
+            logger.info("held-out search: %s makes no decoder epochs: its warm start scored %.4f, %s's %.4f",
+                        self._names.get(key, key), abs(mine), self._names.get(leader, leader), abs(theirs[leader]))
+            return False
+        return another_epoch
+
+    def finish(self, key, history: list[dict] | None) -> None:
+        """The fit ``key`` ended (``history``: its held-out figures, or None if it failed)."""
+        with self._cond:
+            if history and key not in self._starts:
+                self._starts[key] = self._score(history[:1])
+            self._waiting.discard(key)
+            self._cond.notify_all()
 
 
 class HeldOutSearch:
@@ -154,6 +209,12 @@ class HeldOutSearch:
         Seconds the search may take, its final refit included (None: no limit). With ``screen_finalist``, the
         grid's first setting as screened is fitted in full before the screen, the first model (a budget that
         holds one fit gets one), and the screen's best replaces it only where it scores higher.
+    race : bool, default True
+        For an estimator scored by its own held-out figures whose ``fit`` takes a ``callback`` (the embedding
+        classifier): the full fits race at their warm start (successive halving with two rungs). A fit makes its
+        decoder epochs only if the held-out score of its warm start (the ridge decoder) is at least that of every
+        other full fit's warm start; fits made at once wait for each other's, so the outcome does not depend on their
+        speed.
 
     Attributes
     ----------
@@ -176,11 +237,13 @@ class HeldOutSearch:
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
                  max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1,
                  screen_finalist: bool = False, screen_fraction: float | None = None, n_jobs: int | None = None,
-                 validation_fraction: float = 0.2, refit: bool = True, time_budget: float | None = None):
+                 validation_fraction: float = 0.2, refit: bool = True, time_budget: float | None = None,
+                 race: bool = True):
         self.estimator, self.param_grid, self.strategy, self.scoring = estimator, param_grid, strategy, scoring
         self.max_extensions, self.screen, self.screen_repeats = max_extensions, screen, screen_repeats
         self.screen_finalist, self.screen_fraction, self.n_jobs = screen_finalist, screen_fraction, n_jobs
         self.validation_fraction, self.refit, self.time_budget = validation_fraction, refit, time_budget
+        self.race = race
 
     def _holds_out_itself(self) -> bool:
         return "validation_fraction" in self.estimator.get_params(deep=False)
@@ -296,18 +359,35 @@ class HeldOutSearch:
         by_statistics = bool(overrides) and self._screener is not None and self._screener.applies(params)
         return setting, key, repeats, by_statistics
 
-    def _fits(self, repeats: list[dict], X, Y) -> tuple[object, list[dict], float]:
-        """Fit every repeat: the first one's model, the held-out figures of each, and the seconds it took."""
+    def _races(self) -> bool:
+        """Whether the full fits race (:class:`_Race`): an estimator scored by its own held-out figures whose fit
+        takes a ``callback`` between its epochs."""
+        return (self.race and self._holds_out_itself() and self.scoring in _OWN_SCORINGS
+                and "callback" in inspect.signature(type(self.estimator).fit).parameters)
+
+    def _history_score(self, history: list[dict]) -> float:
+        """The score of the decoder a fit keeps after the epochs of ``history``."""
+        return self._score(kept_entry(history, self.estimator.get_params(deep=False).get("early_stopping", "loss")))
+
+    def _fits(self, repeats: list[dict], X, Y, race: tuple | None = None) -> tuple[object, list[dict], float]:
+        """Fit every repeat: the first one's model, the held-out figures of each, and the seconds it took
+        (``race``: the key of a full fit, which races the others)."""
         start = time.perf_counter()
-        fitted = [self._fit_scored(repeat, X, Y) for repeat in repeats]
+        fitted = [self._fit_scored(repeat, X, Y, race) for repeat in repeats]
         return fitted[0][0], [figures for _, figures in fitted], time.perf_counter() - start
 
-    def _fit_scored(self, params: dict, X, Y) -> tuple[object, dict]:
+    def _fit_scored(self, params: dict, X, Y, race: tuple | None = None) -> tuple[object, dict]:
         """A candidate fitted on the rows it may see, and its held-out figures (an estimator that takes a
-        ``time_budget`` gets the search's time left)."""
+        ``time_budget`` gets the search's time left; ``race``: its key in the race of the full fits)."""
         model = type(self.estimator)(**self._with_time_left(params))
         if self._split is None:
-            model.fit(X, Y)
+            if race is None or self._race is None:
+                model.fit(X, Y)
+            else:
+                try:
+                    model.fit(X, Y, callback=self._race.callback(race))
+                finally:
+                    self._race.finish(race, getattr(model, "history_", None))
             return model, kept_epoch(model)
         model.fit(*self._split["fit"])
         return model, self._held_out_figures(model)
@@ -332,19 +412,23 @@ class HeldOutSearch:
         """The held-out score of each setting (:meth:`_fit_one`); the fits not yet made run in up to ``n_jobs``
         threads, and are recorded in the order of ``settings`` (the same results as one at a time)."""
         fits = {}
-        if self.n_jobs and self.n_jobs > 1:
+        racing = self._race is not None and not overrides
+        if racing or (self.n_jobs and self.n_jobs > 1):
             todo = {}
             for setting in settings:
-                _, key, repeats, by_statistics = self._prepare(setting, overrides)
+                effective, key, repeats, by_statistics = self._prepare(setting, overrides)
                 if key not in self._done and not by_statistics:
                     todo.setdefault(key, repeats)
+                    self._names[key] = effective
             # with a time budget, fits of a kind run at once only when one of that kind was timed
             timed = self.time_budget is None or bool(self._fit_seconds[bool(overrides)])
             costliest = max(todo.values(), key=lambda repeats: self._cost(repeats[0]), default=[{}])[0]
-            if len(todo) > 1 and timed and not self._over_budget(math.ceil(len(todo) / self.n_jobs),
+            if len(todo) > 1 and timed and not self._over_budget(math.ceil(len(todo) / (self.n_jobs or 1)),
                                                                  screened=bool(overrides), params=costliest):
-                fits = dict(zip(todo, thread_map(lambda repeats: self._fits(repeats, X, Y), list(todo.values()),
-                                                 self.n_jobs)))
+                if racing:  # the step's fits wait for each other's warm start, in threads of their own
+                    self._race.together(list(todo))
+                fits = dict(zip(todo, thread_map(lambda item: self._fits(item[1], X, Y, item[0] if racing else None),
+                                                 list(todo.items()), self.n_jobs, at_once=racing)))
         return [self._fit_one(setting, X, Y, overrides, fits)[0] for setting in settings]
 
     def _score(self, figures: dict) -> float:
@@ -369,7 +453,8 @@ class HeldOutSearch:
             model, kept = None, [self._screener.score(repeat, loss=self.scoring == "loss") for repeat in repeats]
             seconds = time.perf_counter() - start
         else:
-            model, kept, seconds = (fits or {}).get(key) or self._fits(repeats, X, Y)
+            self._names[key] = setting
+            model, kept, seconds = (fits or {}).get(key) or self._fits(repeats, X, Y, None if overrides else key)
         figures = {key: float(np.mean([k[key] for k in kept])) for key in kept[0] if key in _FIGURES}
         score = self._score(figures)
         self._first[key] = self._score(kept[0])  # on the rows a full fit holds out (the template's seed)
@@ -457,7 +542,8 @@ class HeldOutSearch:
         self._fit_seconds, self._screen_seconds, self.skipped_ = {True: [], False: []}, {True: [], False: []}, []
         self._first_model_seconds = 0.0
         self.results_, self._done, self._first, self._best, self._warm = [], {}, {}, None, {}
-        self._split = None
+        self._split, self._names = None, {}
+        self._race = _Race(self._history_score, self._names) if self._races() else None
         if not self._holds_out_itself():
             split = HeldOut(_seed(self.estimator.get_params(deep=False).get("random_state")),
                             float(self.validation_fraction), tuple(int(c) for c in X.chunks[0]))
@@ -506,7 +592,7 @@ class HeldOutSearch:
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
         self.seconds_ = time.perf_counter() - self._start
         del self._done, self._first, self._best, self._screener, self._split, self._warm, self._screen_seconds
-        del self._first_model_seconds
+        del self._first_model_seconds, self._race, self._names
         return self
 
     def _screened_finalist(self, setting: dict, overrides: dict, X, Y) -> None:

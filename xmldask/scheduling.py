@@ -10,13 +10,14 @@ import os
 import sys
 import threading
 import weakref
+from contextlib import contextmanager, nullcontext
 
 import dask
 from dask.base import get_scheduler
 
 __all__ = ["blas_share", "computed_once", "concurrent_fits", "current_client", "memory_for_data", "parallelism",
-           "release_memory", "release_worker_memory", "task_memory_limit", "thread_map", "worker_memory_limit",
-           "worker_threads", "workers_in_process"]
+           "release_memory", "release_worker_memory", "step_aside", "task_memory_limit", "thread_map",
+           "worker_memory_limit", "worker_threads", "workers_in_process"]
 
 
 def current_client():
@@ -62,7 +63,7 @@ def blas_share(n_threads: int) -> int:
     return max(1, _cores() // n_threads)
 
 
-def thread_map(func, items, n_jobs: int | None = None) -> list:
+def thread_map(func, items, n_jobs: int | None = None, *, at_once: bool = False) -> list:
     """``[func(item) for item in items]``, computed in up to ``n_jobs`` threads of this process.
 
     ``n_jobs`` None or 1: in order, in this thread. The results are in the order of ``items`` whatever
@@ -70,22 +71,54 @@ def thread_map(func, items, n_jobs: int | None = None) -> list:
     first). While the threads run, this process's BLAS pools have the cores shared among them (at least one thread
     each): fits at once, each with its dense solves and SGD steps, took longer with a pool of every core
     (lshtc1-dryrun-task2, two ensemble members on 2 cores: 13.5 s against 11 s).
+
+    ``at_once``: every call starts in a thread of its own, whatever ``n_jobs``, and at most ``n_jobs`` (None: 1) run
+    at a time; a call that waits for another's progress steps aside (:func:`step_aside`) and lets another run. Calls
+    that wait for each other (a race of fits) so finish with one slot as with many.
     """
     items = list(items)
     if n_jobs is not None and (isinstance(n_jobs, bool) or not isinstance(n_jobs, int) or n_jobs < 1):
         raise ValueError(f"n_jobs must be a positive integer or None, but is {n_jobs!r}")
-    if not n_jobs or n_jobs == 1 or len(items) < 2:
+    if len(items) < 2 or (not at_once and (not n_jobs or n_jobs == 1)):
         return [func(item) for item in items]
     from concurrent.futures import ThreadPoolExecutor
 
     from threadpoolctl import threadpool_limits
 
-    n_threads = min(n_jobs, len(items))
+    n_threads = min(n_jobs or 1, len(items))
+    slots = threading.Semaphore(n_threads)
+
+    def in_a_slot(item):
+        with slots:
+            _slot.semaphore = slots
+            try:
+                return func(item)
+            finally:
+                _slot.semaphore = None
+
     # set and restored by this thread alone: OpenBLAS 0.3.30 ignored a change made from another thread after one
     # had been made (and one made while the calls run: a call left alone kept its share)
-    with threadpool_limits(limits=blas_share(n_threads), user_api="blas"), \
-            ThreadPoolExecutor(n_threads, thread_name_prefix="xmldask-fit") as pool:
-        return list(pool.map(func, items))
+    limits = threadpool_limits(limits=blas_share(n_threads), user_api="blas") if n_threads > 1 else nullcontext()
+    with limits, ThreadPoolExecutor(len(items) if at_once else n_threads, thread_name_prefix="xmldask-fit") as pool:
+        return list(pool.map(in_a_slot if at_once else func, items))
+
+
+_slot = threading.local()
+
+
+@contextmanager
+def step_aside():
+    """Inside a call of :func:`thread_map` with ``at_once``: free this call's slot while in the block (it waits for
+    another call), and take one again after it. Elsewhere: nothing."""
+    slots = getattr(_slot, "semaphore", None)
+    if slots is None:
+        yield
+        return
+    slots.release()
+    try:
+        yield
+    finally:
+        slots.acquire()
 
 
 _ONCE_LOCK = threading.Lock()

@@ -527,7 +527,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
                 "or lower n_random_features (--n-random-features) or k; fewer block rows (ingest --block-rows) help "
                 "only the last term")
 
-    def fit(self, X, Y, *, validation_seed: int | None = None) -> EmbeddingClassifier:
+    def fit(self, X, Y, *, validation_seed: int | None = None, callback=None) -> EmbeddingClassifier:
         """Fit ``W``, the feature map and the decoder ``Q`` (Algorithm 3).
 
         Parameters
@@ -541,6 +541,10 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             ``random_state``. Models fitted with the same seed on the same row blocks hold out the same rows,
             so that their mean is scored on rows none of them fitted (:class:`~xmldask.models.EnsembleClassifier`
             with ``early_stopping``).
+        callback : callable, optional
+            Called before each decoder epoch with the ``history_`` so far (the warm start's held-out figures
+            first); the epochs stop where it returns false (:class:`~xmldask.model_selection.HeldOutSearch` races
+            its full fits so). The decoder kept is the best so far by ``early_stopping``, as after any stop.
 
         Returns
         -------
@@ -571,7 +575,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             if d.Fh is None:
                 logger.warning("no held-out rows (validation_fraction=%g): SGD runs %d epochs without early "
                                "stopping", p["validation_fraction"], p["max_epochs"])
-            Q, n_epochs = self._sgd(d, Q, P, p, rng_sgd)
+            Q, n_epochs = self._sgd(d, Q, P, p, rng_sgd, callback)
             passes += n_epochs
         self.task_ = d.task
         self.W_, self.intercept_ = state["W"], state["intercept"]
@@ -839,7 +843,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             producer.join()
         return total_loss, total_rows
 
-    def _sgd(self, d: _graph.DecoderData, Q, P, p, rng) -> tuple[np.ndarray, int]:
+    def _sgd(self, d: _graph.DecoderData, Q, P, p, rng, callback=None) -> tuple[np.ndarray, int]:
         """Preconditioned minibatch SGD with momentum from ``Q``, early-stopped on the held-out rows;
         the best decoder and the epochs (passes) made."""
         lr = p["learning_rate"]
@@ -863,6 +867,9 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         kept = {} if not chains and d.n_train * d.G.shape[0] * np.dtype(p["dtype"]).itemsize <= \
             EPOCH_FEATURES_BYTES else None
         for epoch in range(1, p["max_epochs"] + 1):
+            if callback is not None and not callback(d.history):
+                d.history[-1]["stopped"] = "callback"
+                break
             if time.perf_counter() + longest > deadline:
                 d.history[-1]["stopped"] = "time_budget"
                 logger.info("time budget of %g s: the decoder stops after %d epochs", p["time_budget"], n_epochs)
