@@ -265,10 +265,14 @@ class _Scripted:
     (0.3, [0.01, 0.1, 1.0]),                         # an inner best: no extension
     (1e-4, [0.01, 0.1, 1.0, 0.001, 0.0001]),         # best at the bottom edge: steps down
 ])
-def test_coordinate_search_extends_a_grid_past_its_winning_edge(peak, expected):
+@pytest.mark.parametrize("start", ["low", "high"])
+def test_coordinate_search_extends_a_grid_past_its_winning_edge(peak, expected, start):
+    """The ends of the grid in increasing order, whatever the order of its values (the first one is the search's
+    start)."""
     score = lambda alpha, k: -abs(math.log(alpha / peak))  # noqa: E731
-    search = HeldOutSearch(_Scripted(score), {"alpha": [0.01, 0.1, 1.0]}).fit(None, None)
-    assert [r["params"]["alpha"] for r in search.results_] == pytest.approx(expected)
+    grid = [0.01, 0.1, 1.0] if start == "low" else [1.0, 0.1, 0.01]
+    search = HeldOutSearch(_Scripted(score), {"alpha": grid}).fit(None, None)
+    assert [r["params"]["alpha"] for r in search.results_] == pytest.approx(grid + expected[3:])
     tried = [r["params"]["alpha"] for r in search.results_]
     assert search.best_params_["alpha"] == pytest.approx(min(tried, key=lambda a: abs(math.log(a / peak))))
 

@@ -316,20 +316,22 @@ class HeldOutSearch:
         return steps
 
     def _extensions(self, values: list, scores: list, bounds: tuple):
-        """Values past the better end of an increasing numeric grid, one at a time, while they win.
+        """Values past the better end of a numeric grid of distinct values (in increasing order, whatever the order
+        they are tried in), one at a time, while they win.
 
         A generator fed by the caller, who appends each yielded value's score to ``scores``: it goes
         on while the newest value is the best so far. Integer grids step to integers; a step is
         clipped to ``bounds`` and ends there.
         """
         numeric = all(isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0 for v in values)
-        if self.max_extensions == 0 or len(values) < 2 or not numeric or list(values) != sorted(set(values)):
+        if self.max_extensions == 0 or len(values) < 2 or not numeric or len(set(values)) != len(values):
             return
-        best = int(np.argmax(scores))
+        ordered = sorted(values)
+        best = ordered.index(values[int(np.argmax(scores))])
         if best not in (0, len(values) - 1):
             return
         up = best == len(values) - 1
-        edge, ratio = (values[-1], values[-1] / values[-2]) if up else (values[0], values[0] / values[1])
+        edge, ratio = (ordered[-1], ordered[-1] / ordered[-2]) if up else (ordered[0], ordered[0] / ordered[1])
         integer = all(isinstance(v, numbers.Integral) for v in values)
         low, high = bounds
         for _ in range(self.max_extensions):
