@@ -268,36 +268,6 @@ def test_early_stopping_keeps_members_that_pay_scored_on_rows_none_fitted(data, 
     assert back.member_gains_ == gains and back.held_out_ == pytest.approx(clf.held_out_)
 
 
-def test_early_stopping_tries_the_first_member_alone(data, monkeypatch):
-    """With ``n_jobs=2`` the first member tried is fitted alone, in this thread: where it does not pay, no member was
-    fitted beside it for nothing; after a kept one, the rest are fitted two at a time."""
-    import threading
-
-    from xmldask.models import ensemble as E
-
-    X, Y = data["multilabel"]
-    threads = []
-    real_fit = EmbeddingClassifier.fit
-
-    def recording_fit(self, *a, **kw):
-        threads.append(threading.current_thread().name)
-        return real_fit(self, *a, **kw)
-
-    monkeypatch.setattr(EmbeddingClassifier, "fit", recording_fit)
-    kept = EnsembleClassifier(_template(n_random_features=3, max_epochs=0, validation_fraction=0.3), n_estimators=4,
-                              random_state=0, early_stopping=True, n_jobs=2).fit(X, Y)
-    assert kept.member_gains_[0]["kept"] and len(kept.member_gains_) == 3, kept.member_gains_
-    here = threading.current_thread().name
-    assert threads[:2] == [here, here] and all(name.startswith("xmldask-fit") for name in threads[2:])
-    assert len(threads) == 4
-    threads.clear()
-    monkeypatch.setattr(E, "kernel_name", lambda kernel: "off")  # members on the linear map tried: none pays
-    alone = EnsembleClassifier(_template(kernel="none", max_epochs=2), n_estimators=3, random_state=0,
-                               early_stopping=True, n_jobs=2).fit(X, Y)
-    assert len(alone.estimators_) == 1 and len(alone.member_gains_) == 1
-    assert threads == [here, here]  # the first member and the one tried; not the third
-
-
 def test_early_stopping_adds_no_member_that_predicts_alike(data, monkeypatch):
     """On the linear map a member holding out the first member's rows with its embedding differs at most in its SGD
     order: members predict alike (measured here with the rule off: few held-out rows change), so none is fitted."""

@@ -232,14 +232,12 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         Xh, truth = dask.persist(Xh)[0], sp.csr_matrix(Yh.compute())
         hits = self._top1_hits(self.estimators_, Xh, truth)
         self._ensemble_p1 = float(hits.mean()) if len(hits) else math.nan
-        # the first one tried alone, on every core: a member that does not pay ends the trial, and one fitted beside
-        # it would be lost; then the rest fitted at once (one fit seldom fills every core), judged in turn
-        batch = max(1, int(self.n_jobs or 1))
+        batch = max(1, int(self.n_jobs or 1))  # fitted at once (one fit seldom fills every core), judged in turn
         fitted = []
         for i, member in enumerate(rest):
             if not fitted:
                 fitted = thread_map(lambda m: m.fit(X, Y, validation_seed=first.validation_seed_),
-                                    rest[i:i + (batch if i else 1)], self.n_jobs)
+                                    rest[i:i + batch], self.n_jobs)
             member = fitted.pop(0)
             new = self._top1_hits([*self.estimators_, member], Xh, truth)
             gain = paired_gain(new, hits)
