@@ -135,8 +135,11 @@ class _Race:
             if wait:  # its slot is free meanwhile, taken again outside the lock (a fit in a slot may want the lock)
                 with step_aside(), self._cond:
                     self._cond.wait_for(lambda: not self._waiting)
+            if math.isnan(mine):  # no held-out figures: it neither stops nor stops another
+                return True
             with self._cond:
-                theirs = {other: start for other, start in self._starts.items() if other != key}
+                theirs = {other: start for other, start in self._starts.items()
+                          if other != key and not math.isnan(start)}
             leader = max(theirs, key=theirs.get, default=None)
             if leader is None or theirs[leader] <= mine:
                 return True
