@@ -690,9 +690,15 @@ def test_at_warm_start_is_the_fit_without_epochs(multilabel):
     assert gaussian.at_warm_start() is None
 
 
-def test_a_callback_stops_the_epochs_where_it_returns_false(multilabel):
+def test_a_callback_stops_the_epochs_where_it_returns_false(multilabel, monkeypatch):
     """``fit(callback=...)`` is asked before each epoch with the history so far (the warm start first); where it
-    returns false the epochs stop, and the model is the one with that many epochs (the same minibatches)."""
+    returns false the epochs stop, and the model is the one with that many epochs (the same minibatches). SGD's
+    preconditioner is made only for epochs: not where the callback stops them before the first."""
+    from xmldask.models import _kernels
+
+    inverses = []
+    inverse = _kernels.inverse_from_cholesky
+    monkeypatch.setattr(_kernels, "inverse_from_cholesky", lambda *a, **kw: inverses.append(1) or inverse(*a, **kw))
     X, Y = multilabel
     kw = dict(embedding="rembrandt", n_components=8, kernel="none", learning_rate=8.0, n_iter_no_change=5,
               random_state=2)
@@ -708,9 +714,11 @@ def test_a_callback_stops_the_epochs_where_it_returns_false(multilabel):
     assert cut.history_[-1]["stopped"] == "callback" and len(cut.history_) == 3
     assert [h["val_loss"] for h in cut.history_] == [h["val_loss"] for h in two.history_]
     np.testing.assert_array_equal(cut.Q_, two.Q_)
+    assert len(inverses) == 2  # the two fits with epochs
     none = EmbeddingClassifier(**kw, max_epochs=5).fit(X, Y, callback=lambda history: False)
     ridge = EmbeddingClassifier(**kw, max_epochs=0).fit(X, Y)
-    assert len(none.history_) == 1 and np.array_equal(none.Q_, ridge.Q_)
+    assert len(none.history_) == 1 and none.history_[0]["stopped"] == "callback" and np.array_equal(none.Q_, ridge.Q_)
+    assert len(inverses) == 2
 
 
 @pytest.mark.parametrize("kernel", ["none", "gaussian"])

@@ -567,7 +567,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         self._fit_random_features(X, split, state, p, rng_feat, rng_bw)  # line 5
         d = self._decoder_data(X, Y, split, state, p, t_start)  # one pass: normal equations, held-out rows
         passes += 1
-        Q, P = self._warm_start(d, p)
+        Q, chol = self._warm_start(d, p)
         # the linear map's ridge decoder, as fitted with max_epochs=0 (at_warm_start); a random-feature decoder,
         # m + 1 wide, is not kept
         self._ridge_decoder = (Q.copy(), passes) if p["max_epochs"] > 0 and p["kernel"] == "none" else None
@@ -575,8 +575,13 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             if d.Fh is None:
                 logger.warning("no held-out rows (validation_fraction=%g): SGD runs %d epochs without early "
                                "stopping", p["validation_fraction"], p["max_epochs"])
-            Q, n_epochs = self._sgd(d, Q, P, p, rng_sgd, callback)
-            passes += n_epochs
+            if callback is None or callback(d.history):
+                # SGD's preconditioner (F^T F / n + lam I)^{-1}, made for the epochs alone (a raced fit may make none)
+                P = K.inverse_from_cholesky(chol).astype(p["dtype"])
+                Q, n_epochs = self._sgd(d, Q, P, p, rng_sgd, callback)
+                passes += n_epochs
+            else:
+                d.history[-1]["stopped"] = "callback"
         self.task_ = d.task
         self.W_, self.intercept_ = state["W"], state["intercept"]
         self.omega_, self.phase_, self.bandwidth_ = state["omega"], state["phase"], state["bandwidth"]
@@ -695,8 +700,9 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         return _graph.DecoderData(X=X, Y=Y, split=split, state=state, G=out["G"], FtY=out["FtY"],
                                   n_train=split.n_train(), task=task, loss_fn=loss_fn, Fh=Fh, Yh=Yh, t_start=t_start)
 
-    def _warm_start(self, d: _graph.DecoderData, p, *, loss: bool = True) -> tuple[np.ndarray, np.ndarray]:
-        """The ridge decoder (rescaled on the held-out rows) and SGD's preconditioner ``(F^T F / n + lam I)^{-1}``.
+    def _warm_start(self, d: _graph.DecoderData, p, *, loss: bool = True) -> tuple[np.ndarray, tuple]:
+        """The ridge decoder (rescaled on the held-out rows) and the Cholesky factor of ``F^T F / n + lam I`` (whose
+        inverse is SGD's preconditioner).
         ``loss=False``: the decoder not rescaled and its held-out P@1 alone (``val_loss`` nan), for a screen that
         ranks by P@k: a positive scale and an offset common to every label keep each row's order of the labels."""
         m1 = d.G.shape[0]
@@ -720,8 +726,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             logger.info("epoch 0 (warm start): held-out loss %.5g, P@1 %.4f", val["val_loss"], val["val_p@1"])
         else:
             logger.info("epoch 0 (warm start): held-out P@1 %.4f", val["val_p@1"])
-        P = K.inverse_from_cholesky(chol).astype(dtype) if p["max_epochs"] > 0 else None
-        return Q, P
+        return Q, chol
 
     def _bandwidth_sample(self, X, split, state, size, rng) -> np.ndarray:
         """``X W + c`` for up to ``size`` training rows drawn from up to :data:`BANDWIDTH_BLOCKS` random row blocks."""
@@ -867,7 +872,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         kept = {} if not chains and d.n_train * d.G.shape[0] * np.dtype(p["dtype"]).itemsize <= \
             EPOCH_FEATURES_BYTES else None
         for epoch in range(1, p["max_epochs"] + 1):
-            if callback is not None and not callback(d.history):
+            if callback is not None and epoch > 1 and not callback(d.history):  # fit asked before the first
                 d.history[-1]["stopped"] = "callback"
                 break
             if time.perf_counter() + longest > deadline:
