@@ -707,6 +707,19 @@ def test_per_block_objects_and_tree_combine_match_the_in_memory_result(n_blocks)
         passes.tree_combine([], combine)
 
 
+def test_per_block_objects_pass_arrays_and_delayed_objects_to_their_own_arguments():
+    """Keyword operands that alternate between Dask arrays (one block or several) and delayed objects each reach
+    their own argument (Dask 2026.8's delayed calls swap such values)."""
+    X = da.ones((10, 3), chunks=(4, 3))
+    static = {"p": dask.delayed(np.full(2, 1.0), pure=True), "q": da.from_array(np.full(3, 2.0)),
+              "r": dask.delayed(np.full(4, 3.0), pure=True), "s": da.from_array(np.full(6, 4.0), chunks=2), "t": 5}
+
+    def shapes(Xb, *, block, **kw):
+        return {name: (np.shape(v), float(np.mean(v))) for name, v in kw.items()}
+    for part in dask.compute(*passes.per_block_objects(shapes, X, **static)):
+        assert part == {"p": ((2,), 1.0), "q": ((3,), 2.0), "r": ((4,), 3.0), "s": ((6,), 4.0), "t": ((), 5.0)}
+
+
 def _non_canonical(n=60, d=25, seed=4):
     """A float32 CSR block with unsorted column ids, a duplicate entry and a stored zero."""
     A = sp.random(n, d, density=0.3, format="csr", dtype=np.float32, random_state=seed)

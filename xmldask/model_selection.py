@@ -455,6 +455,7 @@ class HeldOutSearch:
         held = self.time_budget is not None and self._screener_holds(repeats)  # what a budget's estimates need
         if by_statistics:
             start = time.perf_counter()
+            self._screener.prepare(repeats)  # the repeats' held-out rows in one pass
             model, kept = None, [self._screener.score(repeat, loss=self.scoring == "loss") for repeat in repeats]
             seconds = time.perf_counter() - start
         else:

@@ -530,8 +530,13 @@ def block_sum(func, operands, *, tail: tuple[int, ...], dtype, token: str, stati
 def per_block_objects(func, *arrays: da.Array, **static) -> list:
     """One delayed ``func(block_i of each array, block=i, **static)`` per row block (``static`` may hold
     delayed objects, passed whole): for block results that are not arrays (held-out rows, checks, partial
-    sums of several kinds), gathered by ``dask.compute`` or combined by :func:`tree_combine`."""
+    sums of several kinds), gathered by ``dask.compute`` or combined by :func:`tree_combine`.
+
+    A Dask array in ``static`` is passed as a delayed object of the whole: Dask 2026.8's delayed calls give keyword
+    arguments the wrong values where arrays and delayed objects alternate among them (``p=delayed, q=array,
+    r=delayed`` computes ``q`` as ``r``'s value and ``r`` as ``q``'s)."""
     parts = [a.to_delayed().ravel() for a in arrays]
+    static = {name: dask.delayed(value) if isinstance(value, da.Array) else value for name, value in static.items()}
     return [dask.delayed(func)(*blocks, block=i, **static) for i, blocks in enumerate(zip(*parts))]
 
 

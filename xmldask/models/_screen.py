@@ -335,11 +335,27 @@ class Screener:
 
     # -- the shared statistics ------------------------------------------------------------------
 
-    def _statistics(self, est, p, split) -> _Moments:
-        """The statistics of ``est``'s input normalisation, with ``split``'s held-out rows (a pass if new)."""
+    def prepare(self, params_list: list[dict]) -> None:
+        """Gather, in one pass per input normalisation, the held-out rows of every split that :meth:`score` of
+        ``params_list`` (the repeats of a setting: the same one on other seeds) will ask for, instead of a pass each."""
+        if self._route() != "primal":
+            return
+        by_features: dict = {}
+        for params in params_list:
+            if self.applies(params):
+                est, p, _, split = self._setting(params)
+                by_features.setdefault(est.features, (est, p, []))[2].append(split)
+        for est, p, splits in by_features.values():
+            self._statistics(est, p, *splits)
+
+    def _statistics(self, est, p, split, *more) -> _Moments:
+        """The statistics of ``est``'s input normalisation, with the held-out rows of ``split`` (and of the ``more``
+        splits: a pass gathers all those not held)."""
         features = est.features
         m = self._moments.get(features)
-        if m is not None and (split.seed, split.fraction) in m.held:
+        wanted = list(dict.fromkeys((s.seed, s.fraction) for s in (split, *more)))
+        missing = [key for key in wanted if m is None or key not in m.held]
+        if not missing:
             return m
         if m is None:
             est._fit_idf(self.X, p["dtype"])
@@ -348,8 +364,7 @@ class Screener:
         else:
             X = m.X
         Y = self.Y
-        splits = ((split.seed, split.fraction),)
-        held = per_block_objects(_held_rows, X, Y, splits=splits)
+        held = per_block_objects(_held_rows, X, Y, splits=tuple(missing))
         if m is None:
             f64 = np.float64
             counts = x_q(Y, np.ones((Y.shape[1], 1), dtype=np.float32))
@@ -365,8 +380,8 @@ class Screener:
         else:
             blocks = dask.compute(held)[0]
         self.n_passes += 1
-        m.held[split.seed, split.fraction] = (_stack([b[0][0] for b in blocks]),
-                                              _stack([b[0][1] for b in blocks]).tocsr())
+        for i, key in enumerate(missing):
+            m.held[key] = (_stack([b[i][0] for b in blocks]), _stack([b[i][1] for b in blocks]).tocsr())
         return m
 
     def _embedding(self, m: _Moments, p: dict, seed: int) -> np.ndarray:
