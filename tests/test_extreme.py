@@ -725,23 +725,56 @@ def test_routers_are_squared_hinge_svms_and_route_as_a_numpy_reference(small):
 
 def test_routing_auto_takes_routers_past_the_narrowest_candidates_and_chooses_the_groups(small, tmp_path):
     """``routing="auto"``: the summaries while the clusters are at most ``min(AUTO_BEAMS) * leaf_labels``, the
-    routers past it, with the groups a row takes chosen on the held-out rows and saved."""
-    from xmldask.models.centroid import AUTO_BEAMS, AUTO_GROUPS
+    routers past it, with the groups a row takes chosen on the held-out rows and saved; the summaries then compete
+    with the routers on those rows and replace them where they route better (here: routers trained on 2,700 rows)."""
+    from xmldask.models.centroid import AUTO_BEAMS, AUTO_GROUPS, SUMMARY_EXPONENTS
 
     X, Y, Xt, _ = small
     flat = LabelCentroidClassifier(leaf_labels=40, random_state=0).fit(X, Y)
     assert flat.routing_ == "summaries" and flat.n_clusters_ <= min(AUTO_BEAMS) * 40 and flat.U_ is None
-    routed = LabelCentroidClassifier(leaf_labels=4, random_state=0).fit(X, Y)
-    assert routed.n_clusters_ > min(AUTO_BEAMS) * 4 and routed.routing_ == "routers"
+    auto = LabelCentroidClassifier(leaf_labels=4, random_state=0).fit(X, Y)
+    record = auto.held_out_
+    assert auto.n_clusters_ > min(AUTO_BEAMS) * 4 and set(record["p@1 by summary exponent"]) == set(SUMMARY_EXPONENTS)
+    assert record["routing"] == auto.routing_ == "summaries"  # the routers were trained, then beaten
+    assert max(record["p@1 by summary exponent"].values()) > max(record["p@1 by groups"].values())
+    assert auto.U_ is None and auto.R_ is None and auto.group_beam_ == 0
+    assert auto.summary_exponent_ == record["summary exponent"] and auto.M_.nnz > 0
+    routed = LabelCentroidClassifier(leaf_labels=4, routing="routers", random_state=0).fit(X, Y)
+    assert routed.routing_ == "routers" and "p@1 by summary exponent" not in routed.held_out_
     assert set(routed.held_out_["p@1 by groups"]) == {min(g, len(routed.group_offsets_) - 1) for g in AUTO_GROUPS}
     assert routed.group_beam_ == routed.held_out_["groups"]
+    assert routed.held_out_["p@1 by groups"] == record["p@1 by groups"]  # the same routers as the auto fit's
     assert routed.train_summary()["routing"] == "routers"
-    again = load_model(routed.save(str(tmp_path / "routed.zarr")))
-    assert again.routing_ == "routers" and again.group_beam_ == routed.group_beam_
-    for a, b in zip(routed.predict_topk(Xt, k=4), again.predict_topk(Xt, k=4)):
-        np.testing.assert_array_equal(a.compute(), b.compute())
+    for model, name in ((routed, "routed"), (auto, "auto")):
+        again = load_model(model.save(str(tmp_path / f"{name}.zarr")))
+        assert again.routing_ == model.routing_ and again.group_beam_ == model.group_beam_
+        for a, b in zip(model.predict_topk(Xt, k=4), again.predict_topk(Xt, k=4)):
+            np.testing.assert_array_equal(a.compute(), b.compute())
     with pytest.raises(ValueError, match="routing must be 'auto', 'summaries' or 'routers'"):
         LabelCentroidClassifier(routing="tree").fit(X, Y)
+
+
+def test_a_wider_beam_must_gain_per_doubling_of_its_candidates(small, monkeypatch):
+    """The beam's held-out gain is weighed per doubling: a beam four times as wide must gain twice the minimum."""
+    from xmldask.models import centroid as C
+
+    X, Y, _, _ = small
+    kw = dict(leaf_labels=10, random_state=0, routing="summaries", summary_exponent=0.5, svm_weight=0)
+    base = LabelCentroidClassifier(**kw).fit(X, Y)
+    p1 = base.held_out_["p@1 by beam"]
+    beams = sorted(p1)
+    gains = {b: p1[b] - p1[beams[0]] for b in beams[1:]}
+    assert any(g > 0 for b, g in gains.items() if b >= 4 * beams[0]), p1  # two doublings or more gain on these rows
+    monkeypatch.setattr(C, "BEAM_GAIN_SIGMAS", 0.0)  # every gain resolved: the minimum decides
+    for b, g in gains.items():
+        if g <= 0:
+            continue
+        doublings = np.log2(b / beams[0])
+        monkeypatch.setattr(C, "AUTO_BEAMS", (beams[0], b))
+        monkeypatch.setattr(C, "BEAM_MIN_GAIN", 0.99 * g / doublings)
+        assert LabelCentroidClassifier(**kw).fit(X, Y).beam_ == b
+        monkeypatch.setattr(C, "BEAM_MIN_GAIN", 1.01 * g / doublings)
+        assert LabelCentroidClassifier(**kw).fit(X, Y).beam_ == beams[0]
 
 
 def test_save_load_and_bad_parameters(small, tmp_path):

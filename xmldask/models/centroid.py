@@ -74,9 +74,9 @@ AUTO_GROUPS = (4, 8, 16)
 #: right, exceed this many standard deviations of that paired difference (McNemar's sign test, about 2.5 %
 #: one-sided): its cost a row grows with the beam, a gain within the noise of the held-out rows does not pay it
 BEAM_GAIN_SIGMAS = 2.0
-#: and only when it gets at least this share more of the held-out rows right than the beam taken so far: each
-#: doubling of the beam doubles the candidates a row scores (at 1M labels, 296 -> 421 us a row from beam 10 to 40,
-#: ``bench/predict_cost.py``), which a quarter of a point of P@1 does not pay, however well resolved
+#: and only when it gets at least this share more of the held-out rows right than the beam taken so far, for each
+#: doubling of the beam: a doubling doubles the candidates a row scores (at 1M labels, 296 -> 421 us a row from beam
+#: 10 to 40, ``bench/predict_cost.py``), which a quarter of a point of P@1 does not pay, however well resolved
 BEAM_MIN_GAIN = 0.005
 #: exponents ``g`` of the label weights ``n_l ** g`` (``n_l``: the label's training rows) in a cluster's summary,
 #: the normalised weighted sum of its labels' centroids, that ``summary_exponent="auto"`` compares on held-out training
@@ -905,7 +905,11 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         row). ``"auto"``: the routers when the clusters outnumber the candidate labels of the narrowest beam
         (``n_clusters > min(AUTO_BEAMS) * leaf_labels``: scoring the summaries would cost a row more than its
         candidates); the groups a row takes, of :data:`AUTO_GROUPS`, chosen on the held-out rows with the beam (the
-        fewest when the beam is given), recorded in ``group_beam_`` and ``held_out_``.
+        fewest when the beam is given), recorded in ``group_beam_`` and ``held_out_``. Where the held-out rows
+        choose, the summaries then compete with the routers at the narrowest beam and replace them for a resolved
+        gain (``routing_``): routers trained on the share of their rows that a worker smaller than the data holds
+        route worse than the summaries of the centroids of all rows (at 1M labels on a worker of 1 GiB, test P@1 at
+        beam 10: 82.0 % against 88.1 %).
     random_state : int, optional
         Seed of the clustering and of the classifiers' coordinate descent.
 
@@ -1225,7 +1229,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
 
     def _choose(self, norms, X_held, Y_held, counts) -> tuple[float, int, int, float, dict]:
         """The routing's option (the summary exponent, of :data:`SUMMARY_EXPONENTS`, or the routers' groups, of
-        :data:`AUTO_GROUPS`; compared at the narrowest beam), the beam (of :data:`AUTO_BEAMS`) and the classifiers'
+        :data:`AUTO_GROUPS`, then, with ``routing="auto"``, the summaries' exponents after them: the routing that wins
+        is kept, ``routing_``; compared at the narrowest beam), the beam (of :data:`AUTO_BEAMS`, its gain weighed per
+        doubling) and the classifiers'
         weight (of :data:`SVM_WEIGHTS`, at the chosen beam) with the best P@1 on the held-out rows, each where
         ``"auto"``: a later one only for a gain beyond the noise of those rows; scored by centroids without them
         (``P - Y_h^T X_h``, in the clusters of all rows), the summaries weighted by the labels' rows left, and the
@@ -1246,40 +1252,48 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         def better(hit: np.ndarray, best: np.ndarray) -> bool:  # taken only for a gain the held-out rows resolve
             return paired_gain(hit, best, sigmas=BEAM_GAIN_SIGMAS)["resolved"]
 
-        if self.routing_ == "routers":
+        routed = self.routing_ == "routers"
+        exponents = SUMMARY_EXPONENTS if self.summary_exponent == "auto" else (float(self.summary_exponent),)
+        routes = []  # (what it varies, its value), compared in this order
+        if routed:
             n_groups = len(self.group_offsets_) - 1
-            options = sorted({min(g, n_groups) for g in AUTO_GROUPS})
+            routes += [("groups", g) for g in sorted({min(g, n_groups) for g in AUTO_GROUPS})]
             routers = {"R": self.R_, "rbias": self.router_bias_, "U": self.U_,
                        "ubias": self.cluster_bias_, "goffsets": self.group_offsets_}
+        if not routed or self.routing == "auto":
+            # routers trained on a share of their rows (a worker smaller than the data) may route worse than the
+            # summaries of the centroids of all rows: with routing="auto" those compete after them
+            routes += [("summary exponent", g) for g in exponents]
 
-            def route_of(g):
+        def route_of(name, g):
+            if name == "groups":
                 return {**routers, "groups": g}
-            name = "groups"
-        else:
-            options = SUMMARY_EXPONENTS if self.summary_exponent == "auto" else (float(self.summary_exponent),)
-
-            def route_of(g):
-                return dict(zip(("MT", "MH", "head"), _split_summaries(_summaries(W, self.offsets_, weights ** g))))
-            name = "summary exponent"
-        by_option, option, route = {}, options[0], None  # two routes at most: the best so far's and the one compared
-        for g in options:
-            candidate = route_of(g)
-            by_option[g] = hits(candidate, beams[0])
-            if route is None or better(by_option[g], by_option[option]):
-                option, route = g, candidate
+            return dict(zip(("MT", "MH", "head"), _split_summaries(_summaries(W, self.offsets_, weights ** g))))
+        by_option, option, route = {}, routes[0], None  # two routes at most: the best so far's and the one compared
+        for candidate_option in routes:
+            candidate = route_of(*candidate_option)
+            by_option[candidate_option] = hits(candidate, beams[0])
+            if route is None or better(by_option[candidate_option], by_option[option]):
+                option, route = candidate_option, candidate
             del candidate
         weight = SVM_WEIGHTS[0] if self.svm_weight == "auto" else float(self.svm_weight)
         by_beam = {beams[0]: by_option[option] if not weight else hits(route, beams[0], weight)}
         beam = beams[0]
         for b in beams[1:]:
             by_beam[b] = hits(route, b, weight)
-            if better(by_beam[b], by_beam[beam]) and by_beam[b].mean() - by_beam[beam].mean() >= BEAM_MIN_GAIN:
+            # its gain weighed per doubling of the candidates a row scores
+            if (better(by_beam[b], by_beam[beam])
+                    and by_beam[b].mean() - by_beam[beam].mean() >= BEAM_MIN_GAIN * math.log2(b / beam)):
                 beam = b
         p1 = {b: float(h.mean()) for b, h in by_beam.items()}
         record = {"p@1": p1[beam], "rows": int(X_held.shape[0]), "p@1 by beam": p1}
-        if len(options) > 1:
-            record.update({"beam compared": beams[0], name: option,
-                           f"p@1 by {name}": {g: float(h.mean()) for g, h in by_option.items()}})
+        if len(routes) > 1:
+            record["beam compared"] = beams[0]
+            for name in dict(routes):
+                record[f"p@1 by {name}"] = {g: float(h.mean()) for (n, g), h in by_option.items() if n == name}
+            if routed:
+                record["routing"] = "routers" if option[0] == "groups" else "summaries"
+            record[option[0]] = option[1]
         if self.svm_weight == "auto" and self.V_ is not None:
             by_weight = {weight: by_beam[beam]}
             for w in SVM_WEIGHTS[1:]:
@@ -1288,9 +1302,15 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                     weight = w
             record.update({"p@1": float(by_weight[weight].mean()), "svm weight": weight,
                            "p@1 by svm weight": {w: float(h.mean()) for w, h in by_weight.items()}})
+        if routed and option[0] != "groups":  # the summaries route better: the routers are not kept
+            logger.info("routing by the cluster summaries: held-out P@1 %.4f against the routers' %.4f at beam %d",
+                        by_option[option].mean(), max(h.mean() for (n, _), h in by_option.items() if n == "groups"),
+                        beams[0])
+            self.routing_, self.group_beam_ = "summaries", 0
+            self.R_ = self.router_bias_ = self.U_ = self.cluster_bias_ = self.group_offsets_ = None
         routed = self.routing_ == "routers"
-        exponent = self.summary_exponent_ if routed else option
-        return exponent, (int(option) if routed else 0), int(beam), weight, record
+        exponent = self.summary_exponent_ if routed else option[1]
+        return exponent, (int(option[1]) if routed else 0), int(beam), weight, record
 
     def _located(self, url: str, inventory) -> None:
         self.store_url_ = url  # workers whose memory the model exceeds read it from there in cluster blocks
