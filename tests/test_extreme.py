@@ -311,7 +311,7 @@ def test_dense_summary_columns_give_the_sparse_product(dtype, budget, monkeypatc
     assert len(head) == (len(shared) if budget is None else budget) and MH.shape == (len(head), 16)
     assert MT[head].nnz == 0 and MT.nnz + np.count_nonzero(MH) == M.nnz
     reference = (sp.csr_matrix(X, dtype=np.float64) @ sp.csr_matrix(M, dtype=np.float64).T).toarray()
-    np.testing.assert_allclose((X @ MT).toarray() + C._head_columns(X, head) @ MH, reference, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose((X @ MT).toarray() + X[:, head] @ MH, reference, rtol=1e-5, atol=1e-6)
     for b in (1, 4):
         best = np.sort(C._best_clusters(X, MT, b, (MH, head))[0], axis=1)
         expected = np.sort(np.argpartition(-reference, b - 1, axis=1)[:, :b], axis=1)
@@ -512,6 +512,39 @@ def test_sparse_product_dense_is_scipys_product_added_to_the_array(dtype):
     np.testing.assert_allclose(out, base + (X @ M).toarray(), rtol=1e-5, atol=1e-5)
     assert out.dtype == np.float32
     np.testing.assert_array_equal(out[3], base[3])  # nothing added to the row without features
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rows, tile", [(256, 1024), (5, 7)])  # one batch and tile; uneven batches and tiles
+@pytest.mark.parametrize("with_head", [True, False])
+def test_summary_topk_is_the_best_columns_of_the_product(dtype, rows, tile, with_head, monkeypatch):
+    """The fused summary scores (dense head columns batched by tiles, the sparse rest row by row) and their best
+    columns: NumPy's product and a stable sort, best first with ties to the smaller id, padded with (-1, -inf)
+    where ``b`` exceeds the columns; rows without features score 0 everywhere (the first ``b`` columns)."""
+    from xmldask.models import _candidates as K
+
+    monkeypatch.setattr(K, "SUMMARY_ROWS", rows)
+    monkeypatch.setattr(K, "SUMMARY_TILE", tile)
+    rng = np.random.default_rng(8)
+    X = sp.random(41, 120, density=0.1, format="csr", random_state=9, dtype=dtype)
+    X.data = np.ceil(X.data * 4) / 4  # coarse values: exact sums in float32, and ties between columns
+    X = sp.csr_matrix(sp.diags((np.arange(41) != 6).astype(dtype)) @ X)  # row 6 without features
+    X.eliminate_zeros()
+    M = sp.random(120, 23, density=0.3, format="csr", random_state=10, dtype=np.float32)
+    M.data = np.ceil(M.data * 4) / 4
+    head = np.sort(rng.choice(120, 15, replace=False)) if with_head else np.zeros(0, np.int64)
+    MH = M[head].toarray()
+    rest = sp.csr_matrix(sp.diags(np.isin(np.arange(120), head, invert=True).astype(np.float32)) @ M)
+    reference = (sp.csr_matrix(X, dtype=np.float64) @ sp.csr_matrix(M, dtype=np.float64)).toarray()
+    assert (reference == np.round(reference * 16) / 16).all()  # exact: the kernel's float32 sums are these
+    for b in (1, 4, 23, 30):
+        ids, values = K.summary_topk(X, rest, b, MH, head)
+        assert ids.shape == values.shape == (41, b) and ids.dtype == np.int64 and values.dtype == np.float32
+        width = min(b, 23)
+        np.testing.assert_array_equal(values[:, :width], -np.sort(-reference, axis=1)[:, :width])
+        np.testing.assert_array_equal(ids[:, :width], np.argsort(-reference, axis=1, kind="stable")[:, :width])
+        assert (ids[:, width:] == -1).all() and np.isneginf(values[:, width:]).all()
+    np.testing.assert_array_equal(K.summary_topk(X, rest, 4, MH, head)[0][6], [0, 1, 2, 3])
 
 
 def test_scores_add_the_weighted_classifiers_of_the_candidates(small):

@@ -46,7 +46,7 @@ from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
-from ._candidates import candidate_topk, sparse_product_dense
+from ._candidates import candidate_topk, sparse_product_dense, summary_topk
 from ._svm import MAX_PASSES, cluster_svms
 
 __all__ = ["CENTROID_VERSION", "CentroidParams", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory",
@@ -111,8 +111,6 @@ HELD_OUT_ROWS = 2000
 GATHER_ROWS = 8192
 #: the training rows held out are at most this share of them (the rest train the classifiers)
 HELD_OUT_SHARE = 0.25
-#: entries of a batch's dense ``rows x n_clusters`` summary scores (float32: 16 MiB)
-SUMMARY_BUDGET = 1 << 22
 #: share of a worker's memory limit that three copies of one label block's sums may take (:func:`label_block_bounds`)
 LABEL_BLOCK_SHARE = 0.25
 #: share of the workers' memory (their limits summed) that the partial sums of one pass's label blocks may take
@@ -432,8 +430,8 @@ def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, hea
     ``W``: the label centroids in cluster order. A row chooses its ``beam`` best clusters, by the routers when
     given (:func:`_routed_clusters`: the group routers ``R``, ``rbias``, then those of the clusters ``U``,
     ``ubias`` of its ``groups`` best groups ``goffsets``), or else by the cluster summaries (``MT``, transposed,
-    without the rows of the features ``head`` whose columns ``MH`` holds dense: :func:`_split_summaries`; scored in
-    batches whose dense ``rows x n_clusters`` scores hold at most :data:`SUMMARY_BUDGET` entries); then it scores
+    without the rows of the features ``head`` whose columns ``MH`` holds dense: :func:`_split_summaries`; scored by
+    :func:`._candidates.summary_topk`); then it scores
     the labels of those clusters, cluster by cluster for all the block's rows that chose it
     (:func:`._candidates.candidate_topk`: the cosine, plus ``weight`` times the label's classifier ``V``, ``bias``);
     slots left over (fewer candidates than ``k``) get the ``fallback`` labels (the most frequent) below every score.
@@ -447,9 +445,7 @@ def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, hea
         if U is not None:
             best = _routed_clusters(Xb, _best_groups(Xb, R, rbias, groups), U, ubias, goffsets, beam=b)[0]
         else:
-            dense = (MH, head) if MH is not None and head is not None and len(head) else None
-            step = max(1, SUMMARY_BUDGET // n_clusters)
-            best = np.vstack([_best_clusters(Xb[i:i + step], MT, b, dense)[0] for i in range(0, n, step)])
+            best = _best_clusters(Xb, MT, b, (MH, head))[0]
         rows, slots = np.nonzero(best >= 0)
         labels, scores = candidate_topk(Xb, rows, best[rows, slots], W, order, offsets, k, V=V, bias=bias,
                                         weight=weight)
@@ -507,32 +503,11 @@ def _filled(labels: np.ndarray, scores: np.ndarray, fallback) -> np.ndarray:
 
 
 def _best_clusters(Xb, MT, b: int, dense=None) -> tuple[np.ndarray, np.ndarray]:
-    """The ``b`` clusters of highest summary cosine of each row (unordered) and their cosines, shape
-    ``(n_rows, b)``; ``dense``: the summaries' dense columns and their feature ids (:func:`_split_summaries`), the
-    rest in ``MT``."""
-    if dense is not None:
-        MH, head = dense
-        S = np.asarray(_head_columns(sp.csr_matrix(Xb), head) @ MH, np.float32)
-    else:
-        S = None
-    S = sparse_product_dense(Xb, MT, S) if sp.issparse(MT) else np.asarray(Xb @ MT) + (0 if S is None else S)
-    n_clusters = S.shape[1]
-    if b < n_clusters:
-        top = np.argpartition(-S, b - 1, axis=1)[:, :b]
-        return top, np.take_along_axis(S, top, axis=1)
-    return np.broadcast_to(np.arange(n_clusters), (S.shape[0], n_clusters)), S
-
-
-def _head_columns(Xb: sp.csr_matrix, head: np.ndarray) -> sp.csr_matrix:
-    """The columns ``head`` (sorted feature ids) of ``Xb``, renumbered ``0..len(head)-1`` (one pass over its
-    entries)."""
-    if not len(head):
-        return sp.csr_matrix((Xb.shape[0], 0), dtype=Xb.dtype)
-    pos = np.minimum(np.searchsorted(head, Xb.indices), len(head) - 1)
-    hit = head[pos] == Xb.indices
-    rows = np.repeat(np.arange(Xb.shape[0]), np.diff(Xb.indptr))[hit]
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=Xb.shape[0]))])
-    return sp.csr_matrix((Xb.data[hit], pos[hit], indptr), shape=(Xb.shape[0], len(head)))
+    """The ``b`` clusters of highest summary cosine of each row, best first, and their cosines, shape
+    ``(n_rows, b)`` (:func:`._candidates.summary_topk`); ``dense``: the summaries' dense columns and their feature ids
+    (:func:`_split_summaries`), the rest in ``MT``."""
+    MH, head = dense if dense is not None else (None, None)
+    return summary_topk(Xb, MT, min(b, MT.shape[1]), MH, head)
 
 
 def _split_summaries(M: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray, np.ndarray]:
@@ -674,11 +649,8 @@ def _route_part(Xt, block, *, beam: int, groups=None, goffsets=None):
                                         beam=beam)
         return np.where(ids >= 0, ids + first, -1), margins
     MT, MH, head = _split_summaries(block["M"])
-    dense, b = ((MH, head) if len(head) else None), min(beam, stop - first)
-    step = max(1, SUMMARY_BUDGET // (stop - first))
-    parts = [_best_clusters(Xt[i:i + step], MT, b, dense) for i in range(0, Xt.shape[0], step)] or \
-        [(np.zeros((0, b), np.int64), np.zeros((0, b)))]
-    return np.vstack([p[0] for p in parts]) + first, np.vstack([p[1] for p in parts])
+    ids, cosines = _best_clusters(Xt, MT, beam, (MH, head))
+    return ids + first, cosines
 
 
 def _merge_routes(a, b, *, beam: int):
