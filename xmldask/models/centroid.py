@@ -594,7 +594,9 @@ _BLOCKS = _BlockCache()
 
 
 def _nbytes(value) -> int:
-    """Bytes of a block's array (dense or CSR; 0 for anything else)."""
+    """Bytes of a block's array (dense or CSR, or a tuple of them; 0 for anything else)."""
+    if isinstance(value, tuple):
+        return sum(_nbytes(v) for v in value)
     if sp.issparse(value):
         return int(value.data.nbytes + value.indices.nbytes + value.indptr.nbytes)
     return int(getattr(value, "nbytes", 0))
@@ -603,8 +605,9 @@ def _nbytes(value) -> int:
 def _route_block(url: str, first: int, stop: int, *, routed: bool, token: str | None = None,
                  budget: float = 0.0) -> dict:
     """What rows route by in the clusters ``first:stop`` of the model store at ``url``: their routers (``U``,
-    ``ubias``) when ``routed``, else their summaries (``M``); kept by this process within ``budget`` bytes when
-    the store's content ``token`` is given (:class:`_BlockCache`)."""
+    ``ubias``) when ``routed``, else their summaries as the kernel reads them (``split``: :func:`_split_summaries`,
+    whose transpose cost a row block of 20,000 rows as much as their routing at 1M labels); kept by this process
+    within ``budget`` bytes when the store's content ``token`` is given (:class:`_BlockCache`)."""
     if token is not None:
         return _BLOCKS.get(("route", url, token, first, stop, routed),
                            functools.partial(_route_block, url, first, stop, routed=routed), budget)
@@ -612,7 +615,7 @@ def _route_block(url: str, first: int, stop: int, *, routed: bool, token: str | 
     if routed:
         block.update(U=_read_rows(url, "U", first, stop), ubias=_read_rows(url, "cluster_bias", first, stop))
     else:
-        block["M"] = _read_rows(url, "M", first, stop)
+        block["split"] = _split_summaries(_read_rows(url, "M", first, stop))
     return block
 
 
@@ -648,7 +651,7 @@ def _route_part(Xt, block, *, beam: int, groups=None, goffsets=None):
         ids, margins = _routed_clusters(Xt, local, block["U"], block["ubias"], goffsets[g0:g1 + 1] - first,
                                         beam=beam)
         return np.where(ids >= 0, ids + first, -1), margins
-    MT, MH, head = _split_summaries(block["M"])
+    MT, MH, head = block["split"]
     ids, cosines = _best_clusters(Xt, MT, beam, (MH, head))
     return ids + first, cosines
 
