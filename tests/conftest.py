@@ -102,3 +102,16 @@ def pytest_generate_tests(metafunc):
         files = shared_xc_files()
         ids = [str(p.relative_to(root)) for p in files]
         metafunc.parametrize("shared_xc_file", files or [None], ids=ids or ["absent"])
+
+
+@pytest.fixture
+def unpaused_workers():
+    """In-process workers (``processes=False``) hold their memory limit against the whole test process, with what
+    earlier tests left in it: a pytest worker past 80 % of a 1 GiB limit pauses the worker and the test waits
+    forever (measured: 922 MB after half the suite). Their limit still sizes the tasks; it does not pause, spill or
+    aim them."""
+    import dask
+
+    with dask.config.set({"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False,
+                          "distributed.worker.memory.pause": False}):
+        yield

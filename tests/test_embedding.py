@@ -383,7 +383,7 @@ def test_spectrum_plot_is_titled_after_the_ingested_files(tmp_path):
     assert _data_name(str(tmp_path / "absent.zarr")) == "absent.zarr"
 
 
-def test_spectrum_takes_fewer_columns_where_the_workers_hold_few(tmp_path, monkeypatch, caplog):
+def test_spectrum_takes_fewer_columns_where_the_workers_hold_few(tmp_path, monkeypatch, caplog, unpaused_workers):
     """Workers whose memory limit cannot hold the column-sized operands of k + p columns: pairwise sums, then fewer
     eigenvalues (lower bounds of the exact ones, the largest within 5 % on this flat spectrum of 40 labels), with a
     warning; not even two columns: a clear error."""

@@ -225,7 +225,8 @@ def test_label_passes_group_consecutive_blocks_within_the_workers_memory():
 
 
 @pytest.mark.parametrize("routing", ["summaries", "routers"])
-def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monkeypatch, caplog, routing):
+def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monkeypatch, caplog, routing,
+                                                           unpaused_workers):
     """Workers whose memory limit a label-sized sum exceeds sum ``Y^T X`` in label blocks, and predict a loaded
     model read from its store in cluster blocks (of whole groups, with the routers): the same centroids, clusters
     and top labels (uneven row blocks)."""
@@ -240,20 +241,20 @@ def test_label_blocks_give_the_same_model_and_predictions(small, tmp_path, monke
     Xd = da.from_array(X, chunks=(chunks, (X.shape[1],)), asarray=False, fancy=False)
     Yd = da.from_array(Y, chunks=(chunks, (Y.shape[1],)), asarray=False, fancy=False)
     Xtd = da.from_array(Xt, chunks=((180, 320), (Xt.shape[1],)), asarray=False, fancy=False)
-    reference = LabelCentroidClassifier(leaf_labels=40, beam=3, routing=routing, random_state=0).fit(Xd, Yd)
+    kw = {"leaf_labels": 40, "beam": 3, "routing": routing, "centroid_threshold": 0, "random_state": 0}
+    reference = LabelCentroidClassifier(**kw).fit(Xd, Yd)
     expected = [a.compute() for a in reference.predict_topk(Xtd, k=5)]
     monkeypatch.setattr(C, "LABEL_BLOCK_SHARE", 1e-3)
     monkeypatch.setattr(C, "PREDICT_BLOCK_SHARE", 1e-3)
     with distributed.LocalCluster(n_workers=1, threads_per_worker=2, processes=False, memory_limit="2GiB",
                                   dashboard_address=":0") as cluster, distributed.Client(cluster):
-        model = LabelCentroidClassifier(leaf_labels=40, beam=3, routing=routing, random_state=0).fit(Xd, Yd)
+        model = LabelCentroidClassifier(**kw).fit(Xd, Yd)
         assert model.n_label_blocks_ > 2 and model.train_summary()["label_blocks"] == model.n_label_blocks_
         for name in ("order_", "offsets_", "label_counts_"):
             np.testing.assert_array_equal(getattr(model, name), getattr(reference, name))
         np.testing.assert_allclose(model.W_.toarray(), reference.W_.toarray(), atol=1e-6)
         monkeypatch.setattr(C, "PASS_SHARE", 1e-6)  # a pass a label block: the same centroids
-        passes = LabelCentroidClassifier(leaf_labels=40, beam=3, svm_weight=0, routing=routing,
-                                         random_state=0).fit(Xd, Yd)
+        passes = LabelCentroidClassifier(**{**kw, "svm_weight": 0}).fit(Xd, Yd)
         routers = 0 if routing == "summaries" else 2  # at least a pass for each level of routers
         assert passes.n_passes_ - routers >= model.n_label_blocks_ + 1  # and the idf's pass
         assert routing == "routers" or passes.n_passes_ == model.n_label_blocks_ + 1
@@ -316,6 +317,81 @@ def test_dense_summary_columns_give_the_sparse_product(dtype, budget, monkeypatc
         best = np.sort(C._best_clusters(X, MT, b, (MH, head))[0], axis=1)
         expected = np.sort(np.argpartition(-reference, b - 1, axis=1)[:, :b], axis=1)
         assert (best == expected).mean() > 0.99  # up to float32 ties
+
+
+def test_prune_rows_drops_the_small_entries_of_every_row():
+    """Pieces of a few entries (rows across their bounds, empty rows, float32): SciPy's matrix with its entries below
+    the threshold in absolute value removed, rows not rescaled."""
+    from xmldask.models._candidates import prune_rows
+
+    W = sp.random(29, 40, density=0.3, format="csr", random_state=11, dtype=np.float32)
+    W.data -= 0.5
+    W = sp.csr_matrix(sp.diags((np.arange(29) % 7 != 3).astype(np.float32)) @ W)  # empty rows
+    W.eliminate_zeros()
+    expected = W.toarray()
+    expected[np.abs(expected) < 0.2] = 0
+    for piece in (1, 5, 1 << 24):
+        got = prune_rows(W, 0.2, piece_entries=piece)
+        assert got.dtype == np.float32 and got.nnz == np.count_nonzero(expected)
+        np.testing.assert_array_equal(got.toarray(), expected)
+    assert prune_rows(W, 0.0) is not None and prune_rows(W, 0.0).nnz == W.nnz
+
+
+def test_candidates_leave_out_the_centroid_entries_below_the_threshold(small):
+    """``candidate_topk(threshold=t)`` scores as the pruned centroids do (the classifiers' weights untouched)."""
+    from xmldask.models._candidates import candidate_topk, prune_rows
+    from xmldask.models.centroid import _rows_block
+
+    X, Y, _, _ = small
+    model = LabelCentroidClassifier(leaf_labels=40, beam=4, svm_weight=0.25, centroid_threshold=0,
+                                    random_state=0).fit(X, Y)
+    Xt = _rows_block(X[:300], model.idf_)
+    rows = np.repeat(np.arange(300), 3)
+    clusters = np.random.default_rng(0).integers(0, model.n_clusters_, 900)
+    clusters[1::3] = (clusters[::3] + 1) % model.n_clusters_  # a row names a cluster once
+    clusters[2::3] = (clusters[::3] + 2) % model.n_clusters_
+    args = (Xt, rows, clusters)
+    rest = (model.order_, model.offsets_, 5)
+    for t in (0.01, 0.05):
+        pruned = prune_rows(model.W_, t)
+        assert 0 < pruned.nnz < model.W_.nnz
+        for weight in (0.0, 0.25):
+            got = candidate_topk(*args, model.W_, *rest, V=model.V_, bias=model.svm_bias_, weight=weight, threshold=t)
+            expected = candidate_topk(*args, pruned, *rest, V=model.V_, bias=model.svm_bias_, weight=weight)
+            np.testing.assert_array_equal(got[0], expected[0])
+            np.testing.assert_allclose(got[1], expected[1], rtol=1e-6)
+
+
+def test_centroid_threshold_auto_is_chosen_on_held_out_rows(small, tmp_path, monkeypatch):
+    """``centroid_threshold="auto"``: the thresholds tried in order on the held-out rows, the last kept within
+    PRUNE_TOLERANCE of the whole centroids' P@1; the fitted centroids have no entry below it, the summaries are those
+    of the whole centroids, and the model saves and loads; a threshold that drops most entries is not taken; 0 and a
+    given threshold are not searched; a threshold outside [0, 1) is refused."""
+    from xmldask.models import centroid as C
+
+    X, Y, Xt, _ = small
+    whole = LabelCentroidClassifier(leaf_labels=40, centroid_threshold=0, random_state=2).fit(X, Y)
+    assert whole.centroid_threshold_ == 0 and "p@1 by centroid threshold" not in whole.held_out_
+    monkeypatch.setattr(C, "CENTROID_THRESHOLDS", (0.01, 0.03, 0.6))
+    model = LabelCentroidClassifier(leaf_labels=40, random_state=2).fit(X, Y)
+    scores, t = model.held_out_["p@1 by centroid threshold"], model.centroid_threshold_
+    assert list(scores)[0] == 0.0 and t in scores and t < 0.6  # at 0.6 a label keeps at most two entries
+    assert all(scores[0.0] - scores[u] <= C.PRUNE_TOLERANCE for u in scores if u <= t)
+    assert model.train_summary()["centroid_threshold"] == t
+    assert np.abs(model.W_.data).min() >= t and model.W_.nnz <= whole.W_.nnz
+    np.testing.assert_allclose(model.M_.toarray(), whole.M_.toarray(), atol=1e-6)  # summaries of every entry
+    again = load_model(model.save(str(tmp_path / "pruned.zarr")))
+    assert again.centroid_threshold_ == t and again.W_.nnz == model.W_.nnz
+    np.testing.assert_array_equal(again.predict_topk(Xt, k=3)[0].compute(), model.predict_topk(Xt, k=3)[0].compute())
+    monkeypatch.setattr(C, "PRUNE_TOLERANCE", 1.0)
+    monkeypatch.setattr(C, "BEAM_GAIN_SIGMAS", 1e9)  # nothing resolved, nothing too costly: the last is taken
+    assert LabelCentroidClassifier(leaf_labels=40, random_state=2).fit(X, Y).centroid_threshold_ == 0.6
+    given = LabelCentroidClassifier(leaf_labels=40, beam=3, summary_exponent=0, svm_weight=0,
+                                    centroid_threshold=0.05, random_state=2).fit(X, Y)
+    assert not given.held_out_ and given.centroid_threshold_ == 0.05 and np.abs(given.W_.data).min() >= 0.05
+    for bad in (-0.1, 1.0, "big", True):
+        with pytest.raises(ValueError, match="centroid_threshold"):
+            LabelCentroidClassifier(centroid_threshold=bad).fit(X, Y)
 
 
 def test_beam_auto_is_chosen_on_held_out_rows(small, tmp_path, monkeypatch):
@@ -557,7 +633,7 @@ def test_scores_add_the_weighted_classifiers_of_the_candidates(small):
     Xd = da.from_array(X, chunks=((700, 1100, 1200), (X.shape[1],)), asarray=False, fancy=False)
     Yd = da.from_array(Y, chunks=((700, 1100, 1200), (Y.shape[1],)), asarray=False, fancy=False)
     model = LabelCentroidClassifier(leaf_labels=50, beam=1000, summary_exponent=0.5, svm_weight=0.25,
-                                    random_state=0).fit(Xd, Yd)
+                                    centroid_threshold=0, random_state=0).fit(Xd, Yd)
     assert model.svm_weight_ == 0.25 and not model.held_out_
     Xu = _rows_block(X, model.idf_)
     P = sp.csr_matrix(Y, dtype=np.float32)[:, model.order_]
@@ -722,7 +798,7 @@ def test_routers_are_squared_hinge_svms_and_route_as_a_numpy_reference(small):
     Xd = da.from_array(X, chunks=((700, 1100, 1200), (X.shape[1],)), asarray=False, fancy=False)
     Yd = da.from_array(Y, chunks=((700, 1100, 1200), (Y.shape[1],)), asarray=False, fancy=False)
     model = LabelCentroidClassifier(leaf_labels=8, beam=3, summary_exponent=0, svm_weight=0, routing="routers",
-                                    random_state=0).fit(Xd, Yd)
+                                    centroid_threshold=0, random_state=0).fit(Xd, Yd)
     assert model.routing_ == "routers" and not model.held_out_ and model.M_.nnz == 0
     n_groups = len(model.group_offsets_) - 1
     assert model.group_beam_ == 4 and n_groups == np.ceil(model.n_clusters_ / np.ceil(np.sqrt(model.n_clusters_)))

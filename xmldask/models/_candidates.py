@@ -27,7 +27,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["candidate_topk", "sparse_product_dense", "summary_topk"]
+__all__ = ["candidate_topk", "prune_rows", "sparse_product_dense", "summary_topk"]
 
 #: scores of a cluster's labels for a batch of its rows held at once (float64: 8 MiB); a batch has
 #: ``ROW_SLOTS // labels`` rows
@@ -179,7 +179,7 @@ def summary_topk(X: sp.csr_matrix, MT: sp.csr_matrix, b: int, MH: np.ndarray | N
 
 def _topk_by_rows(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, order,  # pragma: no cover
                   w_indptr, w_indices, w_data, v_indptr, v_indices, v_data, bias, weight,
-                  n_features, row_entries, row_slots, k):
+                  n_features, row_entries, row_slots, k, threshold):
     n = len(x_indptr) - 1
     labels = np.full((n, k), -1, np.int64)
     scores = np.full((n, k), -np.inf)
@@ -234,9 +234,10 @@ def _topk_by_rows(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, ord
                     indptr, indices, data = (w_indptr, w_indices, w_data) if source == 0 else \
                         (v_indptr, v_indices, v_data)
                     scale = 1.0 if source == 0 else weight
+                    floor = threshold if source == 0 else 0.0  # centroid entries below it are left out
                     for e in range(indptr[a + j], indptr[a + j + 1]):
                         t = loc[indices[e]]
-                        if t >= 0:
+                        if t >= 0 and abs(data[e]) >= floor:
                             wv = scale * data[e]
                             for r in range(ptr[t], ptr[t + 1]):
                                 acc[base + slot[r]] += wv * value[r]
@@ -265,13 +266,14 @@ def _topk_by_rows(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, ord
 
 def candidate_topk(X: sp.csr_matrix, rows: np.ndarray, clusters: np.ndarray, W: sp.csr_matrix, order: np.ndarray,
                    offsets: np.ndarray, k: int, *, V: sp.csr_matrix | None = None, bias: np.ndarray | None = None,
-                   weight: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+                   weight: float = 0.0, threshold: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` labels (-1 where a row has fewer candidates) and scores (-inf there) of the rows of ``X`` among
     the labels of their clusters, best first, ties to the smaller label id.
 
     Row ``rows[t]`` scores the labels of cluster ``clusters[t]``: ``order[offsets[c]:offsets[c + 1]]``, whose
     centroids are those rows of ``W`` (and classifiers those of ``V``, biases of ``bias``); a label's score is
     ``X[i] . W[j]``, plus ``weight * (X[i] . V[j] + bias[j])`` when ``weight`` is not 0. A row names a cluster once.
+    ``threshold``: the entries of ``W`` below it in absolute value are left out (as :func:`prune_rows` drops them).
     """
     X = sp.csr_matrix(X)
     rows, clusters = np.asarray(rows, np.int64), np.asarray(clusters, np.int64)
@@ -293,4 +295,25 @@ def candidate_topk(X: sp.csr_matrix, rows: np.ndarray, clusters: np.ndarray, W: 
     return _compiled()(X.indptr, X.indices, X.data, pair_ptr, pair_rows, offsets,
                        np.asarray(order, np.int64), W.indptr, W.indices, W.data, V.indptr, V.indices, V.data, bias,
                        weight, int(max(X.shape[1], W.shape[1])), int(per_cluster.max(initial=0)),
-                       max(ROW_SLOTS, width), int(k))
+                       max(ROW_SLOTS, width), int(k), float(threshold))
+
+
+def prune_rows(W: sp.csr_matrix, threshold: float, *, piece_entries: int = 1 << 24) -> sp.csr_matrix:
+    """``W`` without its entries below ``threshold`` in absolute value (its rows not rescaled), a piece of rows of
+    about ``piece_entries`` entries at a time (the temporaries of a piece, not of the whole: 188 M entries at 1M
+    labels)."""
+    W = sp.csr_matrix(W)
+    if threshold <= 0 or not W.nnz:
+        return W
+    cuts = np.unique(np.r_[np.searchsorted(W.indptr, np.arange(0, W.nnz, piece_entries), side="right") - 1,
+                           W.shape[0]])
+    data, indices, lengths = [], [], []
+    for a, b in zip(cuts[:-1], cuts[1:]):
+        lo, hi = W.indptr[a], W.indptr[b]
+        keep = np.abs(W.data[lo:hi]) >= threshold
+        rows = np.repeat(np.arange(b - a), np.diff(W.indptr[a:b + 1]))[keep]
+        data.append(W.data[lo:hi][keep])
+        indices.append(W.indices[lo:hi][keep])
+        lengths.append(np.bincount(rows, minlength=b - a))
+    indptr = np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(W.indptr.dtype)
+    return sp.csr_matrix((np.concatenate(data), np.concatenate(indices), indptr), shape=W.shape)
