@@ -98,8 +98,12 @@ SVM_WEIGHTS = (0.0, 1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 #: 0.03 / 0.05 left 70 / 58 / 47 / 30 % of the entries, scored the candidates in 152 / 102 / 107 / 65 us a row
 #: against 317, at test P@1 -0.06 / 0.00 / -0.28 / -2.84 points (rescaling the rows after was worse)
 CENTROID_THRESHOLDS = (1 / 128, 1 / 64, 1 / 32, 1 / 16)
-#: held-out P@1 that a centroid threshold may cost (the candidates' scoring time it saves pays for this much)
-PRUNE_TOLERANCE = 0.002
+#: held-out P@1 that a centroid threshold may cost, at the beam's rate of exchange (:data:`BEAM_MIN_GAIN`: what a
+#: doubling of the candidates' cost must gain): the thresholds halve the candidates' cost, about half a row's (the
+#: summaries the rest), so a row's by about a third, worth a quarter of a point. A fifth of a point was within the
+#: noise of 2,000 held-out rows (the 1M pipeline's lost 4 of 1,975 at 1/128, where 5,000 test rows lost nothing at
+#: 1/64); half a point cost the 100K preset 0.7 points of test P@1 (86.56 % against 87.26 %)
+PRUNE_TOLERANCE = BEAM_MIN_GAIN / 2
 #: share of the fitting process's available memory that the classifiers may take (:func:`classifiers_fit`; the
 #: share that ``xmldask train`` allows a whole fit)
 SVM_MEMORY_SHARE = 0.6
