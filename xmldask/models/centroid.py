@@ -7,8 +7,9 @@ that Parabel, Bonsai and Omikuji cluster to build their trees, Prabhu et al. 201
 recursive balanced spherical 2-means on their centroids into clusters of at most ``leaf_labels`` labels (the
 partition of Parabel's tree), each summarised by the normalised sum of its labels' centroids. A row is scored
 against every cluster summary, and against the labels of its ``beam`` best clusters only: ``cos(x, w_l)``. Past
-thousands of clusters the summaries give way to trained routers (Parabel's internal nodes, in two levels): a row
-scores the routers of about ``sqrt(n_clusters)`` groups of clusters, then those of the clusters of its best groups.
+thousands of clusters the summaries give way to trained routers (Parabel's internal nodes, in two levels), where a
+task can hold every training row to train them: a row scores the routers of about ``sqrt(n_clusters)`` groups of
+clusters, then those of the clusters of its best groups.
 
 Training is two passes over the row blocks (document frequencies, then ``Y^T X``, summed as a tree of sparse
 partial sums) and the clustering of the label centroids in memory; prediction reads each row block once. The
@@ -46,7 +47,7 @@ from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
-from ._candidates import candidate_topk, prune_rows, sparse_product_dense, summary_topk
+from ._candidates import candidate_topk, prune_rows, sparse_product_dense, split_columns, summary_topk
 from ._svm import MAX_PASSES, cluster_svms
 
 __all__ = ["CENTROID_VERSION", "CentroidParams", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory",
@@ -544,12 +545,7 @@ def _split_summaries(M: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray, np.nd
     limit = DENSE_BUDGET // max(n_clusters, 1)
     if len(head) > limit:
         head = np.sort(head[np.argsort(-counts[head], kind="stable")[:limit]])
-    MT = sp.csr_matrix(M.T, dtype=np.float32)
-    MH = MT[head].toarray()
-    tail = np.ones(d, np.float32)
-    tail[head] = 0.0
-    MT = sp.csr_matrix(sp.diags(tail) @ MT)
-    MT.eliminate_zeros()
+    MT, MH = split_columns(M, head)
     return MT, MH, head.astype(np.int64)
 
 
@@ -902,12 +898,13 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         the row's best groups, trained on its group's rows; about ``sqrt(n_clusters) * (1 + groups)`` routers a
         row). ``"auto"``: the routers when the clusters outnumber the candidate labels of the narrowest beam
         (``n_clusters > min(AUTO_BEAMS) * leaf_labels``: scoring the summaries would cost a row more than its
-        candidates); the groups a row takes, of :data:`AUTO_GROUPS`, chosen on the held-out rows with the beam (the
-        fewest when the beam is given), recorded in ``group_beam_`` and ``held_out_``. Where the held-out rows
-        choose, the summaries then compete with the routers at the narrowest beam and replace them for a resolved
-        gain (``routing_``): routers trained on the share of their rows that a worker smaller than the data holds
-        route worse than the summaries of the centroids of all rows (at 1M labels on a worker of 1 GiB, test P@1 at
-        beam 10: 82.0 % against 88.1 %).
+        candidates) and a task can hold every training row for the group routers (:func:`router_share`; where it
+        cannot, the summaries, and no router is trained); the groups a row takes, of :data:`AUTO_GROUPS`, chosen on
+        the held-out rows with the beam (the fewest when the beam is given), recorded in ``group_beam_`` and
+        ``held_out_``. Where the held-out rows choose, the summaries then compete with the routers at the narrowest
+        beam and replace them for a resolved gain (``routing_``): routers trained on the share of their rows that a
+        worker smaller than the data holds route worse than the summaries of the centroids of all rows (at 1M labels
+        on a worker of 1 GiB, test P@1 at beam 10: 82.0 % against 88.1 %).
     centroid_threshold : float or "auto", default "auto"
         The centroids' entries below it (in absolute value; the centroids are unit rows) are dropped once the
         summaries are made from them: a candidate costs its entries, and a frequent label's centroid holds every
