@@ -319,27 +319,6 @@ def test_dense_summary_columns_give_the_sparse_product(dtype, budget, monkeypatc
         assert (best == expected).mean() > 0.99  # up to float32 ties
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float64])
-@pytest.mark.parametrize("n_head", [0, 5, 40])  # no dense column; some; every column
-def test_split_columns_is_scipys_transpose_cut_by_columns(dtype, n_head):
-    """The one-pass split: the head columns dense and the rest transposed equal SciPy's ``M.T`` rows, float32, the
-    rest canonical (sorted column ids), with empty rows and explicit zeros of ``M`` dropped."""
-    from xmldask.models._candidates import split_columns
-
-    M = sp.random(23, 40, density=0.3, format="csr", random_state=12, dtype=dtype)
-    M = sp.csr_matrix(sp.diags((np.arange(23) % 5 != 2).astype(dtype)) @ M)  # empty rows
-    M.data[::7] = 0.0  # explicit zeros
-    head = np.sort(np.random.default_rng(13).choice(40, n_head, replace=False))
-    MT, MH = split_columns(M, head)
-    reference = M.toarray().T.astype(np.float32)
-    assert MT.shape == (40, 23) and MH.shape == (n_head, 23) and MT.dtype == MH.dtype == np.float32
-    np.testing.assert_array_equal(MH, reference[head])
-    rest = reference.copy()
-    rest[head] = 0.0
-    np.testing.assert_array_equal(MT.toarray(), rest)
-    assert MT.has_sorted_indices and MT.nnz == np.count_nonzero(rest)  # no explicit zero kept
-
-
 def test_prune_rows_drops_the_small_entries_of_every_row():
     """Pieces of a few entries (rows across their bounds, empty rows, float32): SciPy's matrix with its entries below
     the threshold in absolute value removed, rows not rescaled."""

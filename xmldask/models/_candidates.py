@@ -27,7 +27,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["candidate_topk", "prune_rows", "sparse_product_dense", "split_columns", "summary_topk"]
+__all__ = ["candidate_topk", "prune_rows", "sparse_product_dense", "summary_topk"]
 
 #: scores of a cluster's labels for a batch of its rows held at once (float64: 8 MiB); a batch has
 #: ``ROW_SLOTS // labels`` rows
@@ -63,46 +63,6 @@ def sparse_product_dense(X: sp.csr_matrix, M: sp.csr_matrix, out: np.ndarray | N
     if out is None:
         out = np.zeros((X.shape[0], M.shape[1]), np.float32)
     return _compiled("_product_dense")(X.indptr, X.indices, X.data, M.indptr, M.indices, M.data, out)
-
-
-def _split_columns(indptr, indices, data, position, mt_indptr, mt_indices, mt_data, mh):  # pragma: no cover
-    fill = mt_indptr[:-1].copy()
-    for c in range(len(indptr) - 1):
-        for e in range(indptr[c], indptr[c + 1]):
-            f, v = indices[e], data[e]
-            if v == 0:
-                continue
-            if position[f] >= 0:
-                mh[position[f], c] += v
-            else:
-                mt_indices[fill[f]] = c
-                mt_data[fill[f]] = v
-                fill[f] += 1
-    return mt_indices, mt_data, mh
-
-
-def split_columns(M: sp.csr_matrix, head: np.ndarray) -> tuple[sp.csr_matrix, np.ndarray]:
-    """``M`` (``n x d``, CSR) cut by its columns: those of ``head`` dense and transposed (``len(head) x n``,
-    float32), the others transposed sparse (``d x n`` CSR, float32, the rows of ``head`` empty, explicit zeros
-    dropped), so that ``X @ M.T == X[:, head] @ MH + X @ MT``. One pass over ``M``'s entries, where SciPy's
-    transpose, row selection and masking product copy it three times (1M labels, 94 M entries: 6.5 s)."""
-    M = sp.csr_matrix(M)
-    n, d = M.shape
-    head = np.asarray(head, np.int64)
-    position = np.full(d, -1, np.int64)
-    position[head] = np.arange(len(head))
-    nonzero = M.data != 0
-    tail = nonzero & (position[M.indices] < 0)
-    counts = np.bincount(M.indices[tail], minlength=d)
-    index = np.int32 if max(int(counts.sum()), n) < 2**31 else np.int64
-    mt_indptr = np.zeros(d + 1, index)
-    np.cumsum(counts, out=mt_indptr[1:])
-    mt_indices = np.empty(int(mt_indptr[-1]), index)
-    mt_data = np.empty(int(mt_indptr[-1]), np.float32)
-    mh = np.zeros((len(head), n), np.float32)
-    _compiled("_split_columns")(np.asarray(M.indptr, np.int64), M.indices, M.data.astype(np.float32, copy=False),
-                                position, mt_indptr, mt_indices, mt_data, mh)
-    return sp.csr_matrix((mt_data, mt_indices, mt_indptr), shape=(d, n)), mh
 
 
 def _summary_topk(xh_indptr, xh_indices, xh_data, x_indptr, x_indices, x_data,  # pragma: no cover

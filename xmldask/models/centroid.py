@@ -47,7 +47,7 @@ from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
-from ._candidates import candidate_topk, prune_rows, sparse_product_dense, split_columns, summary_topk
+from ._candidates import candidate_topk, prune_rows, sparse_product_dense, summary_topk
 from ._svm import MAX_PASSES, cluster_svms
 
 __all__ = ["CENTROID_VERSION", "CentroidParams", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory",
@@ -545,7 +545,12 @@ def _split_summaries(M: sp.csr_matrix) -> tuple[sp.csr_matrix, np.ndarray, np.nd
     limit = DENSE_BUDGET // max(n_clusters, 1)
     if len(head) > limit:
         head = np.sort(head[np.argsort(-counts[head], kind="stable")[:limit]])
-    MT, MH = split_columns(M, head)
+    MT = sp.csr_matrix(M.T, dtype=np.float32)
+    MH = MT[head].toarray()
+    tail = np.ones(d, np.float32)
+    tail[head] = 0.0
+    MT = sp.csr_matrix(sp.diags(tail) @ MT)
+    MT.eliminate_zeros()
     return MT, MH, head.astype(np.int64)
 
 
