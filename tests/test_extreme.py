@@ -1131,3 +1131,24 @@ def test_a_large_loaded_model_reads_its_centroids_when_used(small, tmp_path, mon
         damaged.predict_topk(Xt, k=3)  # reads W whole, in this process
     with pytest.raises(StoreError, match=r"non-finite values \(W: 1\)"):
         C._read_rows(url, "W", 0, 5)
+
+
+def test_prediction_cuts_a_large_row_block_for_every_thread(small, monkeypatch):
+    """A whole model's prediction of one large row block: a piece of it a thread (here 3 pieces for 3 threads),
+    the same labels and scores as one task of the whole block."""
+    import dask
+
+    from xmldask.models import centroid as C
+
+    X, Y, Xt, _ = small
+    model = LabelCentroidClassifier(leaf_labels=40, beam=3, random_state=0).fit(X, Y)
+    one = da.from_array(Xt, chunks=(Xt.shape[0], Xt.shape[1]), asarray=False, fancy=False)
+    with dask.config.set(num_workers=3, scheduler="threads"):
+        monkeypatch.setattr(C, "PREDICT_PIECE_ROWS", 100)
+        labels, scores = model.predict_topk(one, k=4)
+        assert labels.numblocks[0] == 3
+        monkeypatch.setattr(C, "PREDICT_PIECE_ROWS", Xt.shape[0])
+        whole_labels, whole_scores = model.predict_topk(one, k=4)
+        assert whole_labels.numblocks[0] == 1
+        np.testing.assert_array_equal(labels.compute(), whole_labels.compute())
+        np.testing.assert_array_equal(scores.compute(), whole_scores.compute())

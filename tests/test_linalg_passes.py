@@ -817,3 +817,18 @@ def test_row_gram_matches_numpy(source, dtype, stores):
     K32 = passes.row_gram(inputs.X, dtype=np.float32).compute()
     assert K32.dtype == np.float32
     np.testing.assert_allclose(K32, want.toarray(), rtol=1e-5, atol=1e-5 * np.abs(want).max())
+
+
+def test_spread_rows_cuts_few_row_blocks_into_one_a_thread():
+    """Row blocks cut into pieces of about equal rows until there are ``parts`` blocks, never below ``min_rows`` a
+    piece; SciPy sparse blocks keep their rows; enough blocks, or too few rows to cut, leave ``X`` as it is."""
+    from xmldask.linalg.passes import spread_rows
+
+    A = sp.random(2500, 30, density=0.2, format="csr", random_state=0, dtype=np.float32)
+    X = da.from_array(A, chunks=((2000, 500), (30,)), asarray=False, fancy=False)
+    spread = spread_rows(X, 4, 300)
+    assert spread.chunks[0] == (1000, 1000, 500)  # the 500-row block would give pieces below 300 rows
+    assert (spread.compute() != A).nnz == 0
+    assert spread.blocks[1].compute().shape == (1000, 30) and sp.issparse(spread.blocks[1].compute())
+    assert spread_rows(X, 7, 100).chunks[0] == (500,) * 4 + (125,) * 4  # each block in ceil(7 / 2) pieces
+    assert spread_rows(X, 2, 1) is X and spread_rows(X, 4, 2000) is X

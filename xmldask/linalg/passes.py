@@ -84,6 +84,7 @@ __all__ = [
     "per_block",
     "per_block_objects",
     "row_gram",
+    "spread_rows",
     "tree_combine",
     "whole_operand",
     "x_q",
@@ -174,6 +175,24 @@ def whole_operand(A, *, name: str = "operand") -> da.Array:
     holder[()] = A
     return dense_operand(holder, name=name, nbytes=A.data.nbytes + A.indices.nbytes + A.indptr.nbytes,
                          token=dask.base.tokenize(A.shape, A.data, A.indices, A.indptr))
+
+
+def spread_rows(X: da.Array, parts: int, min_rows: int) -> da.Array:
+    """``X`` with its row blocks cut into pieces of about equal rows, so that it has at least ``parts`` blocks
+    (the tasks a scheduler runs at once) where its blocks have the rows: a block is cut into at most ``rows //
+    min_rows`` pieces. A kernel that takes a row block whole, and all of a model beside it, then keeps every
+    thread busy on a few large blocks (a store's one block of 20,000 test rows used one of two). The cuts are
+    Dask's row slices of the blocks (SciPy sparse blocks slice as dense ones); ``X`` is returned as it is where no
+    block is cut."""
+    blocks = X.chunks[0]
+    if len(blocks) >= parts:
+        return X
+    each = math.ceil(parts / len(blocks))
+    chunks = []
+    for rows in blocks:
+        n = max(1, min(each, rows // max(min_rows, 1)))
+        chunks += [rows // n + (i < rows % n) for i in range(n)]
+    return X if len(chunks) == len(blocks) else X.rechunk({0: tuple(chunks)})
 
 
 def _rows_from_memory(A: np.ndarray, row_chunks: tuple[int, ...]) -> da.Array:

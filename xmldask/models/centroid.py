@@ -39,7 +39,16 @@ import scipy.sparse as sp
 from pydantic import Field
 
 from ..base import ParamsMixin, as_rows, check_int, seed_of
-from ..linalg.passes import ROWS, WHOLE, compute_each, per_block, per_block_objects, tree_combine, whole_operand
+from ..linalg.passes import (
+    ROWS,
+    WHOLE,
+    compute_each,
+    per_block,
+    per_block_objects,
+    spread_rows,
+    tree_combine,
+    whole_operand,
+)
 from ..metrics import paired_gain
 from ..params import FamilyParams
 from ..scheduling import memory_for_data, parallelism, release_memory, task_memory_limit, worker_memory_limit
@@ -133,6 +142,9 @@ PASS_SHARE = 0.25
 #: the same for a cluster block of a prediction task, which also holds its row block's dense summary scores, the
 #: summaries' dense columns and the candidates of two blocks
 PREDICT_BLOCK_SHARE = 1 / 8
+#: rows of a piece at least, where a prediction's row blocks are cut so that every thread has one (a row costs tens
+#: to hundreds of microseconds: 1,024 rows are tens of milliseconds, a task's overhead about one)
+PREDICT_PIECE_ROWS = 1024
 #: a model read in cluster blocks is kept by each worker that reads it (:class:`_BlockCache`), for the next row
 #: blocks and the next predictions, when its blocks together take at most this share of the worker's memory limit;
 #: past it, each row block's tasks read the blocks one at a time (a 1M-label model's 1.4 GiB took 1 to 2 s a row
@@ -1411,6 +1423,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                           "ubias": self.cluster_bias_, "goffsets": self.group_offsets_})
         else:
             whole.update(zip(("MT", "MH", "head"), _split_summaries(self.M_)))
+        X = spread_rows(X, parallelism(), PREDICT_PIECE_ROWS)  # a block a task: every thread a piece of a large one
         operands = [("Xb", X, ROWS)] + [(name, whole_operand(value, name=f"centroid-{name}"), WHOLE)
                                         for name, value in whole.items() if value is not None]
         packed = per_block(_topk_block, operands, tail=(2 * k,), dtype=np.float64, token="centroid-topk",
