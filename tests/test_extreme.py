@@ -946,7 +946,7 @@ def stores(tmp_path_factory):
 def test_model_auto_takes_the_centroid_tree_past_a_flat_models_cost(stores, capsys):
     root, train, test = stores
     assert labels_scored_per_row(3000) == 2030 < 3000 and labels_scored_per_row(1000) == 1000
-    assert labels_scored_per_row(1_000_000) == 100 + 4 * 100 + 2000  # routed: 100 groups of 100 clusters
+    assert labels_scored_per_row(1_000_000) == 10_000 + 2000  # the summaries of 10,000 clusters, 20 of 100 labels
     assert jobs.choose_model(train, {}) == "centroid"
     assert jobs.choose_model(train, {"k": 20}) == "embedding"  # an option of the flat model keeps it
     assert jobs.choose_model(train, {"search": None, "seed": 3}) == "centroid"

@@ -385,8 +385,9 @@ def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:
     n_labels = open_dataset(train_url).n_labels
     scored = labels_scored_per_row(n_labels)
     if scored < n_labels:
-        progress.info(f"model auto: {n_labels:,} labels, so the label-centroid tree (it scores {scored:,} labels "
-                      f"a row, a flat model all {n_labels:,}; --model embedding for the flat one)")
+        progress.info(f"model auto: {n_labels:,} labels, so the label-centroid tree (it scores at most {scored:,} "
+                      f"cluster summaries and labels a row, a flat model all {n_labels:,} labels; --model embedding "
+                      "for the flat one)")
         return "centroid"
     return "embedding"
 

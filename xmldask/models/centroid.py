@@ -805,16 +805,11 @@ def classifiers_fit(centroid_entries: int, available: float) -> bool:
 
 
 def labels_scored_per_row(n_labels: int, *, beam: int = 20, leaf_labels: int = 100) -> int:
-    """Cluster summaries (or routers) and candidate labels a row scores, at most ``L`` (a flat model scores all
-    ``L``): ``C + beam * leaf_labels`` with ``C = ceil(L / leaf_labels)`` clusters, or, past ``min(AUTO_BEAMS) *
-    leaf_labels`` clusters (``routing="auto"``), the routers of the groups and of the clusters of the fewest groups
-    (:data:`AUTO_GROUPS`) instead of ``C`` summaries."""
-    clusters = math.ceil(n_labels / leaf_labels)
-    routing = clusters
-    if clusters > min(AUTO_BEAMS) * leaf_labels:
-        size = math.ceil(math.sqrt(clusters))
-        routing = math.ceil(clusters / size) + min(AUTO_GROUPS) * size
-    return int(min(n_labels, routing + beam * leaf_labels))
+    """Cluster summaries and candidate labels a row scores at most, itself at most ``L`` (a flat model scores all
+    ``L``): ``C + beam * leaf_labels`` with ``C = ceil(L / leaf_labels)`` clusters. Fewer where routers replace
+    the summaries (``routing="auto"`` past ``min(AUTO_BEAMS) * leaf_labels`` clusters, where a task holds every
+    training row: :meth:`LabelCentroidClassifier._auto_routing`), which a fit decides from the data."""
+    return int(min(n_labels, math.ceil(n_labels / leaf_labels) + beam * leaf_labels))
 
 
 # --------------------------------------------------------------------------------------------------
