@@ -252,6 +252,34 @@ def test_kernels_in_column_slabs_match_numpy(dtype, monkeypatch):
     assert 1 << 20 <= K._last_level_cache_bytes() <= 1 << 32
 
 
+@pytest.mark.parametrize("dtypes", [(np.float32, np.float32), (np.float64, np.float64), (np.float32, np.float64)])
+def test_t_product_of_dense_rows_in_slabs_matches_scipy(dtypes, monkeypatch):
+    """Sparse operands with most cells stored are multiplied as dense slabs of rows (an uneven last slab), others by
+    SciPy: the same product, in SciPy's dtype, either way."""
+    rng = np.random.default_rng(5)
+    full = sp.random(301, 40, density=0.9, format="csr", dtype=dtypes[0], random_state=rng)
+    thin = sp.random(301, 23, density=0.02, format="csr", dtype=dtypes[1], random_state=rng)
+    dense = rng.standard_normal((301, 23)).astype(dtypes[1])
+    monkeypatch.setattr(K, "SLAB_BYTES", 64 * 8 * np.dtype(dtypes[1]).itemsize)  # 8 rows of 64 columns a slab
+    taken = []
+    monkeypatch.setattr(K, "_dense", lambda a: taken.append("scipy") or (a.toarray() if sp.issparse(a) else a))
+    for U, R, path in ((full, full, None), (full, sp.csr_matrix(full[:, :23], dtype=dtypes[1]), None),
+                       (full, thin, "scipy"), (full, dense, "scipy"), (full[:0], full[:0], None)):
+        taken.clear()
+        got = K.t_product(U, R)
+        want = U.toarray().astype(np.float64).T @ (R.toarray() if sp.issparse(R) else R).astype(np.float64)
+        assert isinstance(got, np.ndarray) and got.shape == want.shape
+        assert got.dtype == np.result_type(U.dtype, R.dtype)
+        assert taken == ([path] if path else [])
+        rtol = 1e-5 if got.dtype == np.float32 else 1e-12
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * max(np.abs(want).max(initial=0), 1))
+    Xb = full[:150]  # the kernels that take it: block_gram and block_augmented
+    np.testing.assert_allclose(K.block_gram(Xb), Xb.toarray().T @ Xb.toarray(), rtol=1e-5)
+    aug = K.block_augmented(Xb, Xb)
+    np.testing.assert_allclose(K.unpack_centered(aug), np.cov(Xb.toarray().T.astype(np.float64), bias=True) * 150,
+                               rtol=1e-4, atol=1e-4)
+
+
 def test_kernels_promote_like_numpy_and_handle_empty_blocks():
     Xb = sp.csr_matrix(DATA.A[:50]).astype(np.float32)
     assert K.block_matmul(Xb, DATA.Q).dtype == np.float64  # float32 X with a float64 Q: NumPy's rule

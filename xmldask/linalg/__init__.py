@@ -9,9 +9,9 @@ matrix, or by conjugate gradients).
 """
 
 from . import passes
-from ._kernels import canonical, working_dtype
+from ._kernels import canonical, t_product, working_dtype
 from .passes import *  # noqa: F403  (the passes' public names, listed once in passes.__all__)
 from .solvers import MAX_DUAL_ROWS, MAX_GRAM_FEATURES, LstsqResult, dual_applies, ridge_lstsq
 
 __all__ = [*passes.__all__, "MAX_DUAL_ROWS", "MAX_GRAM_FEATURES", "LstsqResult", "canonical", "dual_applies",
-           "ridge_lstsq", "working_dtype"]
+           "ridge_lstsq", "t_product", "working_dtype"]

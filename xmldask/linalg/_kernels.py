@@ -33,6 +33,7 @@ __all__ = [
     "block_matmul",
     "block_row_gram",
     "block_tmatmul",
+    "t_product",
     "unpack_centered",
     "working_dtype",
 ]
@@ -45,6 +46,38 @@ def working_dtype(*dtypes) -> np.dtype:
 
 def _dense(a) -> np.ndarray:
     return a.toarray() if sp.issparse(a) else np.asarray(a)
+
+
+#: the share of stored entries in both sparse operands from which :func:`t_product` multiplies dense slabs of their rows
+#: (BLAS) instead of SciPy's sparse product. Measured on this machine (``U^T U``, random entries): at 0.1 BLAS took
+#: 0.5-1.3x SciPy's time, at 0.2 0.2-0.3x, on fully dense rows 0.01-0.02x (1,500 x 103: 56 ms -> 0.8 ms)
+DENSE_SHARE = 0.1
+#: the bytes of one dense slab of rows in :func:`t_product` (both operands' slabs together)
+SLAB_BYTES = 1 << 24
+
+
+def t_product(U, R) -> np.ndarray:
+    """``U^T R`` of two row blocks (``(n_b, p)`` and ``(n_b, q)``), dense ``(p, q)``, in their promoted dtype.
+
+    Two sparse operands with at least :data:`DENSE_SHARE` of their cells stored are multiplied as dense slabs of
+    rows of at most :data:`SLAB_BYTES`, whatever the block's size: SciPy's sparse product, which builds a sparse
+    result entry by entry, is up to 100x slower there than BLAS on the same rows.
+    """
+    if sp.issparse(U) and sp.issparse(R) and min(_share(U), _share(R)) >= DENSE_SHARE:
+        U, R = sp.csr_matrix(U), sp.csr_matrix(R)
+        dtype = np.result_type(U.dtype, R.dtype)
+        out = np.zeros((U.shape[1], R.shape[1]), dtype=dtype)
+        step = max(1, SLAB_BYTES // (dtype.itemsize * max(U.shape[1] + R.shape[1], 1)))
+        for a in range(0, U.shape[0], step):
+            out += U[a:a + step].toarray().T @ R[a:a + step].toarray()
+        return out
+    return _dense(U.T @ R)
+
+
+def _share(A) -> float:
+    """The share of ``A``'s cells that are stored (1 for an empty shape)."""
+    cells = A.shape[0] * A.shape[1]
+    return A.nnz / cells if cells else 1.0
 
 
 def _operand(a, dtype) -> np.ndarray | sp.sparray | sp.spmatrix:
@@ -276,7 +309,7 @@ def block_gram(Xb, *, weights=None, center=None, dtype=None) -> np.ndarray:
     dtype = working_dtype(Xb.dtype) if dtype is None else np.dtype(dtype)
     Xb = _operand(Xb, dtype)
     w = _vector(weights, dtype, Xb.shape[0], "weights")
-    G = _dense(Xb.T @ _scale_rows(Xb, w)).astype(dtype, copy=False)
+    G = t_product(Xb, _scale_rows(Xb, w)).astype(dtype, copy=False)
     mu = _vector(center, dtype, Xb.shape[1], "center")
     if mu is not None:
         s = block_colsum(Xb, w)
@@ -352,7 +385,7 @@ def block_augmented(Ub, Rb, *, weights=None, dtype=None) -> np.ndarray:
         w = np.ones(n_b, dtype=dtype)
     Rw = _scale_rows(_operand(Rb, dtype), w)
     out = np.empty((p + 1, q + 1), dtype=dtype)
-    out[:p, :q] = _dense(Ub.T @ Rw)
+    out[:p, :q] = t_product(Ub, Rw)
     out[:p, q] = _dense(Ub.T @ w).ravel()
     out[p, :q] = _column_sums(Rw)
     out[p, q] = w.sum(dtype=dtype)

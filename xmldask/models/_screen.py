@@ -55,6 +55,7 @@ from ..linalg import (
     per_block_objects,
     row_gram,
     solvers,
+    t_product,
     working_dtype,
     x_q,
     xt_b,
@@ -405,14 +406,14 @@ class Screener:
         n_t = float(self.X.shape[0] - Xh.shape[0])
 
         def centred():  # the training rows' centred Gram matrix and mean row
-            Gc = m.G - K._dense(Xh64.T @ Xh64)
+            Gc = m.G - t_product(Xh64, Xh64)
             mu = (m.s - np.asarray(Xh64.sum(axis=0), dtype=f64).ravel()) / n_t
             Gc -= n_t * np.outer(mu, mu)
             return Gc, mu, np.array([np.trace(Gc)])
 
         Gc, mu, (trace,) = self._shared.get(("primal", m.features, *split), centred)
         Yh64 = sp.csr_matrix(Yh, dtype=f64)
-        C_t = m.C - K._dense(Xh64.T @ Yh64)
+        C_t = m.C - t_product(Xh64, Yh64)
         y_t = m.y - np.asarray(Yh64.sum(axis=0), dtype=f64).ravel()
         R64 = np.asarray(R, dtype=f64)
         B = C_t @ R64 - np.outer(mu, y_t @ R64)
