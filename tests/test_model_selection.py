@@ -757,10 +757,11 @@ def test_time_budget_stops_the_search_and_keeps_the_best_so_far(monkeypatch):
 
 
 def test_time_budget_makes_a_model_first_and_expects_screens_to_cost_what_the_screener_holds(data, monkeypatch):
-    """With a time budget (and ``screen_finalist``) the grid's first setting, as screened, is fitted first: a
-    budget that holds one fit gets that model (a screen, then a model of its best, took two fits and the budget
-    was refused). A screened setting whose statistics the screener holds is expected to cost a solve, one that needs
-    a pass what those cost; the screen leaves the time of one more fit for its best."""
+    """With a time budget (and ``screen_finalist``) a first guess, as screened, is fitted first (the middle of the
+    alphas, whose fits cost alike; the first features): a budget that holds one fit gets that model (a screen, then
+    a model of its best, took two fits and the budget was refused). A screened setting whose statistics the
+    screener holds is expected to cost a solve, one that needs a pass what those cost; the screen leaves the time of
+    one more fit for its best."""
     import xmldask.model_selection as ms
     from xmldask.models._screen import Screener
 
@@ -796,12 +797,32 @@ def test_time_budget_makes_a_model_first_and_expects_screens_to_cost_what_the_sc
         assert search.seconds_ <= budget
         screened = [r["params"] for r in search.results_ if r["screened"]]
         if budget == 1.5:  # the first model alone: no screen (0.9 s) and a fit (1 s) more
-            assert search.best_params_ == {"features": "raw", "alpha": 1e-3, **screen} and not screened
+            assert search.best_params_ == {"features": "raw", "alpha": 1.0, **screen} and not screened
+            # the search's own start (alpha 1e-3), its screen cut, is not scored after it either, though a screen
+            # that holds out rows of its own would score it by a fit
+            assert clock.now == 1.0 and len(search.skipped_) >= 1
+            clock.now = 0.0
+            search = HeldOutSearch(_template(), grid, time_budget=budget, screen_fraction=0.3, **kw).fit(ds.X, ds.Y)
+            assert search.best_params_["alpha"] == 1.0 and clock.now == 1.0 and search.seconds_ <= budget
             assert isinstance(search.best_estimator_, EmbeddingClassifier)
         else:  # 1 s, then two screens of a pass (2 x 0.9 s), then solves (0.1 s each) while a fit (1 s) is left
             assert [(p["features"], p["alpha"]) for p in screened][:2] == [("raw", 1e-3), ("tfidf", 1e-3)]
             assert len(screened) == 4, screened  # the other two alphas of the features chosen: 3.0 s
             assert not [r for r in search.results_ if not r["screened"]]  # no time left for a full fit
+
+
+def test_a_budgets_first_guess_takes_the_middle_of_numbers_that_cost_alike():
+    """Before anything is scored, a time budget's first model takes each numeric parameter at the middle of its
+    values (the upper middle of an even number, in sorted order), among those of least cost: the embedding
+    classifier's decoder width (``n_components``) is its cost, its ridge strength costs nothing."""
+    search = HeldOutSearch(_template(), {})
+    grid = {"features": ["raw", "tfidf"], "alpha": [90.0, 1e-3, 3.0, 0.1], "n_components": [400, 50],
+            "kernel": ["none"], "max_epochs": [0, 5, 10]}
+    assert search._first_guess(grid) == {"features": "raw", "alpha": 3.0, "n_components": 50, "kernel": "none",
+                                         "max_epochs": 5}
+    assert search._first_guess({"alpha": [1e-3, 1.0, 10.0]}) == {"alpha": 1.0}
+    assert search._first_guess({"fit_intercept": [True, False], "alpha": [2.0]}) == {"fit_intercept": True,
+                                                                                      "alpha": 2.0}
 
 
 @pytest.mark.parametrize("screen_fraction", [None, 0.3])

@@ -575,12 +575,12 @@ class HeldOutSearch:
             full.update({name: values for name, values in list(cheap.items())
                          if conditions.get(name, (None,))[0] in full})
             cheap = {name: values for name, values in cheap.items() if name not in full}
-            # with a time budget the grid's first setting, as screened, is fitted in full first: a model in one fit
-            # (a screened setting then a model of it took two); the screen's best, as screened, replaces it if it
-            # scores higher, and the full fits follow while the budget lasts, each kept if it beats them
+            # with a time budget a first guess (:meth:`_first_guess`), as screened, is fitted in full first: a model
+            # in one fit (a screened setting then a model of it took two); the screen's best, as screened, replaces
+            # it if it scores higher, and the full fits follow while the budget lasts, each kept if it beats them
             finalist_first = self.screen_finalist and cheap and self.time_budget is not None
             if finalist_first:
-                self._screened_finalist({name: values[0] for name, values in cheap.items()}, screen, X, Y)
+                self._screened_finalist(self._first_guess(cheap), screen, X, Y)
             best = self._search(cheap, X, Y, overrides=screen) if cheap else {}
             if finalist_first:
                 self._screened_finalist(best, screen, X, Y)
@@ -601,12 +601,29 @@ class HeldOutSearch:
         del self._first_model_seconds, self._race, self._names
         return self
 
+    def _first_guess(self, grid: dict) -> dict:
+        """The setting a time budget's first model takes before anything is scored: each numeric parameter at the
+        middle of its values among those of least :meth:`_cost` (the upper middle of an even number; a ridge's
+        held-out score is one-peaked in its strength, and the middle is the fewest grid steps from the peak
+        wherever it lies, where the first value is the most), any other parameter at its first value."""
+        first = {name: values[0] for name, values in grid.items()}
+        guess = dict(first)
+        for name, values in grid.items():
+            if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                continue
+            costs = [self._cost({**first, name: v}) for v in values]
+            cheapest = sorted(v for v, c in zip(values, costs) if c <= min(costs))
+            guess[name] = cheapest[len(cheapest) // 2]
+        return guess
+
     def _screened_finalist(self, setting: dict, overrides: dict, X, Y) -> None:
         """Keep the best screened ``setting`` as screened (``overrides`` on top), fitted in full, if on the full
         fits' held-out rows it scores higher than the best of them (or if there is no full fit yet)."""
         setting, key, repeats, _ = self._prepare(setting, overrides)
         if self._best is not None and self._best[2] == setting:  # the first model already (a time budget's)
             return
+        if self._best is not None and key not in self._first and self._over_budget(screened=True, params=repeats[0]):
+            return  # the budget cut its screen (recorded as skipped), and scoring it now would spend what is left
         # as screened, holding out the rows the full fits hold out
         params = {**repeats[0], "validation_fraction": self.estimator.get_params(deep=False)["validation_fraction"]}
         full, model, start = self._best[0] if self._best else -math.inf, None, time.perf_counter()
