@@ -812,14 +812,19 @@ def test_time_budget_makes_a_model_first_and_expects_screens_to_cost_what_the_sc
 
 
 def test_a_budgets_first_guess_takes_the_middle_of_numbers_that_cost_alike():
-    """Before anything is scored, a time budget's first model takes each numeric parameter at the middle of its
-    values (the upper middle of an even number, in sorted order), among those of least cost: the embedding
-    classifier's decoder width (``n_components``) is its cost, its ridge strength costs nothing."""
+    """Before anything is scored, a time budget's first model takes each numeric parameter whose values cost alike
+    at the middle of its values (the upper middle of an even number, in sorted order), any other at its first: on
+    the linear map the embedding classifier's cost is its width (``n_components``), and its ridge strength costs
+    nothing."""
     search = HeldOutSearch(_template(), {})
     grid = {"features": ["raw", "tfidf"], "alpha": [90.0, 1e-3, 3.0, 0.1], "n_components": [400, 50],
-            "kernel": ["none"], "max_epochs": [0, 5, 10]}
-    assert search._first_guess(grid) == {"features": "raw", "alpha": 3.0, "n_components": 50, "kernel": "none",
-                                         "max_epochs": 5}
+            "max_epochs": [0, 5, 10]}
+    linear = {"kernel": "none"}
+    assert search._first_guess(grid, linear) == {"features": "raw", "alpha": 3.0, "n_components": 400,
+                                                 "max_epochs": 5}
+    # with random features the width is theirs: every n_components costs alike
+    assert search._first_guess(grid, {"kernel": "gaussian"})["n_components"] == 400
+    assert search._first_guess({"n_components": [400, 50, 6]}, {"kernel": "gaussian"}) == {"n_components": 50}
     assert search._first_guess({"alpha": [1e-3, 1.0, 10.0]}) == {"alpha": 1.0}
     assert search._first_guess({"fit_intercept": [True, False], "alpha": [2.0]}) == {"fit_intercept": True,
                                                                                       "alpha": 2.0}

@@ -580,7 +580,7 @@ class HeldOutSearch:
             # it if it scores higher, and the full fits follow while the budget lasts, each kept if it beats them
             finalist_first = self.screen_finalist and cheap and self.time_budget is not None
             if finalist_first:
-                self._screened_finalist(self._first_guess(cheap), screen, X, Y)
+                self._screened_finalist(self._first_guess(cheap, screen), screen, X, Y)
             best = self._search(cheap, X, Y, overrides=screen) if cheap else {}
             if finalist_first:
                 self._screened_finalist(best, screen, X, Y)
@@ -601,19 +601,19 @@ class HeldOutSearch:
         del self._first_model_seconds, self._race, self._names
         return self
 
-    def _first_guess(self, grid: dict) -> dict:
-        """The setting a time budget's first model takes before anything is scored: each numeric parameter at the
-        middle of its values among those of least :meth:`_cost` (the upper middle of an even number; a ridge's
-        held-out score is one-peaked in its strength, and the middle is the fewest grid steps from the peak
-        wherever it lies, where the first value is the most), any other parameter at its first value."""
+    def _first_guess(self, grid: dict, overrides: dict | None = None) -> dict:
+        """The setting a time budget's first model takes before anything is scored (fitted with ``overrides``):
+        each numeric parameter whose values all cost alike (:meth:`_cost`) at the middle of its values (the upper
+        middle of an even number; a ridge's held-out score is one-peaked in its strength, and the middle is the
+        fewest grid steps from the peak wherever it lies, where the first value is the most), any other parameter
+        at its first value."""
         first = {name: values[0] for name, values in grid.items()}
         guess = dict(first)
         for name, values in grid.items():
             if not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
                 continue
-            costs = [self._cost({**first, name: v}) for v in values]
-            cheapest = sorted(v for v, c in zip(values, costs) if c <= min(costs))
-            guess[name] = cheapest[len(cheapest) // 2]
+            if len({self._cost({**first, **(overrides or {}), name: v}) for v in values}) == 1:
+                guess[name] = sorted(values)[len(values) // 2]
         return guess
 
     def _screened_finalist(self, setting: dict, overrides: dict, X, Y) -> None:
