@@ -209,9 +209,10 @@ class HeldOutSearch:
         For such an estimator: fit the best setting again on all rows (``False``: keep the candidate fitted
         on the others).
     time_budget : float or None
-        Seconds the search may take, its final refit included (None: no limit). With ``screen_finalist``, the
-        grid's first setting as screened is fitted in full before the screen, the first model (a budget that
-        holds one fit gets one), and the screen's best replaces it only where it scores higher.
+        Seconds the search may take, its final refit included (None: no limit). With ``screen_finalist``, a first
+        guess as screened (each number whose values cost alike at the middle of its values, the rest at their
+        first) is fitted in full before the screen, the first model (a budget that holds one fit gets one), and
+        the screen's best replaces it only where it scores higher.
     race : bool, default True
         For an estimator scored by its own held-out figures whose ``fit`` takes a ``callback`` (the embedding
         classifier): the full fits race at their warm start (successive halving with two rungs). A fit makes its
