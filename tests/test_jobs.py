@@ -147,3 +147,23 @@ def test_an_ensemble_of_any_family(data, family):
     with pytest.raises(ValueError, match="--model br draws nothing at random"):
         jobs.train(train, str(root / "br-ens.zarr"), model="br", n_estimators=2)
     assert not (root / "br-ens.zarr").exists()
+
+
+def test_ensemble_members_in_a_budget_say_what_the_time_left_buys(caplog, monkeypatch):
+    """With a time budget the ensemble gets the members its time left buys (member 0, the model, always), and says so;
+    a budget already spent says by how much, not a negative time left."""
+    import logging
+    from types import SimpleNamespace
+
+    search = SimpleNamespace(best_fit_seconds_=1.0)
+    now = 100.0
+    monkeypatch.setattr(jobs.time, "perf_counter", lambda: now)  # the job started 2 s ago, whatever the machine's load
+    with caplog.at_level(logging.INFO, logger="xmldask.jobs"):
+        assert jobs._members_in_budget(SimpleNamespace(time_budget=None), 3, search, now - 2.0) == 3
+        assert jobs._members_in_budget(SimpleNamespace(time_budget=10.0), 3, search, now - 2.0) == 3
+        assert not caplog.records
+        assert jobs._members_in_budget(SimpleNamespace(time_budget=3.5), 3, search, now - 2.0) == 2
+        assert "2 of the 3 ensemble members fit in the 1.5 s left (a member takes about 1.0 s)" in caplog.text
+        caplog.clear()
+        assert jobs._members_in_budget(SimpleNamespace(time_budget=1.5), 3, search, now - 2.0) == 1
+        assert "spent 0.5 s ago, the model is 1 of the 3 ensemble members" in caplog.text and " -" not in caplog.text

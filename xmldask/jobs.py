@@ -193,9 +193,13 @@ def _members_in_budget(p: TrainParams, asked: int, search, start: float) -> int:
     elapsed = time.perf_counter() - start
     member = search.best_fit_seconds_ if search is not None else elapsed
     affordable = 1 + max(0, int((p.time_budget - elapsed) // max(member, 1e-9)))
-    if affordable < asked:
+    left = p.time_budget - elapsed
+    if affordable < asked and left > 0:
         logger.info("time budget: %d of the %d ensemble members fit in the %.1f s left (a member takes about %.1f s)",
-                    min(affordable, asked), asked, p.time_budget - elapsed, member)
+                    affordable, asked, left, member)
+    elif affordable < asked:
+        logger.info("time budget: spent %.1f s ago, the model is 1 of the %d ensemble members (a member takes about "
+                    "%.1f s)", -left, asked, member)
     return min(affordable, asked)
 
 
