@@ -87,21 +87,12 @@ def shared_data() -> Path:
 SHARED_DATA_FIXTURES = {"shared_data", "shared_xc_file"}
 
 
-#: the longest test files, handed to pytest-xdist's processes first and in this order (seconds of test work
-#: measured with --durations=0, 2026-11-29: ``-m slow`` 270, 284, 251, 108, 77; the default run 0, 57, 61, 0, 135):
-#: started last, one of them would run alone at the end
-RUN_FIRST = ("test_readme.py", "test_model_selection.py", "test_flows.py", "test_served_refresh.py", "test_faults.py")
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Mark ``slow`` every test that needs the real datasets (before ``-m`` selects), and put the tests of
-    :data:`RUN_FIRST` first (pytest-xdist hands the files out one at a time, in this order)."""
+    """Mark ``slow`` every test that needs the real datasets (before ``-m`` selects)."""
     for item in items:
         if SHARED_DATA_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
-    first = {name: i for i, name in enumerate(RUN_FIRST)}
-    items.sort(key=lambda item: first.get(item.path.name, len(RUN_FIRST)))  # stable: the rest keep their order
 
 
 def pytest_generate_tests(metafunc):
