@@ -1152,3 +1152,33 @@ def test_prediction_cuts_a_large_row_block_for_every_thread(small, monkeypatch):
         assert whole_labels.numblocks[0] == 1
         np.testing.assert_array_equal(labels.compute(), whole_labels.compute())
         np.testing.assert_array_equal(scores.compute(), whole_scores.compute())
+
+
+def test_a_time_budget_makes_the_first_model_and_cuts_the_stages_it_cannot_hold(small, monkeypatch):
+    """``time_budget``: the first model (centroids, clusters, summaries at the first exponent, the narrowest beam) is
+    always made; the classifiers and the held-out choices only where the time left holds their estimate (the first
+    model's seconds times their work over its own): a budget that holds them gives the model of no budget, one that
+    does not gives the centroids alone, as ``svm_weight=0`` with the narrowest beam, and says what it cut."""
+    import xmldask.models.centroid as C
+
+    X, Y, Xt, _ = small
+    kw = dict(leaf_labels=60, random_state=3)
+    whole = LabelCentroidClassifier(**kw).fit(X, Y)
+    roomy = LabelCentroidClassifier(**kw, time_budget=1e6).fit(X, Y)
+    assert roomy.budget_cut_ == [] and roomy.held_out_ == whole.held_out_ and roomy.svm_weight_ == whole.svm_weight_
+    for a, b in zip(whole.predict_topk(Xt, k=3), roomy.predict_topk(Xt, k=3)):
+        np.testing.assert_array_equal(a.compute(), b.compute())
+    tight = LabelCentroidClassifier(**kw, time_budget=1e-3).fit(X, Y)
+    bare = LabelCentroidClassifier(**kw, svm_weight=0, beam=min(C.AUTO_BEAMS), summary_exponent=0,
+                                   centroid_threshold=0).fit(X, Y)
+    assert [cut.split(" (")[0] for cut in tight.budget_cut_] == ["the label classifiers", "the held-out choices"]
+    assert tight.V_ is None and tight.svm_weight_ == 0 and tight.held_out_ == {}
+    for a, b in zip(bare.predict_topk(Xt, k=3), tight.predict_topk(Xt, k=3)):
+        np.testing.assert_array_equal(a.compute(), b.compute())
+    # the classifiers trained but no time left to weigh them: the middle of the weights, as a budget's first guess
+    calls = iter([True, False])
+    monkeypatch.setattr(C._StageBudget, "affords", lambda self, stage, work, also=0.0: next(calls, False))
+    guessed = LabelCentroidClassifier(**kw, time_budget=1.0).fit(X, Y)
+    assert guessed.V_ is not None and guessed.svm_weight_ == C.SVM_WEIGHTS[len(C.SVM_WEIGHTS) // 2]
+    with pytest.raises(ValueError, match="time_budget"):
+        LabelCentroidClassifier(time_budget=0).fit(X, Y)

@@ -167,3 +167,68 @@ def test_ensemble_members_in_a_budget_say_what_the_time_left_buys(caplog, monkey
         caplog.clear()
         assert jobs._members_in_budget(SimpleNamespace(time_budget=1.5), 3, search, now - 2.0) == 1
         assert "spent 0.5 s ago, the model is 1 of the 3 ensemble members" in caplog.text and " -" not in caplog.text
+
+
+def test_a_budgets_first_model_is_saved_then_completed_or_removed(data, monkeypatch):
+    """With a time budget the first model is saved to the target as soon as the search makes it; the final save adds
+    the search's record to it (the same model) or writes the better one; a job that fails after the first save
+    leaves no store where there was none."""
+    from xmldask.store import exists
+    from xmldask.store.models import open_model_store
+
+    root, train, _ = data
+    url = str(root / "budget-model.zarr")
+    saved = []
+    real = jobs._EarlySave.__call__
+
+    def spy(self, model):
+        real(self, model)
+        saved.append((open_model_store(url, model_version=type(model)._MODEL_VERSION)[1], model))
+
+    monkeypatch.setattr(jobs._EarlySave, "__call__", spy)
+    info = jobs.train(train, url, time_budget=600.0, search={"alpha": [0.1, 1.0]}, n_estimators=1, max_epochs=1)
+    assert len(saved) == 1 and saved[0][0]["first_model"] is True and "search" not in saved[0][0]
+    _, meta = open_model_store(url, model_version=EmbeddingClassifier._MODEL_VERSION)
+    assert meta["first_model"] is False and meta["search"]["results"] == info["search"]
+    assert EmbeddingClassifier.load(url).get_params()["alpha"] == meta["search"]["best_params"]["alpha"]
+    assert info["time_budget"]["first_model_saved_s"] > 0 and info["time_budget"]["used"] <= 600.0
+    # the search fails after the first model was saved: nothing is left where nothing was
+    failing = str(root / "budget-failing.zarr")
+
+    def boom(self, *args, **kwargs):
+        raise RuntimeError("a later fit failed")
+
+    monkeypatch.setattr(jobs, "_members_in_budget", boom)
+    with pytest.raises(RuntimeError, match="a later fit failed"):
+        jobs.train(train, failing, time_budget=600.0, search={"alpha": [0.1, 1.0]}, max_epochs=1)
+    assert len(saved) == 2 and not exists(failing)
+
+
+def test_model_auto_under_a_budget_takes_the_centroid_tree_where_the_embedding_would_outlast_it(data, monkeypatch,
+                                                                                                  caplog):
+    """``model auto`` with a time budget: the embedding classifier where its first model's factorizations fit in the
+    budget (sides of at most TIMED_SIDE are not even timed), else the label-centroid tree, whose stages past its
+    first model the budget cuts (recorded)."""
+    import logging
+    from types import SimpleNamespace
+
+    root, train, _ = data
+    assert jobs.embedding_outlasts(SimpleNamespace(n_features=400, n_samples=3000), 1e-6) == 0.0  # 400 features
+    wide = SimpleNamespace(n_features=50_000, n_samples=4000)  # the dual: the rows' 4,000 x 4,000
+    assert jobs.embedding_outlasts(wide, 1e-3) > 1e-3 and jobs.embedding_outlasts(wide, 1e6) == 0.0
+    assert jobs.choose_model(train, {}, time_budget=60.0) == "embedding"
+    monkeypatch.setattr(jobs, "embedding_outlasts", lambda data, budget: 2 * budget)
+    with caplog.at_level(logging.INFO, logger="xmldask.models.centroid"):
+        assert jobs.choose_model(train, {}, time_budget=60.0) == "centroid"
+        assert jobs.choose_model(train, {}) == "embedding"  # no budget: by the labels alone
+        assert jobs.choose_model(train, {"n_components": 10}, time_budget=60.0) == "embedding"  # its option
+    assert "past the time budget of 60 s: the label-centroid tree" in caplog.text
+    info = jobs.train(train, str(root / "budget-centroid.zarr"), time_budget=0.01)
+    assert info["params"]["model"] == "centroid"
+    from xmldask.models import LabelCentroidClassifier
+
+    model = LabelCentroidClassifier.load(str(root / "budget-centroid.zarr"))
+    assert model.svm_weight_ == 0 and model.V_ is None and model.summary_exponent_ == 0
+    assert model.beam_ == min(10, model.n_clusters_) and model.held_out_ == {}  # the narrowest beam, nothing chosen
+    assert any(cut.startswith("the label classifiers") for cut in model.budget_cut_)
+    assert any(cut.startswith("the held-out choices") for cut in model.budget_cut_)

@@ -871,3 +871,34 @@ def test_screened_finalist_is_taken_from_the_full_fit_of_its_setting(data, monke
     np.testing.assert_array_equal(model.bias_, alone.bias_)
     assert model.history_ == [{**alone.history_[0], "seconds": model.history_[0]["seconds"]}]
     assert search.best_score_ == held_out_score(alone)
+
+
+def test_time_budget_hands_the_first_model_on_and_leaves_its_seconds_at_the_end(monkeypatch):
+    """``on_first_model`` gets the first model as soon as it is made, once; the seconds it took (the job's save) are
+    left at the end of the budget (``reserve_``), so the search stops a fit earlier than without it."""
+    import scipy.sparse as sp
+
+    import xmldask.model_selection as ms
+
+    monkeypatch.setattr(ms.time, "perf_counter", _Timed.clock)
+    X = dask.array.from_array(sp.csr_matrix(np.ones((50, 3))), chunks=(25, -1), asarray=False, fancy=False)
+    first = sp.csr_matrix((np.ones(50), np.zeros(50, int), np.arange(51)), shape=(50, 8))
+    Y = dask.array.from_array(first, chunks=(25, -1), asarray=False, fancy=False)
+    grid = {"value": [0, 1, 2, 3, 4]}
+    handed = []
+
+    def save(model):  # "takes" a second of the fake clock
+        handed.append(model.value)
+        _Timed.clock.now += 1.0
+
+    # a budget of 5.5 s: fits of 1 s, the refit 1.25 s; the first save's 1 s, and 1 s left for the last save,
+    # leave room for one fit after the first (the search ends at 4.25 s, the job's last save at 5.25 s)
+    search = HeldOutSearch(_Timed(), grid, scoring="p@1", time_budget=5.5, on_first_model=save).fit(X, Y)
+    assert handed == [0] and search.reserve_ == 1.0
+    assert [r["params"]["value"] for r in search.results_] == [0, 1]
+    assert search.seconds_ + search.reserve_ <= 5.5
+    without = HeldOutSearch(_Timed(), grid, scoring="p@1", time_budget=5.5).fit(X, Y)
+    assert [r["params"]["value"] for r in without.results_] == [0, 1, 2, 3] and without.reserve_ == 0.0
+    # no budget: nothing is handed on
+    HeldOutSearch(_Timed(), grid, scoring="p@1", on_first_model=save).fit(X, Y)
+    assert handed == [0]

@@ -92,14 +92,15 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     """
     from .models import EmbeddingClassifier
 
+    called = time.perf_counter()  # a time budget is the whole job's, its checks and its save included
     params = current_names(params)  # a former name (k, seed, ...) read as today's
     extra = {name: params.pop(name) for name in list(params) if name not in TrainParams.model_fields}
     p = validated(TrainParams, params)
     _check_trainable(train_url)
-    if p.model == "auto" and choose_model(train_url, params, extra) == "centroid":
+    if p.model == "auto" and choose_model(train_url, params, extra, time_budget=p.time_budget) == "centroid":
         p = validated(TrainParams, {**_given(params), "model": "centroid"})
     if p.model not in ("embedding", "auto"):
-        return _train_family(train_url, out, p, overwrite=overwrite, given=_given(params), **extra)
+        return _train_family(train_url, out, p, overwrite=overwrite, given=_given(params), called=called, **extra)
     unknown = sorted(set(extra) - set(EmbeddingClassifier._get_param_names()) | set(extra) & _SET_BY_THE_JOB)
     if unknown:
         known = [*SCHEMAS["embedding"].own_fields(), *FamilyParams.model_fields, "model", *_estimator_only()]
@@ -111,41 +112,51 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     k, search = _fit_to_data(p, data, set(_given(params)))
     asked = members_asked(p)
     start = time.perf_counter()
-    if search or asked != 1:
-        data = _held_in_memory(data)
-    model = EmbeddingClassifier.from_params(p.model_copy(update={"n_components": k}), **extra)
-    grid = _search_grid(search) if search else None
-    chosen = {}
-    if grid:
-        from .model_selection import HeldOutSearch
+    early = _EarlySave(out, overwrite, {"train_url": train_url}) if p.time_budget else None
+    try:
+        if search or asked != 1:
+            data = _held_in_memory(data)
+        model = EmbeddingClassifier.from_params(p.model_copy(update={"n_components": k}), **extra)
+        grid = _search_grid(search) if search else None
+        chosen = {}
+        if grid:
+            from .model_selection import HeldOutSearch
 
-        screen = _search_grid({name: [value] for name, value in SCREEN.items()}) if p.search_screen else None
-        fitted = HeldOutSearch(model, grid, strategy=p.search_strategy, max_extensions=p.search_extensions,
-                               screen={name: values[0] for name, values in screen.items()} if screen else None,
-                               **_screen_split(p, model, data),
-                               screen_finalist=_screened_decoder_may_win(p, search),
-                               n_jobs=concurrent_fits(), time_budget=p.time_budget).fit(data.X, data.Y,
-                                                                                       started=start)
-        model = fitted.best_estimator_
-        chosen = dict(fitted.best_params_)
-    else:
-        model.fit(data.X, data.Y)
-        _check_one_fit(p.time_budget, time.perf_counter() - start)
-    single, gains = model, None
-    n_estimators = _members_in_budget(p, asked, fitted if grid else None, start)
-    if n_estimators != 1:
-        from .models import EnsembleClassifier
+            screen = _search_grid({name: [value] for name, value in SCREEN.items()}) if p.search_screen else None
+            fitted = HeldOutSearch(model, grid, strategy=p.search_strategy, max_extensions=p.search_extensions,
+                                   screen={name: values[0] for name, values in screen.items()} if screen else None,
+                                   **_screen_split(p, model, data),
+                                   screen_finalist=_screened_decoder_may_win(p, search),
+                                   n_jobs=concurrent_fits(), time_budget=p.time_budget,
+                                   on_first_model=early).fit(data.X, data.Y, started=called)
+            model = fitted.best_estimator_
+            chosen = dict(fitted.best_params_)
+        else:
+            model.fit(data.X, data.Y)
+            _check_one_fit(p.time_budget, time.perf_counter() - called)
+        single, gains = model, None
+        n_estimators = _members_in_budget(p, asked, fitted if grid else None, called)
+        if n_estimators != 1:
+            from .models import EnsembleClassifier
 
-        # the members the defaults add are kept only while they pay; those the user asks for are fitted
-        model = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
-                                   random_state=p.random_state, n_jobs=concurrent_fits(),
-                                   early_stopping=p.n_estimators == "auto").fit(data.X, data.Y, fitted=[single])
-        n_estimators, gains = len(model.estimators_), model.member_gains_
-        if n_estimators == 1:
-            model = single
-    seconds = time.perf_counter() - start
-    meta = {"train_url": train_url, **({"search": fitted.record()} if grid else {})}
-    model.save(out, overwrite=overwrite, meta=meta)
+            # the members the defaults add are kept only while they pay; those the user asks for are fitted
+            model = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
+                                       random_state=p.random_state, n_jobs=concurrent_fits(),
+                                       early_stopping=p.n_estimators == "auto").fit(data.X, data.Y, fitted=[single])
+            n_estimators, gains = len(model.estimators_), model.member_gains_
+            if n_estimators == 1:
+                model = single
+        seconds = time.perf_counter() - start
+        meta = {"train_url": train_url, **({"search": fitted.record()} if grid else {})}
+        if early is not None:
+            early.save(model, meta)
+        else:
+            model.save(out, overwrite=overwrite, meta=meta)
+    except BaseException:
+        if early is not None:
+            early.discard()
+        raise
+    used_s = time.perf_counter() - called
     last = single.history_[-1] if getattr(single, "history_", None) else {}
     used = {name: getattr(p, name) for name in ("embedding", "kernel", "features", "alpha", "n_random_features",
                                                 "max_epochs", "random_state")}
@@ -161,8 +172,10 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         "params": {name: value for name, value in {**used, "n_components": k, **extra, **chosen}.items()
                    if name not in ignored}
         | ({"n_estimators": n_estimators} if n_estimators != 1 else {}),
-        **({"time_budget": {"seconds": p.time_budget, "used": round(seconds, 3), "n_estimators_asked": asked,
-                            "skipped": fitted.skipped_ if grid else []}} if p.time_budget else {}),
+        **({"time_budget": {"seconds": p.time_budget, "used": round(used_s, 3), "n_estimators_asked": asked,
+                            "skipped": fitted.skipped_ if grid else [],
+                            "first_model_saved_s": round(early.seconds, 3) if early.saved else None}}
+           if p.time_budget else {}),
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
         **({"search": fitted.results_} if grid else {}),
         **({"ensemble": gains} if gains is not None else {}),
@@ -185,12 +198,47 @@ def members_asked(p: TrainParams) -> int:
     return AUTO_ESTIMATORS if p.model in ("auto", "embedding") and p.search else 1
 
 
+class _EarlySave:
+    """A time budget's first model saved to the job's target as soon as it is made (the search's ``on_first_model``):
+    the best model so far is on disk while the search goes on, and the seconds the save took are what the job leaves
+    at the end of the budget for saving the final model. :meth:`discard` removes it if the job then fails and the
+    target held nothing before (a store the user let the job overwrite is already replaced)."""
+
+    def __init__(self, out: str, overwrite: bool, meta: dict):
+        self.out, self.overwrite, self.meta = out, overwrite, meta
+        self.existed = exists(out)
+        self.saved, self.seconds, self.model = False, 0.0, None
+
+    def __call__(self, model) -> None:
+        start = time.perf_counter()
+        model.save(self.out, overwrite=self.overwrite, meta={**self.meta, "first_model": True})
+        self.saved, self.seconds, self.model = True, time.perf_counter() - start, model
+        logger.info("time budget: the first model saved to %s (%.2f s) while the search goes on", self.out,
+                    self.seconds)
+
+    def save(self, model, meta: dict) -> None:
+        """The job's final save: ``model``, or where it is the first model saved already, only ``meta`` added
+        (the search's record) to its store."""
+        if self.saved and model is self.model:
+            from .store.models import update_model_meta
+
+            update_model_meta(self.out, {**meta, "first_model": False})
+        else:
+            model.save(self.out, overwrite=self.overwrite or self.saved, meta=meta)
+
+    def discard(self) -> None:
+        if self.saved and not self.existed:
+            from .store import remove
+
+            remove(self.out)
+
+
 def _members_in_budget(p: TrainParams, asked: int, search, start: float) -> int:
     """The ensemble's members: ``asked``, or with a ``time_budget`` as many as its time left allows (member 0
-    is fitted; each other costs what member 0's fit cost)."""
+    is fitted; each other costs what member 0's fit cost; the search's ``reserve_``, the final save's time, left)."""
     if asked == 1 or p.time_budget is None:
         return asked
-    elapsed = time.perf_counter() - start
+    elapsed = time.perf_counter() - start + getattr(search, "reserve_", 0.0)
     member = search.best_fit_seconds_ if search is not None else elapsed
     affordable = 1 + max(0, int((p.time_budget - elapsed) // max(member, 1e-9)))
     left = p.time_budget - elapsed
@@ -287,7 +335,7 @@ def _fit_to_data(p: TrainParams, data, given=frozenset()) -> tuple[int, dict | N
 
 
 def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, given: dict | None = None,
-                  **extra) -> dict:
+                  called: float | None = None, **extra) -> dict:
     """``train(..., model=NAME)``: fit and save the model family registered under ``NAME``
     (:data:`xmldask.base.FAMILIES`: LEML, binary relevance, the boosting models, the centroids, a tree's
     classifier) on the dataset store, with the held-out search of its ``auto_search`` unless its parameters are
@@ -324,15 +372,17 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
         fitted = HeldOutSearch(est, grid, scoring=cls.search_scoring, strategy=p.search_strategy,
                                max_extensions=p.search_extensions, n_jobs=concurrent_fits(),
                                time_budget=p.time_budget).fit(data.X, data.Y, data.observed if reads_mask else None,
-                                                              started=start)
+                                                              started=called or start)
         est = fitted.best_estimator_
     else:
         if getattr(cls, "many_passes", False) or asked > 1:  # passes or fits: the rows read once
             data = _held_in_memory(data)
+        if p.time_budget and "time_budget" in est.get_params(deep=False):  # the job's time left, from its call
+            est.set_params(time_budget=max(p.time_budget - (time.perf_counter() - (called or start)), 1e-3))
         est.fit_dataset(data)
         if "time_budget" not in est.get_params(deep=False):  # a model that cannot stop early: its one fit
-            _check_one_fit(p.time_budget, time.perf_counter() - start)
-    single, n_estimators = est, _members_in_budget(p, asked, fitted, start)
+            _check_one_fit(p.time_budget, time.perf_counter() - (called or start))
+    single, n_estimators = est, _members_in_budget(p, asked, fitted, called or start)
     if n_estimators > 1:
         from .models import EnsembleClassifier
 
@@ -369,10 +419,12 @@ _EMBEDDING_ONLY = tuple(name for name in SCHEMAS["embedding"].model_fields
                         and name not in ("model", "random_state", "search", "time_budget", "n_estimators"))
 
 
-def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:
+def choose_model(train_url: str, given: dict, extra: dict | None = None, *, time_budget: float | None = None) -> str:
     """The family of ``model="auto"`` (the default) for a dataset store: ``"centroid"`` when it scores fewer labels
     a row than a flat model, which scores all of them (:func:`~xmldask.models.centroid.labels_scored_per_row`:
-    more than about 2,000 labels with its defaults), else ``"embedding"``.
+    more than about 2,000 labels with its defaults), else ``"embedding"``; with a ``time_budget``, also
+    ``"centroid"`` where the embedding classifier's first model would not be ready in it
+    (:func:`embedding_outlasts`): the label-centroid tree's first model is two passes and a clustering.
 
     The embedding classifier is kept whenever an option that only it takes is given (``k``, ``kernel``, a
     search grid, ``tree``, ...), so that such a command means what it says. The choice is logged.
@@ -393,7 +445,52 @@ def choose_model(train_url: str, given: dict, extra: dict | None = None) -> str:
                       f"cluster summaries and labels a row, a flat model all {n_labels:,} labels; --model embedding "
                       "for the flat one)")
         return "centroid"
+    if time_budget is not None:
+        seconds = embedding_outlasts(open_dataset(train_url), time_budget)
+        if seconds:
+            progress.info(f"model auto: the embedding classifier's first model factors two matrices of "
+                          f"{_factored_side(open_dataset(train_url)):,} rows, about {seconds:.1f} s on this machine, "
+                          f"past the time budget of {time_budget:g} s: the label-centroid tree, whose first model is "
+                          "two passes and a clustering (--model embedding for the flat one)")
+            return "centroid"
     return "embedding"
+
+
+#: the side of a square matrix whose factorization is timed on this machine, to scale to a larger one's
+#: (:func:`embedding_outlasts`); below it, a factorization takes a few milliseconds
+TIMED_SIDE = 1024
+
+
+def _factored_side(data) -> int | None:
+    """The side of the matrices that the embedding classifier's first model factors with ``solver="auto"`` (the
+    Rembrandt embedding's ridge and the decoder's: the features' Gram matrix up to
+    :data:`~xmldask.linalg.MAX_GRAM_FEATURES` features, beyond it the rows' where the dual applies); None where
+    they are solved iteratively."""
+    from .linalg import MAX_GRAM_FEATURES, dual_applies
+
+    if data.n_features <= MAX_GRAM_FEATURES:
+        return int(data.n_features)
+    return int(data.n_samples) if dual_applies(data.n_samples) else None
+
+
+def embedding_outlasts(data, time_budget: float) -> float:
+    """The seconds of the embedding classifier's first model's two factorizations (the Rembrandt embedding's and
+    the ridge decoder's, of :func:`_factored_side`), if they alone exceed ``time_budget``, else 0: a Cholesky
+    factorization of :data:`TIMED_SIDE` timed here and scaled by the cube of the sides (an over-estimate: the
+    BLAS's speed grows with the side; 4,463 rows took 0.82 s against 2.9 s so scaled, on this 2-core machine).
+    Sides up to :data:`TIMED_SIDE` are not timed (they take milliseconds)."""
+    import scipy.linalg
+
+    side = _factored_side(data)
+    if side is None or side <= TIMED_SIDE:
+        return 0.0
+    rng = np.random.default_rng(0)
+    A = rng.random((TIMED_SIDE, TIMED_SIDE))
+    A += A.T + 2 * TIMED_SIDE * np.eye(TIMED_SIDE)  # diagonally dominant: positive definite (its values cost alike)
+    start = time.perf_counter()
+    scipy.linalg.cho_factor(A, lower=True, overwrite_a=True)
+    seconds = 2 * (time.perf_counter() - start) * (side / TIMED_SIDE) ** 3
+    return seconds if seconds > time_budget else 0.0
 
 
 def _given(params: dict) -> dict:

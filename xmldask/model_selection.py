@@ -219,6 +219,10 @@ class HeldOutSearch:
         decoder epochs only if the held-out score of its warm start (the ridge decoder) is at least that of every
         other full fit's warm start; fits made at once wait for each other's, so the outcome does not depend on their
         speed.
+    on_first_model : callable, optional
+        With a ``time_budget``: called with the first model (full fit) as soon as it is made, e.g. to save it, so
+        that the best model so far is on disk. The seconds it takes are left at the end of the budget
+        (``reserve_``): the job saves its final model in them.
 
     Attributes
     ----------
@@ -236,18 +240,20 @@ class HeldOutSearch:
         The search's time, its refit included.
     best_fit_seconds_ : float
         The time of the fit that made ``best_estimator_`` (the cost of one more model of its setting).
+    reserve_ : float
+        The seconds of ``on_first_model``, left at the end of the ``time_budget`` (0 without one).
     """
 
     def __init__(self, estimator, param_grid: dict, *, strategy: str = "coordinate", scoring: str = "p@1",
                  max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1,
                  screen_finalist: bool = False, screen_fraction: float | None = None, n_jobs: int | None = None,
                  validation_fraction: float = 0.2, refit: bool = True, time_budget: float | None = None,
-                 race: bool = True):
+                 race: bool = True, on_first_model=None):
         self.estimator, self.param_grid, self.strategy, self.scoring = estimator, param_grid, strategy, scoring
         self.max_extensions, self.screen, self.screen_repeats = max_extensions, screen, screen_repeats
         self.screen_finalist, self.screen_fraction, self.n_jobs = screen_finalist, screen_fraction, n_jobs
         self.validation_fraction, self.refit, self.time_budget = validation_fraction, refit, time_budget
-        self.race = race
+        self.race, self.on_first_model = race, on_first_model
 
     def _holds_out_itself(self) -> bool:
         return "validation_fraction" in self.estimator.get_params(deep=False)
@@ -401,7 +407,7 @@ class HeldOutSearch:
     def _with_time_left(self, params: dict) -> dict:
         if self.time_budget is None or "time_budget" not in params:
             return params
-        left = self.time_budget - (time.perf_counter() - self._start)
+        left = self.time_budget - (time.perf_counter() - self._start) - self.reserve_
         return {**params, "time_budget": max(left, 1e-3)}
 
     def _held_out_figures(self, model) -> dict:
@@ -482,7 +488,10 @@ class HeldOutSearch:
                 self._warm[_params_key(warm.get_params(deep=False))] = warm
         # keep only the best fitted model in memory (a screened fit is never the one kept)
         if not overrides and (self._best is None or score > self._best[0]):
+            first = self._best is None
             self._best, self.best_fit_seconds_ = (score, model, dict(setting)), seconds / len(repeats)
+            if first:
+                self._first_model_made(model)
         self._done[key] = (score, None)
         return score, model
 
@@ -514,7 +523,7 @@ class HeldOutSearch:
             each = max(self._screen_seconds[held] or self._screen_seconds[not held])
             # and the screen leaves the time of one more first model: its best, fitted as screened, may replace it
             refit += self._first_model_seconds
-        return time.perf_counter() - self._start + n_fits * each + refit > self.time_budget
+        return time.perf_counter() - self._start + n_fits * each + refit + self.reserve_ > self.time_budget
 
     def _screener_holds(self, repeats: list[dict]) -> bool:
         """Whether the screener holds the statistics of every repeat of a screened setting (its score a solve)."""
@@ -534,6 +543,14 @@ class HeldOutSearch:
                               f"({setting}) was ready after {elapsed:.1f} s; give at least {math.ceil(elapsed * 1.5)} "
                               "s, or no budget")
 
+    def _first_model_made(self, model) -> None:
+        """Hand the first model to ``on_first_model`` (with a time budget), its seconds kept as ``reserve_``."""
+        if self.on_first_model is None or self.time_budget is None or model is None:
+            return
+        start = time.perf_counter()
+        self.on_first_model(model)
+        self.reserve_ = time.perf_counter() - start
+
     def fit(self, X, Y, observed=None, *, started: float | None = None) -> HeldOutSearch:
         """Fit the candidates on ``X``, ``Y`` (row blocks, as for the estimator; ``observed``: the observed-entry
         mask of an estimator that takes one) and keep the best. ``started``: when the ``time_budget`` began
@@ -547,7 +564,7 @@ class HeldOutSearch:
         grid = self._validated()
         self._start = time.perf_counter() if started is None else started
         self._fit_seconds, self._screen_seconds, self.skipped_ = {True: [], False: []}, {True: [], False: []}, []
-        self._first_model_seconds = 0.0
+        self._first_model_seconds, self.reserve_ = 0.0, 0.0
         self.results_, self._done, self._first, self._best, self._warm = [], {}, {}, None, {}
         self._split, self._names = None, {}
         self._race = _Race(self._history_score, self._names) if self._races() else None
@@ -655,6 +672,7 @@ class HeldOutSearch:
             logger.info("held-out search: the screened %s fitted as the first model (%s %.4f; %.1f s%s)", setting,
                         self.scoring, abs(self._best[0]), seconds, self._budget_used())
             self._check_first_model(setting)
+            self._first_model_made(model)
             if model is not warm:  # a screened setting's fits: what the budget expects a screened setting to cost
                 self._fit_seconds[True].append(seconds / self._cost(params))
                 self._screen_seconds[False].append(seconds * len(repeats))

@@ -38,7 +38,7 @@ import psutil
 import scipy.sparse as sp
 from pydantic import Field
 
-from ..base import ParamsMixin, as_rows, check_int, seed_of
+from ..base import ParamsMixin, as_rows, check_float, check_int, seed_of
 from ..linalg.passes import (
     ROWS,
     WHOLE,
@@ -857,6 +857,34 @@ def _checked(value, name: str, where: str):
     return value
 
 
+class _StageBudget:
+    """A fit's time budget between its stages (``LabelCentroidClassifier(time_budget=...)``): the first model's
+    seconds (its passes and clustering, timed when the first later stage asks) are the unit of its estimates. A stage
+    of coordinate-descent ``work`` (entries of training rows, once per classifier or router trained on them) costs
+    about ``work / first_work`` first models (``first_work``: the entries summed into the centroids), plus ``also``
+    first models; it runs only where the time left holds that. On the sets measured the estimate was above the
+    classifiers' time (lshtc1-dryrun-task2: 71 first models against 5.7 measured; xmc-10k: 68 against 6.2): a
+    stage it cuts may have fitted, one it lets run ends in the budget."""
+
+    def __init__(self, budget: float | None, started: float, first_work: float, cut: list):
+        self.budget, self.started, self.first_work, self.cut = budget, started, max(first_work, 1.0), cut
+        self.first = None
+
+    def affords(self, stage: str, work: float, *, also: float = 0.0) -> bool:
+        if self.budget is None:
+            return True
+        now = time.perf_counter() - self.started
+        self.first = now if self.first is None else self.first
+        need = self.first * (work / self.first_work + also)
+        left = self.budget - now
+        if need <= left:
+            return True
+        self.cut.append(f"{stage} (estimated {need:.1f} s, {max(left, 0.0):.1f} s left)")
+        logger.info(f"time budget: {stage} left out (estimated {need:.1f} s, {max(left, 0.0):.1f} s of the fit's "
+                    f"{self.budget:.2f} s left)")
+        return False
+
+
 class CentroidParams(FamilyParams):
     """``xmldask train --model centroid`` (and ``auto`` on large label spaces): label centroids in a balanced label
     tree (:class:`LabelCentroidClassifier`); its beam, weights and classifiers are chosen on held-out rows in its
@@ -923,6 +951,13 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         word of its rows. ``"auto"``: the largest of :data:`CENTROID_THRESHOLDS` whose held-out P@1 (at the chosen
         beam and weight) is within :data:`PRUNE_TOLERANCE` of the whole centroids' and not resolved below it,
         recorded in ``centroid_threshold_`` and ``held_out_``; 0: the whole centroids.
+    time_budget : float, optional
+        Seconds the fit may take. Its first model, the centroids, their clusters and summaries (two passes and a
+        clustering, the narrowest beam and the first summary exponent), is always made; each later stage (the
+        routers, the classifiers, the held-out choices) only where the time left holds its estimate, the first
+        model's seconds times the stage's coordinate-descent work over the first model's (the entries of the labels'
+        rows that each classifier or router is trained on, once each, over those summed into the centroids). What a
+        budget cut is recorded in ``budget_cut_``.
     random_state : int, optional
         Seed of the clustering and of the classifiers' coordinate descent.
 
@@ -947,6 +982,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         Training rows of each label.
     n_unseen_labels_ : int
         Labels without a training row (never predicted).
+    budget_cut_ : list of str
+        The stages the ``time_budget`` left out, each with its estimate and the time left (empty without one).
 
     Examples
     --------
@@ -971,19 +1008,21 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
     _ARRAYS = ("W", "M", "order", "offsets", "idf", "label_counts", "V", "svm_bias", "R", "router_bias", "U",
                "cluster_bias", "group_offsets")
     _SCALARS = ("n_features_in", "n_labels", "n_samples_seen", "n_unseen_labels", "n_passes", "task", "beam",
-                "held_out", "summary_exponent", "svm_weight", "routing", "group_beam", "centroid_threshold")
+                "held_out", "summary_exponent", "svm_weight", "routing", "group_beam", "centroid_threshold",
+                "budget_cut")
 
     def __init__(self, *, features: str = CentroidParams().features, leaf_labels: int = 100, beam="auto",
                  summary_exponent="auto", svm_weight="auto", routing="auto", centroid_threshold="auto",
-                 random_state=0):
+                 time_budget: float | None = None, random_state=0):
         self.features, self.leaf_labels, self.beam, self.random_state = features, leaf_labels, beam, random_state
         self.summary_exponent, self.svm_weight, self.routing = summary_exponent, svm_weight, routing
-        self.centroid_threshold = centroid_threshold
+        self.centroid_threshold, self.time_budget = centroid_threshold, time_budget
 
     def __repr__(self) -> str:
         return f"LabelCentroidClassifier(features={self.features!r}, leaf_labels={self.leaf_labels!r}, " \
                f"beam={self.beam!r}, summary_exponent={self.summary_exponent!r}, svm_weight={self.svm_weight!r}, " \
-               f"routing={self.routing!r}, centroid_threshold={self.centroid_threshold!r})"
+               f"routing={self.routing!r}, centroid_threshold={self.centroid_threshold!r}" + \
+               (f", time_budget={self.time_budget!r})" if self.time_budget is not None else ")")
 
     def _check_params(self) -> None:
         if self.features not in ("tfidf", "l2"):
@@ -1006,6 +1045,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                                                       and 0 <= self.centroid_threshold < 1):
             raise ValueError("centroid_threshold must be 'auto' or a number in [0, 1), but is "
                              f"{self.centroid_threshold!r}")
+        if self.time_budget is not None:
+            check_float(self.time_budget, "time_budget", low_open=True)
 
     @property
     def n_clusters_(self) -> int:
@@ -1062,6 +1103,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         Y = as_rows(Y, "Y", block_rows=X.chunks[0][0] if not isinstance(Y, da.Array) else None)
         if Y.shape[0] != X.shape[0] or tuple(Y.chunks[0]) != tuple(X.chunks[0]):
             raise ValueError(f"Y ({Y.shape[0]} rows) must have X's rows ({X.shape[0]}) in the same row blocks")
+        started = time.perf_counter()
         passes = 0
         self.idf_, bounds = None, None
         limit = task_memory_limit()
@@ -1110,12 +1152,23 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         logger.info(f"label clusters: {len(offsets) - 1:,} of at most {self.leaf_labels} labels")
         self.order_, self.offsets_ = order.astype(np.int64), offsets
         self.V_, self.svm_bias_ = None, None
+        self.budget_cut_ = []
+        budget = _StageBudget(self.time_budget, started, float(np.sum(first["entries"], dtype=np.float64)),
+                              self.budget_cut_)
+        # a label's classifier is trained on its cluster's rows: the entries of the rows of every label of the cluster
+        by_cluster = np.add.reduceat(np.asarray(first["entries"], np.float64)[self.order_], offsets[:-1]) \
+            if len(offsets) > 1 else np.zeros(0)
+        choices = chosen and X_held.shape[0] > 0
         fits = self.svm_weight != "auto" or classifiers_fit(self.W_.nnz, psutil.virtual_memory().available)
         if not fits:
             logger.warning(f"label classifiers not trained: two copies of their weights (at most "
                            f"{2 * self.W_.nnz * _ENTRY_BYTES / 2**30:.1f} GiB) exceed {SVM_MEMORY_SHARE:.0%} of the "
                            f"{psutil.virtual_memory().available / 2**30:.1f} GiB available; the centroids alone score "
                            "the candidates (svm_weight 0)")
+        if fits and (self.svm_weight == "auto" or self.svm_weight > 0) and not budget.affords(
+                "the label classifiers", float(np.diff(offsets) @ by_cluster),
+                also=1.0 if choices and self.svm_weight == "auto" else 0.0):
+            fits = False
         if fits and (self.svm_weight == "auto" or self.svm_weight > 0):
             release_memory()  # what the sums and the clustering freed, before the classifiers' rows are gathered
             self.V_, self.svm_bias_, n = self._fit_svms(X, Y, idf, first["entries"], share=share, seed=seed)
@@ -1126,6 +1179,9 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             self._auto_routing(n_clusters, first["entries"], log=True)
         self.R_ = self.router_bias_ = self.U_ = self.cluster_bias_ = self.group_offsets_ = None
         self.group_beam_ = 0
+        if self.routing_ == "routers" and not budget.affords(
+                "the routers", 2 * math.sqrt(n_clusters) * float(np.sum(first["entries"], dtype=np.float64))):
+            self.routing_ = "summaries"
         if self.routing_ == "routers":
             release_memory()
             passes += self._fit_routers(X, Y, idf, first["entries"], share=share, seed=seed)
@@ -1134,7 +1190,13 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         self.summary_exponent_ = SUMMARY_EXPONENTS[0] if self.summary_exponent == "auto" else self.summary_exponent
         self.svm_weight_ = SVM_WEIGHTS[0] if self.svm_weight == "auto" else float(self.svm_weight)
         self.centroid_threshold_ = 0.0 if self.centroid_threshold == "auto" else float(self.centroid_threshold)
-        if chosen and X_held.shape[0]:
+        if choices and not budget.affords("the held-out choices", 0.0, also=1.0):
+            choices = False
+            if self.svm_weight == "auto" and self.V_ is not None:  # trained, not weighed: a first guess's middle
+                self.svm_weight_ = SVM_WEIGHTS[len(SVM_WEIGHTS) // 2]
+        if not fits or self.V_ is None:
+            self.svm_weight_ = 0.0
+        if choices:
             exponent, groups, self.beam_, self.svm_weight_, self.held_out_ = self._choose(norms, X_held, Y_held,
                                                                                           counts)
             if self.routing_ == "routers":

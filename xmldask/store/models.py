@@ -23,7 +23,7 @@ from .integrity import INVENTORY_ATTR, commit_attrs, open_root
 from .layout import ATTR, CHUNK_ELEMENTS, LAYOUT_VERSION, StoreError, compressors, read_checked
 
 __all__ = ["SavedModel", "jsonable", "model_class", "model_qualname", "open_model_store", "store_location",
-           "write_model_store"]
+           "update_model_meta", "write_model_store"]
 
 #: largest chunk side of a model array
 MODEL_CHUNK = 1 << 16
@@ -99,6 +99,15 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
         _fs.remove(tmp)
         raise
     return url
+
+
+def update_model_meta(url: str, meta: dict) -> None:
+    """Add ``meta`` to the ``xmldask`` attribute of the model store at ``url`` (written by
+    :func:`write_model_store`), in one commit of its root attributes: facts learned after the model was saved
+    (e.g. the record of a search that kept it), without writing its arrays again."""
+    group, info = _model_group(url)
+    group = zarr.open_group(_fs.zarr_store(url), mode="r+")
+    commit_attrs(group, url, {ATTR: {**info, **meta}})
 
 
 def non_finite(arrays: dict) -> str:
