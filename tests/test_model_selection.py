@@ -757,11 +757,12 @@ def test_time_budget_stops_the_search_and_keeps_the_best_so_far(monkeypatch):
 
 
 def test_time_budget_makes_a_model_first_and_expects_screens_to_cost_what_the_screener_holds(data, monkeypatch):
-    """With a time budget (and ``screen_finalist``) a first guess, as screened, is fitted first (the middle of the
-    alphas, whose fits cost alike; the first features): a budget that holds one fit gets that model (a screen, then
-    a model of its best, took two fits and the budget was refused). A screened setting whose statistics the
-    screener holds is expected to cost a solve, one that needs a pass what those cost; the screen leaves the time of
-    one more fit for its best."""
+    """With a time budget (and ``screen_finalist``) a first guess is fitted first (the middle of the alphas, whose
+    fits cost alike; the first features), in full where the screen only leaves out the decoder epochs (the template's
+    2, cut by the budget, from the ridge decoder the screened guess would be): a budget that holds one fit gets that
+    model (a screen, then a model of its best, took two fits and the budget was refused). A screened setting whose
+    statistics the screener holds is expected to cost a solve, one that needs a pass what those cost; the screen
+    leaves the time of one more fit for its best."""
     import xmldask.model_selection as ms
     from xmldask.models._screen import Screener
 
@@ -796,8 +797,10 @@ def test_time_budget_makes_a_model_first_and_expects_screens_to_cost_what_the_sc
         search = HeldOutSearch(_template(), grid, time_budget=budget, **kw).fit(ds.X, ds.Y)
         assert search.seconds_ <= budget
         screened = [r["params"] for r in search.results_ if r["screened"]]
+        full = [r["params"] for r in search.results_ if not r["screened"]]
+        assert full[0] == {"features": "raw", "alpha": 1.0, "kernel": "none"}  # the first model, with its epochs
         if budget == 1.5:  # the first model alone: no screen (0.9 s) and a fit (1 s) more
-            assert search.best_params_ == {"features": "raw", "alpha": 1.0, **screen} and not screened
+            assert search.best_params_ == full[0] and not screened and len(full) == 1
             # the search's own start (alpha 1e-3), its screen cut, is not scored after it either, though a screen
             # that holds out rows of its own would score it by a fit
             assert clock.now == 1.0 and len(search.skipped_) >= 1
@@ -808,7 +811,8 @@ def test_time_budget_makes_a_model_first_and_expects_screens_to_cost_what_the_sc
         else:  # 1 s, then two screens of a pass (2 x 0.9 s), then solves (0.1 s each) while a fit (1 s) is left
             assert [(p["features"], p["alpha"]) for p in screened][:2] == [("raw", 1e-3), ("tfidf", 1e-3)]
             assert len(screened) == 4, screened  # the other two alphas of the features chosen: 3.0 s
-            assert not [r for r in search.results_ if not r["screened"]]  # no time left for a full fit
+            # then the full fit of the screen's best (1 s), which ends at the budget
+            assert full[1:] == [{"features": "tfidf", "alpha": 10.0, "kernel": "none"}] and clock.now == 4.0
 
 
 def test_a_budgets_first_guess_takes_the_middle_of_numbers_that_cost_alike():

@@ -598,7 +598,7 @@ class HeldOutSearch:
             # it if it scores higher, and the full fits follow while the budget lasts, each kept if it beats them
             finalist_first = self.screen_finalist and cheap and self.time_budget is not None
             if finalist_first:
-                self._screened_finalist(self._first_guess(cheap, screen), screen, X, Y)
+                self._budget_first_model(cheap, full, screen, X, Y)
             best = self._search(cheap, X, Y, overrides=screen) if cheap else {}
             if finalist_first:
                 self._screened_finalist(best, screen, X, Y)
@@ -634,19 +634,44 @@ class HeldOutSearch:
                 guess[name] = sorted(values)[len(values) // 2]
         return guess
 
+    def _budget_first_model(self, cheap: dict, full: dict, screen: dict, X, Y) -> None:
+        """A time budget's first model: the first guess (:meth:`_first_guess`) fitted in full where the screen's
+        overrides only leave out the template's decoder epochs (the full fits' first values otherwise, the screen's
+        feature map): its epochs, cut by the budget, start from the ridge decoder that the screened guess would be
+        (kept where no epoch beats it on the held-out rows, and offered to the screen as that setting's fit), so
+        that a budget that holds a fit and a few epochs gets both. Elsewhere the guess as screened."""
+        guess = self._first_guess(cheap, screen)
+        template = self.estimator.get_params(deep=False)
+        setting = {**guess, **{name: values[0] for name, values in full.items()}}
+        epochs_only = {name: value for name, value in screen.items()
+                       if {**template, **setting}.get(name) != value} == {"max_epochs": 0}
+        if not epochs_only or not template.get("max_epochs"):
+            self._screened_finalist(guess, screen, X, Y)
+            return
+        _, model = self._fit_one(setting, X, Y)
+        if model is None or not getattr(model, "history_", None):
+            return
+        # the ridge decoder's time, a screened setting's cost (the whole fit's where the warm start is not timed)
+        warm = float(model.history_[0].get("seconds", 0.0)) or self.results_[-1]["seconds"]
+        _, _, repeats, _ = self._prepare(guess, screen)
+        self._first_model_seconds = warm
+        self._fit_seconds[True].append(warm / self._cost(repeats[0]))
+        self._screen_seconds[False].append(warm * len(repeats))
+
     def _screened_finalist(self, setting: dict, overrides: dict, X, Y) -> None:
         """Keep the best screened ``setting`` as screened (``overrides`` on top), fitted in full, if on the full
         fits' held-out rows it scores higher than the best of them (or if there is no full fit yet)."""
         setting, key, repeats, _ = self._prepare(setting, overrides)
         if self._best is not None and self._best[2] == setting:  # the first model already (a time budget's)
             return
-        if self._best is not None and key not in self._first and self._over_budget(screened=True, params=repeats[0]):
-            return  # the budget cut its screen (recorded as skipped), and scoring it now would spend what is left
         # as screened, holding out the rows the full fits hold out
         params = {**repeats[0], "validation_fraction": self.estimator.get_params(deep=False)["validation_fraction"]}
         full, model, start = self._best[0] if self._best else -math.inf, None, time.perf_counter()
         # a full fit of this setting with decoder epochs started from this very model (at_warm_start)
         warm = self._warm.get(_params_key(params))
+        if self._best is not None and (key not in self._first or (params != repeats[0] and warm is None)) and \
+                self._over_budget(screened=True, params=repeats[0]):
+            return  # the budget cut its screen (recorded as skipped), or scoring it again would spend what is left
         if self._best is not None:
             if params == repeats[0]:
                 score = self._first.get(key, -math.inf)

@@ -867,7 +867,8 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         bad = 0
         n_epochs = 0
         deadline = d.t_start + p["time_budget"] if p["time_budget"] is not None else math.inf
-        longest = 0.0
+        # with a budget, an epoch is expected to cost what the warm start cost until one is timed
+        longest = time.perf_counter() - d.t_start if p["time_budget"] is not None else 0.0
         # the training rows' features kept between the epochs made here, when they are few
         kept = {} if not chains and d.n_train * d.G.shape[0] * np.dtype(p["dtype"]).itemsize <= \
             EPOCH_FEATURES_BYTES else None
