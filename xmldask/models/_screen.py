@@ -241,14 +241,14 @@ class Screener:
         R = est._every_label(p, self.Y.shape[1])
         R = self._embedding(m, p, seed) if R is None else R
         self._ready = time.perf_counter()  # what follows is a solve on the statistics
-        W, c, (Gc, mu, C_t, y_t, n_t) = self._feature_map(m, (split.seed, split.fraction), Xh, Yh, R, p)
+        W, c, (Gc, mu, C_t, y_t, n_t, WGW) = self._feature_map(m, (split.seed, split.fraction), Xh, Yh, R, p)
         # the decoder's normal equations of F = [X W + c, 1] over the training rows, from the statistics:
         # X^T X = Gc + n mu mu^T and X^T 1 = n mu over them
         W64, c64 = W.astype(np.float64), c.astype(np.float64)
         Wm = W64.T @ mu
         Ws = n_t * Wm
         A = np.empty((W.shape[1] + 1,) * 2)
-        A[:-1, :-1] = (W64.T @ Gc @ W64 + n_t * np.outer(Wm, Wm) + np.outer(Ws, c64) + np.outer(c64, Ws)
+        A[:-1, :-1] = (WGW + n_t * np.outer(Wm, Wm) + np.outer(Ws, c64) + np.outer(c64, Ws)
                        + n_t * np.outer(c64, c64))
         A[:-1, -1] = A[-1, :-1] = Ws + n_t * c64
         A[-1, -1] = n_t
@@ -427,4 +427,8 @@ class Screener:
         chol = self._shared.get(("primal", m.features, *split, p["alpha"]), factor)
         Z = scipy.linalg.cho_solve(chol, B)
         c = (y_t @ R64) / n_t - mu @ Z
-        return Z.astype(p["dtype"]), c.astype(p["dtype"]), (Gc, mu, C_t, y_t, n_t)
+        # Z^T Gc Z without the d x d product: (Gc + lam I) Z = B, so Gc Z = B - lam Z (k x d x k, not k x d x d; the
+        # map W is Z rounded to the fit's dtype, a relative 1e-7 in float32)
+        ZGZ = Z.T @ (B - lam * Z)
+        ZGZ = (ZGZ + ZGZ.T) / 2
+        return Z.astype(p["dtype"]), c.astype(p["dtype"]), (Gc, mu, C_t, y_t, n_t, ZGZ)
