@@ -956,8 +956,10 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         clustering, the narrowest beam and the first summary exponent), is always made; each later stage (the
         routers, the classifiers, the held-out choices) only where the time left holds its estimate, the first
         model's seconds times the stage's coordinate-descent work over the first model's (the entries of the labels'
-        rows that each classifier or router is trained on, once each, over those summed into the centroids). What a
-        budget cut is recorded in ``budget_cut_``.
+        rows that each classifier or router is trained on, once each, over those summed into the centroids), and for
+        the choices the held-out rows' share of the rows times the times they are scored (:meth:`_scorings`; a
+        held-out row scored priced as the first model prices a training row: lshtc1-dryrun-task2, a fresh process,
+        2.5 first models estimated, 2.2-2.7 measured). What a budget cut is recorded in ``budget_cut_``.
     random_state : int, optional
         Seed of the clustering and of the classifiers' coordinate descent.
 
@@ -1159,6 +1161,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         by_cluster = np.add.reduceat(np.asarray(first["entries"], np.float64)[self.order_], offsets[:-1]) \
             if len(offsets) > 1 else np.zeros(0)
         choices = chosen and X_held.shape[0] > 0
+        # the held-out choices score the held-out rows once a candidate: priced as the first model prices a row
+        held_share = X_held.shape[0] / max(X.shape[0], 1)
         fits = self.svm_weight != "auto" or classifiers_fit(self.W_.nnz, psutil.virtual_memory().available)
         if not fits:
             logger.warning(f"label classifiers not trained: two copies of their weights (at most "
@@ -1167,7 +1171,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                            "the candidates (svm_weight 0)")
         if fits and (self.svm_weight == "auto" or self.svm_weight > 0) and not budget.affords(
                 "the label classifiers", float(np.diff(offsets) @ by_cluster),
-                also=1.0 if choices and self.svm_weight == "auto" else 0.0):
+                also=held_share * self._scorings(True) if choices and self.svm_weight == "auto" else 0.0):
             fits = False
         if fits and (self.svm_weight == "auto" or self.svm_weight > 0):
             release_memory()  # what the sums and the clustering freed, before the classifiers' rows are gathered
@@ -1190,7 +1194,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         self.summary_exponent_ = SUMMARY_EXPONENTS[0] if self.summary_exponent == "auto" else self.summary_exponent
         self.svm_weight_ = SVM_WEIGHTS[0] if self.svm_weight == "auto" else float(self.svm_weight)
         self.centroid_threshold_ = 0.0 if self.centroid_threshold == "auto" else float(self.centroid_threshold)
-        if choices and not budget.affords("the held-out choices", 0.0, also=1.0):
+        if choices and not budget.affords("the held-out choices", 0.0,
+                                          also=held_share * self._scorings(self.V_ is not None)):
             choices = False
             if self.svm_weight == "auto" and self.V_ is not None:  # trained, not weighed: a first guess's middle
                 self.svm_weight_ = SVM_WEIGHTS[len(SVM_WEIGHTS) // 2]
@@ -1242,6 +1247,14 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             logger.info(f"{self.n_unseen_labels_:,} of {self.n_labels_:,} labels have no training row: no centroid, "
                         "never predicted")
         return self
+
+    def _scorings(self, classifiers: bool) -> int:
+        """How many times the held-out choices (:meth:`_choose`) score the held-out rows, at most: the summary
+        exponents (or the routers' groups), the beams, the classifiers' weights (if trained) and the thresholds."""
+        count = max(len(SUMMARY_EXPONENTS), len(AUTO_GROUPS)) if self.summary_exponent == "auto" else len(AUTO_GROUPS)
+        count += len(AUTO_BEAMS) if self.beam == "auto" else 1
+        count += len(SVM_WEIGHTS) if classifiers and self.svm_weight == "auto" else 0
+        return count + (len(CENTROID_THRESHOLDS) if self.centroid_threshold == "auto" else 0)
 
     def _auto_routing(self, n_clusters: int, label_entries, *, log: bool = False) -> str:
         """``routing="auto"``'s choice before any router is trained: the summaries while the clusters are at most the
