@@ -202,6 +202,15 @@ def test_a_budgets_first_model_is_saved_then_completed_or_removed(data, monkeypa
     with pytest.raises(RuntimeError, match="a later fit failed"):
         jobs.train(train, failing, time_budget=600.0, search={"alpha": [0.1, 1.0]}, max_epochs=1)
     assert len(saved) == 2 and not exists(failing)
+    # every family's search: binary relevance's first candidate saved, then the refit on all rows written over it
+    monkeypatch.undo()
+    from xmldask.models import BinaryRelevance
+
+    br_url = str(root / "budget-br.zarr")
+    info = jobs.train(train, br_url, model="br", time_budget=600.0)
+    _, meta = open_model_store(br_url, model_version=BinaryRelevance._MODEL_VERSION)
+    assert meta["first_model"] is False and meta["search"]["results"] == info["search"]
+    assert 0 < info["time_budget"]["used"] <= 600.0 and info["time_budget"]["skipped"] == []
 
 
 def test_model_auto_under_a_budget_takes_the_centroid_tree_where_the_embedding_would_outlast_it(data, monkeypatch,

@@ -224,7 +224,7 @@ class _EarlySave:
 
             update_model_meta(self.out, {**meta, "first_model": False})
         else:
-            model.save(self.out, overwrite=self.overwrite or self.saved, meta=meta)
+            model.save(self.out, overwrite=self.overwrite or self.saved, meta={**meta, "first_model": False})
 
     def discard(self) -> None:
         if self.saved and not self.existed:
@@ -362,40 +362,53 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
     if hasattr(est, "memory_needed"):
         _check_memory(est, data, members=asked)
     fitted = None
-    if grid:
-        from .model_selection import HeldOutSearch
+    early = _EarlySave(out, overwrite, {"train_url": train_url}) if p.time_budget and grid else None
+    try:
+        if grid:
+            from .model_selection import HeldOutSearch
 
-        reads_mask = cls.fit_dataset is not ParamsMixin.fit_dataset  # LEML, BR: the observed entries
-        if not reads_mask:
-            check_fully_observed(data, cls.__name__)
-        data = _held_in_memory(data)
-        fitted = HeldOutSearch(est, grid, scoring=cls.search_scoring, strategy=p.search_strategy,
-                               max_extensions=p.search_extensions, n_jobs=concurrent_fits(),
-                               time_budget=p.time_budget).fit(data.X, data.Y, data.observed if reads_mask else None,
-                                                              started=called or start)
-        est = fitted.best_estimator_
-    else:
-        if getattr(cls, "many_passes", False) or asked > 1:  # passes or fits: the rows read once
+            reads_mask = cls.fit_dataset is not ParamsMixin.fit_dataset  # LEML, BR: the observed entries
+            if not reads_mask:
+                check_fully_observed(data, cls.__name__)
             data = _held_in_memory(data)
-        if p.time_budget and "time_budget" in est.get_params(deep=False):  # the job's time left, from its call
-            est.set_params(time_budget=max(p.time_budget - (time.perf_counter() - (called or start)), 1e-3))
-        est.fit_dataset(data)
-        if "time_budget" not in est.get_params(deep=False):  # a model that cannot stop early: its one fit
-            _check_one_fit(p.time_budget, time.perf_counter() - (called or start))
-    single, n_estimators = est, _members_in_budget(p, asked, fitted, called or start)
-    if n_estimators > 1:
-        from .models import EnsembleClassifier
+            fitted = HeldOutSearch(est, grid, scoring=cls.search_scoring, strategy=p.search_strategy,
+                                   max_extensions=p.search_extensions, n_jobs=concurrent_fits(),
+                                   time_budget=p.time_budget, on_first_model=early).fit(
+                data.X, data.Y, data.observed if reads_mask else None, started=called or start)
+            est = fitted.best_estimator_
+        else:
+            if getattr(cls, "many_passes", False) or asked > 1:  # passes or fits: the rows read once
+                data = _held_in_memory(data)
+            if p.time_budget and "time_budget" in est.get_params(deep=False):  # the job's time left, from its call
+                est.set_params(time_budget=max(p.time_budget - (time.perf_counter() - (called or start)), 1e-3))
+            est.fit_dataset(data)
+            if "time_budget" not in est.get_params(deep=False):  # a model that cannot stop early: its one fit
+                _check_one_fit(p.time_budget, time.perf_counter() - (called or start))
+        single, n_estimators = est, _members_in_budget(p, asked, fitted, called or start)
+        if n_estimators > 1:
+            from .models import EnsembleClassifier
 
-        est = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
-                                 random_state=p.random_state).fit_dataset(data, fitted=[single])
-    seconds = time.perf_counter() - start
-    meta = {"train_url": train_url, **({"tree_url": p.tree} if p.model == "tree" else {}),
-            **({"search": fitted.record()} if grid else {})}
-    est.save(out, overwrite=overwrite, meta=meta)
+            est = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
+                                     random_state=p.random_state).fit_dataset(data, fitted=[single])
+        seconds = time.perf_counter() - start
+        meta = {"train_url": train_url, **({"tree_url": p.tree} if p.model == "tree" else {}),
+                **({"search": fitted.record()} if grid else {})}
+        if early is not None:
+            early.save(est, meta)
+        else:
+            est.save(out, overwrite=overwrite, meta=meta)
+    except BaseException:
+        if early is not None:
+            early.discard()
+        raise
+    used_s = time.perf_counter() - (called or start)
     return {"model": out, "train": train_url, "seconds": round(seconds, 3),
             "params": {"model": p.model, **single.get_params(deep=False),
                        **({"n_estimators": n_estimators} if n_estimators > 1 else {})},
             **est.train_summary(),
+            **({"time_budget": {"seconds": p.time_budget, "used": round(used_s, 3),
+                                "skipped": fitted.skipped_ if grid else [],
+                                "cut": list(getattr(single, "budget_cut_", None) or [])}} if p.time_budget else {}),
             **({"search": fitted.results_} if grid else {})}
 
 
