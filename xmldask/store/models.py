@@ -80,6 +80,7 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
     tmp = _fs.temporary_sibling(url)
     try:
         group = zarr.open_group(_fs.zarr_store(tmp), mode="w")
+        writes = []  # (group, name, array): written at once, each array's files its own
         for name, value in arrays.items():
             if value is None:
                 continue
@@ -87,10 +88,10 @@ def write_model_store(url: str, *, class_name: str, model_version: int, params: 
                 value = sp.csr_matrix(value)
                 sub = group.create_group(name)
                 sub.attrs.update({"sparse": "csr", "shape": list(value.shape)})
-                for part in ("data", "indices", "indptr"):
-                    _write_array(sub, part, getattr(value, part))
+                writes += [(sub, part, getattr(value, part)) for part in ("data", "indices", "indptr")]
                 continue
-            _write_array(group, name, value)
+            writes.append((group, name, value))
+        _write_arrays(writes)
         info = {**(meta or {}), "kind": "model", "class": class_name, "model_version": model_version,
                 "layout_version": LAYOUT_VERSION, "complete": True}
         commit_attrs(group, tmp, {ATTR: info, "params": params, "fitted": fitted})
@@ -132,6 +133,25 @@ def _chunks(shape: tuple) -> tuple | None:
         return None
     tail = tuple(max(1, min(side, MODEL_CHUNK)) for side in shape[1:])
     return (max(1, min(shape[0], CHUNK_ELEMENTS // math.prod(tail))),) + tail
+
+
+#: arrays of a model written at once (threads waiting on Zarr's I/O and codecs; a model of 13 arrays on a local disk:
+#: 84-90 ms one after the other)
+WRITE_THREADS = 8
+
+
+def _write_arrays(writes: list) -> None:
+    """:func:`_write_array` of every ``(group, name, value)``, in up to :data:`WRITE_THREADS` threads (the first error
+    raised here, after the others end)."""
+    if len(writes) <= 1:
+        for group, name, value in writes:
+            _write_array(group, name, value)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(min(WRITE_THREADS, len(writes)), thread_name_prefix="xmldask-write") as pool:
+        for future in [pool.submit(_write_array, *write) for write in writes]:
+            future.result()
 
 
 def _write_array(group, name: str, value) -> None:
