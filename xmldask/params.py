@@ -150,9 +150,11 @@ class FamilyParams(BaseModel):
                             f"the others list a row); auto: {AUTO_ESTIMATORS} with model=embedding after a search, "
                             "each added member kept only while it gains on held-out rows, else 1")
     time_budget: Annotated[float, Field(gt=0)] | None = Field(
-        None, description="seconds the training may take: the search stops when its next fit would not end in "
-                          "time, the ensemble keeps the members that fit, and the best model so far is saved "
-                          "(a budget shorter than one fit is refused with that fit's time); none: no limit")
+        None, description="seconds the whole training job may take: the first model is saved as soon as it is "
+                          "made, the search stops when its next fit would not end in time, the ensemble keeps the "
+                          "members that fit, and the best model so far is saved; with model auto, the label-centroid "
+                          "tree where the embedding classifier's first model would not be ready in time (a budget "
+                          "shorter than one fit is refused with that fit's time); none: no limit")
 
     @model_validator(mode="before")
     @classmethod
