@@ -475,7 +475,8 @@ class HeldOutSearch:
                               "seconds": round(seconds, 3), "screened": bool(overrides)})
         logger.info("held-out search%s: %s -> %s %.4f (%.1f s%s)", " (screening)" if overrides else "", setting,
                     self.scoring, abs(score), self.results_[-1]["seconds"], self._budget_used())
-        self._fit_seconds[bool(overrides)].append(seconds / self._cost(repeats[0]))
+        self._fit_seconds[bool(overrides)].append(self._priced(seconds, model, overrides, len(repeats))
+                                                  / self._cost(repeats[0]))
         if overrides:
             self._screen_seconds[held].append(seconds)
             if by_statistics and not held:  # its solve alone: what a setting on the statistics it made costs
@@ -494,6 +495,15 @@ class HeldOutSearch:
                 self._first_model_made(model)
         self._done[key] = (score, None)
         return score, model
+
+    def _priced(self, seconds: float, model, overrides: dict | None, n_repeats: int) -> float:
+        """What a budget expects a fit like this one to take: with a time budget, a full fit whose decoder epochs stop
+        at the budget is priced by its warm start and first epoch (``history_``; the later epochs are what the
+        budget cuts), else its ``seconds``."""
+        history = getattr(model, "history_", None) if self.time_budget is not None and not overrides else None
+        if history and len(history) > 1 and history[1].get("seconds", 0) > 0:
+            return min(seconds, float(history[1]["seconds"]) * n_repeats)
+        return seconds
 
     def _cost(self, params: dict) -> float:
         """The relative cost of fitting ``params`` (the estimator's ``relative_cost``, e.g. the width of the embedding
