@@ -112,8 +112,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
     k, search = _fit_to_data(p, data, set(_given(params)))
     asked = members_asked(p)
     start = time.perf_counter()
-    early = _EarlySave(out, overwrite, {"train_url": train_url}) if p.time_budget else None
-    try:
+    with _EarlySave(out, overwrite, {"train_url": train_url}) as saves:
         if search or asked != 1:
             data = _held_in_memory(data)
         model = EmbeddingClassifier.from_params(p.model_copy(update={"n_components": k}), **extra)
@@ -128,7 +127,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
                                    **_screen_split(p, model, data),
                                    screen_finalist=_screened_decoder_may_win(p, search),
                                    n_jobs=concurrent_fits(), time_budget=p.time_budget,
-                                   on_first_model=early).fit(data.X, data.Y, started=called)
+                                   on_first_model=saves).fit(data.X, data.Y, started=called)
             model = fitted.best_estimator_
             chosen = dict(fitted.best_params_)
         else:
@@ -147,15 +146,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
             if n_estimators == 1:
                 model = single
         seconds = time.perf_counter() - start
-        meta = {"train_url": train_url, **({"search": fitted.record()} if grid else {})}
-        if early is not None:
-            early.save(model, meta)
-        else:
-            model.save(out, overwrite=overwrite, meta=meta)
-    except BaseException:
-        if early is not None:
-            early.discard()
-        raise
+        saves.save(model, {"train_url": train_url, **({"search": fitted.record()} if grid else {})})
     used_s = time.perf_counter() - called
     last = single.history_[-1] if getattr(single, "history_", None) else {}
     used = {name: getattr(p, name) for name in ("embedding", "kernel", "features", "alpha", "n_random_features",
@@ -174,7 +165,7 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
         | ({"n_estimators": n_estimators} if n_estimators != 1 else {}),
         **({"time_budget": {"seconds": p.time_budget, "used": round(used_s, 3), "n_estimators_asked": asked,
                             "skipped": fitted.skipped_ if grid else [],
-                            "first_model_saved_s": round(early.seconds, 3) if early.saved else None}}
+                            "first_model_saved_s": round(saves.seconds, 3) if saves.saved else None}}
            if p.time_budget else {}),
         "held_out": {key: value for key, value in last.items() if isinstance(value, (int, float, str))},
         **({"search": fitted.results_} if grid else {}),
@@ -199,38 +190,49 @@ def members_asked(p: TrainParams) -> int:
 
 
 class _EarlySave:
-    """A time budget's first model saved to the job's target as soon as it is made (the search's ``on_first_model``):
-    the best model so far is on disk while the search goes on, and the seconds the save took are what the job leaves
-    at the end of the budget for saving the final model. :meth:`discard` removes it if the job then fails and the
-    target held nothing before (a store the user let the job overwrite is already replaced)."""
+    """The job's saves of its model, as a context around its fits. With a time budget the search hands it its first
+    model as soon as it is made (``on_first_model``), which it saves to the target: the best model so far is on disk
+    while the search goes on, and the seconds the save took are what the search leaves at the end of the budget for
+    the final save (:meth:`save`). A job that fails after that first save leaves no store where there was none (a
+    store the user let the job overwrite is already replaced)."""
 
     def __init__(self, out: str, overwrite: bool, meta: dict):
         self.out, self.overwrite, self.meta = out, overwrite, meta
-        self.existed = exists(out)
-        self.saved, self.seconds, self.model = False, 0.0, None
+        self.existed, self.seconds, self.model = False, 0.0, None
+
+    @property
+    def saved(self) -> bool:
+        return self.model is not None
 
     def __call__(self, model) -> None:
         start = time.perf_counter()
+        self.existed = exists(self.out)
         model.save(self.out, overwrite=self.overwrite, meta={**self.meta, "first_model": True})
-        self.saved, self.seconds, self.model = True, time.perf_counter() - start, model
+        self.seconds, self.model = time.perf_counter() - start, model
         logger.info("time budget: the first model saved to %s (%.2f s) while the search goes on", self.out,
                     self.seconds)
 
     def save(self, model, meta: dict) -> None:
-        """The job's final save: ``model``, or where it is the first model saved already, only ``meta`` added
-        (the search's record) to its store."""
-        if self.saved and model is self.model:
+        """The job's final save: ``model``; where it is the first model saved already, only ``meta`` added (the
+        search's record) to its store."""
+        if not self.saved:
+            model.save(self.out, overwrite=self.overwrite, meta=meta)
+        elif model is self.model:
             from .store.models import update_model_meta
 
             update_model_meta(self.out, {**meta, "first_model": False})
         else:
-            model.save(self.out, overwrite=self.overwrite or self.saved, meta={**meta, "first_model": False})
+            model.save(self.out, overwrite=True, meta={**meta, "first_model": False})
 
-    def discard(self) -> None:
-        if self.saved and not self.existed:
+    def __enter__(self) -> _EarlySave:
+        return self
+
+    def __exit__(self, kind, error, traceback) -> bool:
+        if kind is not None and self.saved and not self.existed:
             from .store import remove
 
             remove(self.out)
+        return False
 
 
 def _members_in_budget(p: TrainParams, asked: int, search, start: float) -> int:
@@ -335,7 +337,7 @@ def _fit_to_data(p: TrainParams, data, given=frozenset()) -> tuple[int, dict | N
 
 
 def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, given: dict | None = None,
-                  called: float | None = None, **extra) -> dict:
+                  called: float, **extra) -> dict:
     """``train(..., model=NAME)``: fit and save the model family registered under ``NAME``
     (:data:`xmldask.base.FAMILIES`: LEML, binary relevance, the boosting models, the centroids, a tree's
     classifier) on the dataset store, with the held-out search of its ``auto_search`` unless its parameters are
@@ -362,8 +364,7 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
     if hasattr(est, "memory_needed"):
         _check_memory(est, data, members=asked)
     fitted = None
-    early = _EarlySave(out, overwrite, {"train_url": train_url}) if p.time_budget and grid else None
-    try:
+    with _EarlySave(out, overwrite, {"train_url": train_url}) as saves:
         if grid:
             from .model_selection import HeldOutSearch
 
@@ -373,35 +374,27 @@ def _train_family(train_url: str, out: str, p: TrainParams, *, overwrite: bool, 
             data = _held_in_memory(data)
             fitted = HeldOutSearch(est, grid, scoring=cls.search_scoring, strategy=p.search_strategy,
                                    max_extensions=p.search_extensions, n_jobs=concurrent_fits(),
-                                   time_budget=p.time_budget, on_first_model=early).fit(
-                data.X, data.Y, data.observed if reads_mask else None, started=called or start)
+                                   time_budget=p.time_budget, on_first_model=saves).fit(
+                data.X, data.Y, data.observed if reads_mask else None, started=called)
             est = fitted.best_estimator_
         else:
             if getattr(cls, "many_passes", False) or asked > 1:  # passes or fits: the rows read once
                 data = _held_in_memory(data)
             if p.time_budget and "time_budget" in est.get_params(deep=False):  # the job's time left, from its call
-                est.set_params(time_budget=max(p.time_budget - (time.perf_counter() - (called or start)), 1e-3))
+                est.set_params(time_budget=max(p.time_budget - (time.perf_counter() - called), 1e-3))
             est.fit_dataset(data)
             if "time_budget" not in est.get_params(deep=False):  # a model that cannot stop early: its one fit
-                _check_one_fit(p.time_budget, time.perf_counter() - (called or start))
-        single, n_estimators = est, _members_in_budget(p, asked, fitted, called or start)
+                _check_one_fit(p.time_budget, time.perf_counter() - called)
+        single, n_estimators = est, _members_in_budget(p, asked, fitted, called)
         if n_estimators > 1:
             from .models import EnsembleClassifier
 
             est = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
                                      random_state=p.random_state).fit_dataset(data, fitted=[single])
         seconds = time.perf_counter() - start
-        meta = {"train_url": train_url, **({"tree_url": p.tree} if p.model == "tree" else {}),
-                **({"search": fitted.record()} if grid else {})}
-        if early is not None:
-            early.save(est, meta)
-        else:
-            est.save(out, overwrite=overwrite, meta=meta)
-    except BaseException:
-        if early is not None:
-            early.discard()
-        raise
-    used_s = time.perf_counter() - (called or start)
+        saves.save(est, {"train_url": train_url, **({"tree_url": p.tree} if p.model == "tree" else {}),
+                         **({"search": fitted.record()} if grid else {})})
+    used_s = time.perf_counter() - called
     return {"model": out, "train": train_url, "seconds": round(seconds, 3),
             "params": {"model": p.model, **single.get_params(deep=False),
                        **({"n_estimators": n_estimators} if n_estimators > 1 else {})},
