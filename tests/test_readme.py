@@ -64,6 +64,7 @@ def test_every_skipped_block_names_what_runs_it():
 
 
 @pytest.mark.slow
+@pytest.mark.first
 @pytest.mark.shared_data
 def test_readme_blocks_run_as_written(shared_data, tmp_path):
     shared = shared_data.parent
