@@ -2,7 +2,7 @@
 
 A label-centroid model routed by its summaries scores every cluster for every row; the features most summaries
 share (the head of a Zipf vocabulary, ``MH``: head features x clusters, dense) are most of that work (at 1M labels
-49 of a row's 88 entries, each against 8,192 clusters). This script tries, on a saved model and a test store, to
+46-49 of a row's 88 entries, each against 8,192 clusters). This script tries, on a saved model and a test store, to
 replace that part by a rank-``r`` projection ``Q Q^T MH`` (``Q`` from a seeded subspace iteration: a row's head
 scores are then ``(x_h Q) (Q^T MH)``, a dense product of ``r x n_clusters`` a row), add the exact tail, keep the
 ``shortlist`` best clusters, score those exactly and keep the model's ``beam`` best. Each row of the table: the

@@ -112,8 +112,9 @@ SHARED_DATA_FIXTURES = {"shared_data", "shared_xc_file"}
 def pytest_collection_modifyitems(config, items):
     """Mark ``slow`` every test that needs the real datasets (before ``-m`` selects), and order the files for the test
     processes (``-n 2 --dist loadfile --no-loadscope-reorder`` hands them out in this order): those with a test
-    marked ``first``, then the others by their number of tests, most first (pytest-xdist's own order, which put
-    the README blocks' one test of 250 s last, running alone after the other process had finished)."""
+    marked ``first``, then the others by their number of tests collected (before ``-m`` selects), most first
+    (pytest-xdist's own order, which put the README blocks' one test of 250 s last, running alone after the other
+    process had finished)."""
     for item in items:
         if SHARED_DATA_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
