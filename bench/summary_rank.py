@@ -7,8 +7,12 @@ replace that part by a rank-``r`` projection ``Q Q^T MH`` (``Q`` from a seeded s
 scores are then ``(x_h Q) (Q^T MH)``, a dense product of ``r x n_clusters`` a row), add the exact tail, keep the
 ``shortlist`` best clusters, score those exactly and keep the model's ``beam`` best. Each row of the table: the
 share of the exact beam's clusters found, the test P@1 through the model's own candidate scoring (its classifiers,
-weight and centroid threshold), and the multiply-adds of a row's head scoring, against the exact kernel's. Nothing
-here changes a model: it is the measurement for the routing the next change would build.
+weight and centroid threshold), the multiply-adds of a row's head scoring against the exact kernel's, and the time
+of a row's routing on one thread against the exact kernel's (:func:`xmldask.models._candidates.summary_topk`),
+measured in alternation, the best of ``--repeats``. The approximate routing runs in a Numba kernel of this script
+(:func:`_shortlist_kernel`: the low-rank head a tile of clusters at a time for a batch of rows, the exact tail, the
+shortlist kept as it comes, then the shortlisted pairs' exact head cluster by cluster). Nothing here changes a
+model: it measures a routing that the library does not build.
 
 Usage::
 
@@ -19,6 +23,7 @@ Usage::
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import numpy as np
@@ -26,7 +31,10 @@ import scipy.sparse as sp
 from _tables import load_line, markdown_table, write_json
 
 KEYS = ["rank", "shortlist", "head mass kept", "beam recall", "test P@1", "P@1 - exact", "head adds a row",
-        "head adds / exact"]
+        "head adds / exact", "us a row", "us / exact"]
+
+#: rows and clusters a tile of the approximate kernel scores at once (as :func:`summary_topk`'s)
+ROWS, TILE = 256, 1024
 
 
 def head_basis(MH: np.ndarray, rank: int, *, seed: int = 0, n_iter: int = 2) -> np.ndarray:
@@ -39,16 +47,114 @@ def head_basis(MH: np.ndarray, rank: int, *, seed: int = 0, n_iter: int = 2) -> 
     return Q
 
 
-def shortlisted(approx: np.ndarray, exact: np.ndarray, shortlist: int, beam: int) -> np.ndarray:
-    """Each row's ``beam`` clusters of highest ``exact`` score among its ``shortlist`` of highest ``approx``."""
-    short = np.argpartition(-approx, shortlist - 1, axis=1)[:, :shortlist] if shortlist < approx.shape[1] else \
-        np.broadcast_to(np.arange(approx.shape[1]), approx.shape)
-    pick = np.argsort(-np.take_along_axis(exact, short, axis=1), axis=1, kind="stable")[:, :beam]
-    return np.take_along_axis(short, pick, axis=1).astype(np.int64)
+def _summary_shortlist(xh_indptr, xh_indices, xh_data, x_indptr, x_indices, x_data,  # pragma: no cover
+                       mt_indptr, mt_indices, mt_data, z, proj, mht, n_clusters, s, rows, tile):
+    n = len(x_indptr) - 1
+    rank = z.shape[1]
+    ids = np.full((n, s), -1, np.int64)
+    approx = np.full((n, s), -np.inf, np.float32)
+    tails = np.zeros((n, s), np.float32)
+    low = np.empty((rows, n_clusters), np.float32)
+    tl = np.zeros(n_clusters, np.float32)
+    for r0 in range(0, n, rows):
+        m = min(n, r0 + rows) - r0
+        # the low-rank head scores (x_h Q) (Q^T MH), a tile of clusters at a time for the batch's rows: each row of
+        # the tile's projection read once for the batch, the sums over the rank in one order whatever the tile
+        for c0 in range(0, n_clusters, tile):
+            w = min(n_clusters, c0 + tile) - c0
+            for t in range(m):
+                dst, zr = low[t, c0:c0 + w], z[r0 + t]
+                for c in range(w):
+                    dst[c] = 0.0
+                for j in range(rank):
+                    src, zv = proj[j, c0:c0 + w], zr[j]
+                    for c in range(w):
+                        dst[c] += zv * src[c]
+        for t in range(m):
+            i = r0 + t
+            # the exact tail into its own scores (kept for the shortlist), then the best approximate kept as they
+            # come, sorted (a later cluster, a larger id, must beat a score)
+            for q in range(x_indptr[i], x_indptr[i + 1]):
+                f, xv = x_indices[q], x_data[q]
+                for e in range(mt_indptr[f], mt_indptr[f + 1]):
+                    tl[mt_indices[e]] += xv * mt_data[e]
+            row = low[t]
+            last = approx[i, s - 1]
+            for c in range(n_clusters):
+                sc = row[c] + tl[c]
+                if sc <= last:
+                    continue
+                h = s - 1
+                while h > 0 and sc > approx[i, h - 1]:
+                    approx[i, h] = approx[i, h - 1]
+                    ids[i, h] = ids[i, h - 1]
+                    tails[i, h] = tails[i, h - 1]
+                    h -= 1
+                approx[i, h] = sc
+                ids[i, h] = c
+                tails[i, h] = tl[c]
+                last = approx[i, s - 1]
+            for q in range(x_indptr[i], x_indptr[i + 1]):
+                f = x_indices[q]
+                for e in range(mt_indptr[f], mt_indptr[f + 1]):
+                    tl[mt_indices[e]] = 0.0
+    # the exact head scores of the shortlisted (row, cluster) pairs, cluster by cluster: a cluster's dense head row
+    # read once for all the rows that shortlisted it
+    exact = np.full((n, s), -np.inf, np.float32)
+    count = np.zeros(n_clusters + 1, np.int64)
+    for i in range(n):
+        for j in range(s):
+            if ids[i, j] >= 0:
+                count[ids[i, j] + 1] += 1
+    for c in range(n_clusters):
+        count[c + 1] += count[c]
+    pairs = np.empty(count[n_clusters], np.int64)
+    fill = count[:n_clusters].copy()
+    for i in range(n):
+        for j in range(s):
+            c = ids[i, j]
+            if c >= 0:
+                pairs[fill[c]] = i * s + j
+                fill[c] += 1
+    for c in range(n_clusters):
+        hrow = mht[c]
+        for p in range(count[c], count[c + 1]):
+            i, j = pairs[p] // s, pairs[p] % s
+            acc = tails[i, j]
+            for q in range(xh_indptr[i], xh_indptr[i + 1]):
+                acc += xh_data[q] * hrow[xh_indices[q]]
+            exact[i, j] = acc
+    return ids, approx, exact
 
 
-def measure(model_url: str, test_url: str, *, rows: int, ranks: list[int], shortlists: list[int]) -> tuple[dict, list]:
+@functools.cache
+def _shortlist_kernel():
+    """The approximate routing kernel, compiled by Numba."""
+    import numba
+
+    return numba.njit(nogil=True)(_summary_shortlist)
+
+
+def summary_shortlist(X, MT, head, Q, P, MHt, s: int):
+    """The ``s`` clusters of highest approximate summary score of each row (the head by ``(x_h Q) P``, the tail
+    ``MT`` exactly), by that score (ties: the smaller id), and their approximate and exact scores (the exact head
+    from ``MHt``, the dense head transposed): ``(n_rows, s)`` int64, float32, float32."""
+    from xmldask.models._candidates import _head_split
+
+    X, MT = sp.csr_matrix(X, dtype=np.float32), sp.csr_matrix(MT, dtype=np.float32)
+    MT.sort_indices()
+    xh_indptr, xh_indices, xh_data = _head_split(X, head)
+    Z = np.ascontiguousarray(sp.csr_matrix((xh_data, xh_indices, xh_indptr), shape=(X.shape[0], len(head))) @ Q,
+                             np.float32)
+    return _shortlist_kernel()(xh_indptr, xh_indices, xh_data, X.indptr, X.indices, X.data, MT.indptr, MT.indices,
+                               MT.data, Z, np.ascontiguousarray(P, np.float32), np.ascontiguousarray(MHt, np.float32),
+                               MT.shape[1], int(min(s, MT.shape[1])), ROWS, TILE)
+
+
+def measure(model_url: str, test_url: str, *, rows: int, ranks: list[int], shortlists: list[int],
+            repeats: int = 3) -> tuple[dict, list]:
     import dask
+    from threadpoolctl import threadpool_limits
 
     import xmldask
     from xmldask.models import load_model
@@ -64,6 +170,7 @@ def measure(model_url: str, test_url: str, *, rows: int, ranks: list[int], short
         X, Y = sp.csr_matrix(data.X[:n].compute()), sp.csr_matrix(data.Y[:n].compute())
     Xb = _rows_block(X, model.idf_)
     MT, MH, head = _split_summaries(sp.csr_matrix(_unwrap(model.M_)))
+    MHt = np.ascontiguousarray(MH.T)
     beam, n_clusters = int(model.beam_), MH.shape[1]
     W, V = _unwrap(model.W_), _unwrap(getattr(model, "V_", None))
 
@@ -75,38 +182,52 @@ def measure(model_url: str, test_url: str, *, rows: int, ranks: list[int], short
         top, ok = labels[:, 0], labels[:, 0] >= 0
         return float((np.asarray(Y[np.flatnonzero(ok), top[ok]]).ravel() > 0).sum() / n)
 
-    summary_topk(Xb[:64], MT, beam, MH, head)  # compiled before it is timed
-    start = time.perf_counter()
-    ids, _ = summary_topk(Xb, MT, beam, MH, head)
-    exact_us = 1e6 * (time.perf_counter() - start) / n
-    Xh = sp.csr_matrix(Xb[:, head])
-    tail = np.asarray((Xb @ MT).todense(), np.float32)
-    exact = np.asarray(Xh @ MH, np.float32) + tail
-    head_entries = float(np.diff(Xh.indptr).mean())
-    mass = float(np.sum(MH.astype(np.float64) ** 2))
-    exact_p1 = p_at_1(ids)
-    context = {"model": model_url, "rows": n, "clusters": n_clusters, "head features": len(head), "beam": beam,
-               "head entries a row": round(head_entries, 1), "exact routing us a row": round(exact_us, 1),
-               "exact P@1": round(exact_p1, 4)}
-    table = []
+    runs = {"exact": lambda: summary_topk(Xb, MT, beam, MH, head)}
+    settings = []
     for rank in ranks:
         if rank >= len(head):
             continue
         Q = head_basis(MH, rank)
-        B = Q.T @ MH
-        kept = float(np.sum(B.astype(np.float64) ** 2)) / mass
-        approx = np.asarray(Xh @ Q, np.float32) @ B + tail
+        P = Q.T @ MH
         for times in shortlists:
             size = min(n_clusters, times * beam)
-            best = shortlisted(approx, exact, size, beam)
-            recall = float(np.mean([len(set(a) & set(b)) for a, b in zip(best.tolist(), ids.tolist())]) / beam)
-            p1 = p_at_1(best)
-            adds = rank * (head_entries + n_clusters) + size * head_entries
-            table.append({"rank": rank, "shortlist": size, "head mass kept": round(kept, 3),
-                          "beam recall": round(recall, 4), "test P@1": round(p1, 4),
-                          "P@1 - exact": round(p1 - exact_p1, 4), "head adds a row": round(adds),
-                          "head adds / exact": round(adds / (head_entries * n_clusters), 3)})
-            print(f"rank {rank}, shortlist {size}: recall {recall:.4f}, P@1 {p1:.4f}", flush=True)
+            settings.append((rank, size, P))
+            runs[rank, size] = lambda Q=Q, P=P, size=size: summary_shortlist(Xb, MT, head, Q, P, MHt, size)
+    seconds, got = {key: [] for key in runs}, {}
+    with threadpool_limits(1):
+        summary_topk(Xb[:64], MT, beam, MH, head)  # both kernels compiled before they are timed
+        Q1 = head_basis(MH, 1)
+        summary_shortlist(Xb[:64], MT, head, Q1, Q1.T @ MH, MHt, beam)
+        for _ in range(repeats):  # in alternation: the machine's drift falls on all alike
+            for key, run in runs.items():
+                start = time.perf_counter()
+                got[key] = run()
+                seconds[key].append(time.perf_counter() - start)
+    us = {key: 1e6 * min(times) / n for key, times in seconds.items()}
+    ids = got["exact"][0]
+    head_entries = float(np.mean(np.diff(Xb[:, head].indptr)))
+    mass = float(np.sum(MH.astype(np.float64) ** 2))
+    exact_p1 = p_at_1(ids)
+    context = {"model": model_url, "rows": n, "clusters": n_clusters, "head features": len(head), "beam": beam,
+               "head entries a row": round(head_entries, 1),
+               "tail entries a row": round(float(np.diff(MT.indptr)[Xb.indices].sum()) / n),
+               "exact routing us a row": round(us["exact"], 1),
+               "exact P@1": round(exact_p1, 4)}
+    table = []
+    for rank, size, P in settings:
+        short, _, exact = got[rank, size]
+        best = np.take_along_axis(short, np.lexsort((short, -exact), axis=1)[:, :beam], axis=1)
+        recall = float(np.mean([len(set(a) & set(b)) for a, b in zip(best.tolist(), ids.tolist())]) / beam)
+        p1 = p_at_1(best)
+        adds = rank * (head_entries + n_clusters) + size * head_entries
+        table.append({"rank": rank, "shortlist": size,
+                      "head mass kept": round(float(np.sum(P.astype(np.float64) ** 2)) / mass, 3),
+                      "beam recall": round(recall, 4), "test P@1": round(p1, 4),
+                      "P@1 - exact": round(p1 - exact_p1, 4), "head adds a row": round(adds),
+                      "head adds / exact": round(adds / (head_entries * n_clusters), 3),
+                      "us a row": round(us[rank, size], 1), "us / exact": round(us[rank, size] / us["exact"], 3)})
+        print(f"rank {rank}, shortlist {size}: recall {recall:.4f}, P@1 {p1:.4f}, {us[rank, size]:.1f} us a row",
+              flush=True)
     return context, table
 
 
@@ -118,13 +239,17 @@ def main(argv=None) -> None:
     parser.add_argument("--ranks", default="8,16,32,64", help="ranks of the head's projection (default 8,16,32,64)")
     parser.add_argument("--shortlists", default="2,4,8",
                         help="shortlists, in multiples of the model's beam (default 2,4,8)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="timed runs of each kernel, in alternation; the best is reported (default 3)")
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON (each with the model's figures)")
     args = parser.parse_args(argv)
     ranks = [int(v) for v in args.ranks.split(",")]
     shortlists = [int(v) for v in args.shortlists.split(",")]
-    context, table = measure(args.model, args.test, rows=args.rows, ranks=ranks, shortlists=shortlists)
+    context, table = measure(args.model, args.test, rows=args.rows, ranks=ranks, shortlists=shortlists,
+                             repeats=args.repeats)
     print(f"\n### bench/summary_rank.py ({context['rows']:,} test rows; {context['clusters']:,} clusters, "
-          f"{context['head features']:,} head features, {context['head entries a row']} head entries a row, beam "
+          f"{context['head features']:,} head features, {context['head entries a row']} head entries a row, "
+          f"{context['tail entries a row']:,} summary entries of its other features, beam "
           f"{context['beam']}; exact routing {context['exact routing us a row']} us a row on one thread, test P@1 "
           f"{context['exact P@1']})\n")
     print(markdown_table(table, KEYS))

@@ -58,6 +58,7 @@ def test_summary_rank_writes_a_row_per_rank_and_shortlist(saved, tmp_path):
     assert [row["rank"] for row in rows] == [2, 2, 4, 4]
     for row in rows:
         assert 0 < row["head mass kept"] <= 1 and 0 <= row["beam recall"] <= 1 and row["rows"] == 300
+        assert row["us a row"] > 0 and row["us / exact"] > 0 and row["tail entries a row"] >= 0
     # a shortlist of every cluster scores them all exactly: the exact beam (but for float32 near-ties) and P@1
     whole = [row for row in rows if row["shortlist"] == row["clusters"]]
     assert len(whole) == 2 and all(row["beam recall"] > 0.99 and abs(row["P@1 - exact"]) <= 2 / 300 for row in whole)

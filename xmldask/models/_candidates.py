@@ -143,6 +143,18 @@ def _summary_topk(xh_indptr, xh_indices, xh_data, x_indptr, x_indices, x_data,  
     return ids, best
 
 
+def _head_split(X: sp.csr_matrix, head: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The entries of the CSR ``X`` in the sorted columns ``head``, as CSR arrays (int64 pointers and ids) whose
+    column ids are positions in ``head``."""
+    if not len(head):
+        return np.zeros(X.shape[0] + 1, np.int64), np.zeros(0, np.int64), X.data[:0]
+    pos = np.minimum(np.searchsorted(head, X.indices), len(head) - 1)
+    hit = head[pos] == X.indices
+    rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))[hit]
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=X.shape[0]))]).astype(np.int64)
+    return indptr, pos[hit].astype(np.int64), X.data[hit]
+
+
 def summary_topk(X: sp.csr_matrix, MT: sp.csr_matrix, b: int, MH: np.ndarray | None = None,
                  head: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """The ``b`` columns of highest ``X @ (MT + MH on the head)`` of each row, best first (ties: the smaller id),
@@ -162,17 +174,10 @@ def summary_topk(X: sp.csr_matrix, MT: sp.csr_matrix, b: int, MH: np.ndarray | N
         MH, head = np.zeros((0, n_clusters), np.float32), np.zeros(0, np.int64)
     MH = np.ascontiguousarray(MH, np.float32)
     head = np.asarray(head, np.int64)
-    if len(head):
-        pos = np.minimum(np.searchsorted(head, X.indices), len(head) - 1)
-        hit = head[pos] == X.indices
-        rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))[hit]
-        xh_indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=X.shape[0]))])
-        xh_indices, xh_data = pos[hit], X.data[hit]
-    else:
-        xh_indptr, xh_indices, xh_data = np.zeros(X.shape[0] + 1, np.int64), np.zeros(0, np.int64), X.data[:0]
+    xh_indptr, xh_indices, xh_data = _head_split(X, head)
     starts = np.arange(0, X.shape[0], SUMMARY_ROWS)
     entries = np.add.reduceat(np.diff(X.indptr), starts) if len(starts) else np.zeros(1, np.int64)
-    return _compiled("_summary_topk")(np.asarray(xh_indptr, np.int64), np.asarray(xh_indices, np.int64), xh_data,
+    return _compiled("_summary_topk")(xh_indptr, xh_indices, xh_data,
                                       X.indptr, X.indices, X.data, MT.indptr, MT.indices, MT.data, MH, n_clusters,
                                       len(head), int(b), SUMMARY_ROWS, SUMMARY_TILE, int(entries.max(initial=0)))
 
