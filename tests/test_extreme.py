@@ -832,6 +832,81 @@ def test_routers_are_squared_hinge_svms_and_route_as_a_numpy_reference(small):
     assert p1 > 0.3
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_streamed_passes_reach_the_squared_hinge_optimum(dtype):
+    """A row block after another (uneven blocks, one of a single row), every classifier at once: the streamed
+    passes keep ``W = sum alpha_i y_i x_i`` and reach the primal objective of the SVMs trained on all rows at once."""
+    from xmldask.models._svm import squared_hinge_svms, streamed_pass
+
+    rng = np.random.default_rng(0)
+    n, d, m = 500, 60, 4
+    X = sp.random(n, d, density=0.12, random_state=1, format="csr", dtype=dtype)
+    X = sp.csr_matrix(sp.diags(1 / np.maximum(np.sqrt(X.multiply(X).sum(axis=1)).A1, 1e-9)) @ X, dtype=dtype)
+    P = sp.csr_matrix((rng.random((n, m)) < 0.25).astype(np.float32))
+    Xa = sp.hstack([X, np.ones((n, 1))]).tocsr().astype(np.float64)
+    signs = np.where(P.toarray() > 0, 1.0, -1.0)
+
+    def objective(Wt):  # by classifier: 1/2 |w|^2 + sum of squared hinges, the bias a feature of value 1
+        return 0.5 * (Wt ** 2).sum(axis=1) + (np.maximum(0, 1 - signs * (Xa @ Wt.T)) ** 2).sum(axis=0)
+
+    best = objective(squared_hinge_svms(X, P.tocsc(), max_passes=2000, tol=1e-6).astype(np.float64))
+    blocks = [(0, 180), (180, 181), (181, n)]
+    W, alphas = np.zeros((d + 1, m), np.float32), [None] * len(blocks)
+    for step in range(400):
+        spread = 0.0
+        for b, (lo, hi) in enumerate(blocks):
+            W, alphas[b], high, low = streamed_pass(X[lo:hi], P[lo:hi], W, alphas[b], seed=[step, b])
+            spread = max(spread, float(np.max(high - low)))
+        if step == 0:
+            first = objective(W.T.astype(np.float64))
+    assert W.dtype == np.float32 and W.shape == (d + 1, m)
+    dual = np.vstack(alphas).astype(np.float64) * signs
+    np.testing.assert_allclose((Xa.T @ dual).T, W.T, atol=1e-4)  # the weights are the dual's
+    np.testing.assert_allclose(objective(W.T.astype(np.float64)), best, rtol=1e-4)
+    assert np.all(first > best * (1 + 1e-3))  # it did descend to there
+
+
+def test_streamed_group_routers_are_those_of_every_row(small, monkeypatch, caplog):
+    """Where no task holds every row (:func:`router_share` below 1), ``routing="routers"`` streams the group routers
+    over the row blocks (uneven blocks, chains of routers run at once): one-vs-rest SVMs of all rows with a label, as
+    those trained in one task, up to the coordinate descent's tolerance."""
+    from xmldask.models import centroid as C
+    from xmldask.models._svm import cluster_svms
+
+    X, Y, Xt, _ = small
+    Xd = da.from_array(X, chunks=((700, 1100, 1200), (X.shape[1],)), asarray=False, fancy=False)
+    Yd = da.from_array(Y, chunks=((700, 1100, 1200), (Y.shape[1],)), asarray=False, fancy=False)
+    kw = dict(leaf_labels=8, beam=3, summary_exponent=0, svm_weight=0, routing="routers", centroid_threshold=0,
+              random_state=0)
+    entries = np.diff(X.indptr).astype(np.float64) @ np.asarray(Y.sum(axis=1)).ravel()
+    limit = C.task_memory_limit() or C.memory_for_data()
+    # a task holds half the rows' two copies, and a chain's weights are a third of the routers'
+    monkeypatch.setattr(C, "SVM_GROUP_SHARE", 8 * entries / limit)
+    monkeypatch.setattr(C, "parallelism", lambda: 3)
+    with caplog.at_level("INFO", logger="xmldask.models.centroid"):
+        model = LabelCentroidClassifier(**kw).fit(Xd, Yd)
+    assert C.router_share(entries) < 1 and "streamed, 10 passes" in caplog.text
+    n_groups = len(model.group_offsets_) - 1
+    _, groups = _meta_labels(model, Y)
+    R, rbias = cluster_svms(C._rows_block(X, model.idf_), groups, np.array([0, n_groups]), seed=0, max_passes=1000)
+    T = C._rows_block(Xt, model.idf_).astype(np.float64)
+    whole = (T @ R.T).toarray() + rbias
+
+    def margins(R, bias):
+        return (T @ R.T).toarray() + bias
+
+    # its 10 passes route as the converged routers (a row's best group), and more passes reach them
+    assert np.mean(margins(model.R_, model.router_bias_).argmax(axis=1) == whole.argmax(axis=1)) > 0.9
+    group_of = np.full(Y.shape[1], -1)
+    group_of[model.order_] = np.searchsorted(model.group_offsets_, np.repeat(np.arange(model.n_clusters_),
+                                                                             np.diff(model.offsets_)), side="right") - 1
+    R2, b2, passes = C._stream_routers(Xd, Yd, C.whole_operand(model.idf_, name="idf"), group_of, n_groups,
+                                       share=0.0, seed=0, max_passes=300)
+    assert 10 < passes <= 300
+    np.testing.assert_allclose(margins(R2, b2), whole, atol=0.1)  # a weight near the pruning threshold: either side
+    assert model.routing_ == "routers" and model.predict_topk(Xt, k=2)[0].compute().shape == (Xt.shape[0], 2)
+
+
 def test_routing_auto_takes_routers_past_the_narrowest_candidates_and_chooses_the_groups(small, tmp_path):
     """``routing="auto"``: the summaries while the clusters are at most ``min(AUTO_BEAMS) * leaf_labels``, the
     routers past it, with the groups a row takes chosen on the held-out rows and saved; the summaries then compete
@@ -867,7 +942,7 @@ def test_routing_auto_trains_no_router_that_a_task_could_train_on_a_sample_only(
     """Past the narrowest beam's candidates, where a task cannot hold every row for the group routers
     (:func:`router_share` below 1), ``routing="auto"`` routes by the summaries without training the routers: fewer
     passes, no router compared on the held-out rows, the same model as ``routing="summaries"``; the memory estimate
-    then counts no router rows. ``routing="routers"`` still trains them on the share."""
+    then counts no router rows. ``routing="routers"`` still trains them, streamed over every row."""
     from xmldask.models import centroid as C
 
     X, Y, Xt, _ = small
@@ -888,8 +963,8 @@ def test_routing_auto_trains_no_router_that_a_task_could_train_on_a_sample_only(
     assert auto.held_out_ == flat.held_out_ and auto.n_passes_ == flat.n_passes_
     for a, b in zip(auto.predict_topk(Xt, k=3), flat.predict_topk(Xt, k=3)):
         np.testing.assert_array_equal(a.compute(), b.compute())
-    sampled = LabelCentroidClassifier(routing="routers", **kw).fit(X, Y)
-    assert sampled.routing_ == "routers" and sampled.R_.nnz > 0
+    streamed = LabelCentroidClassifier(routing="routers", **kw).fit(X, Y)
+    assert streamed.routing_ == "routers" and streamed.R_.nnz > 0
 
 
 def test_a_wider_beam_must_gain_per_doubling_of_its_candidates(small, monkeypatch):

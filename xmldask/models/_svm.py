@@ -13,7 +13,7 @@ import functools
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["PRUNE", "cluster_svms", "squared_hinge_svms"]
+__all__ = ["PRUNE", "cluster_svms", "squared_hinge_svms", "streamed_pass"]
 
 #: weights of a label's classifier smaller than this in magnitude are dropped (Parabel's and Omikuji's threshold
 #: on unit tf-idf rows): the classifiers then hold fewer entries than the label centroids
@@ -31,13 +31,13 @@ DENSE_BYTES = 1 << 24
 
 
 @functools.cache
-def _compiled():
-    """:func:`_dual_cd` compiled by Numba (cached on disk), imported on first use: Numba adds about 50 MB to a
-    process, which a worker that never trains a classifier should not carry (measured: a 256 MiB worker of
-    ``bench/scale.py --quick`` went from 175 to 216 MiB and was paused)."""
+def _compiled(name: str = "_dual_cd"):
+    """The kernel ``name`` of this module (:func:`_dual_cd`) compiled by Numba (cached on disk), imported on first
+    use: Numba adds about 50 MB to a process, which a worker that never trains a classifier should not carry
+    (measured: a 256 MiB worker of ``bench/scale.py --quick`` went from 175 to 216 MiB and was paused)."""
     import numba
 
-    return numba.njit(cache=True, nogil=True)(_dual_cd)
+    return numba.njit(cache=True, nogil=True)(globals()[name])
 
 
 def _dual_cd(indptr, indices, data, pos_indptr, pos_rows, n_cols, C, max_passes, tol, seed):  # pragma: no cover
@@ -100,6 +100,71 @@ def _dual_cd(indptr, indices, data, pos_indptr, pos_rows, n_cols, C, max_passes,
         for c in range(n_cols + 1):
             W[j, c] = w[c]
     return W
+
+
+def _streamed_cd(indptr, indices, data, pos_indptr, pos_cols, order, W, alpha, C):  # pragma: no cover
+    n_cols = W.shape[0] - 1
+    m = W.shape[1]
+    diag = 0.5 / C
+    y = np.empty(m, np.float32)
+    g = np.empty(m, np.float32)
+    delta = np.empty(m, np.float32)
+    hi = np.full(m, -np.inf)
+    lo = np.full(m, np.inf)
+    for i in order:
+        # the row's margins under every classifier at once: a feature's weights are a contiguous row of W
+        g[:] = W[n_cols]
+        for p in range(indptr[i], indptr[i + 1]):
+            row, v = W[indices[p]], data[p]
+            for j in range(m):
+                g[j] += v * row[j]
+        y[:] = -1.0
+        for p in range(pos_indptr[i], pos_indptr[i + 1]):
+            y[pos_cols[p]] = 1.0
+        qd = 1.0 + diag  # the bias column's 1, and the squared hinge's diagonal
+        for p in range(indptr[i], indptr[i + 1]):
+            qd += data[p] * data[p]
+        moved = False
+        for j in range(m):
+            a = alpha[i, j]
+            gj = y[j] * g[j] - 1.0 + diag * a
+            pg = min(gj, 0.0) if a == 0.0 else gj
+            hi[j], lo[j] = max(hi[j], pg), min(lo[j], pg)
+            delta[j] = 0.0
+            if abs(pg) > 1e-12:
+                new = max(a - gj / qd, 0.0)
+                alpha[i, j] = new
+                delta[j] = (new - a) * y[j]
+                moved = True
+        if moved:
+            for p in range(indptr[i], indptr[i + 1]):
+                row, v = W[indices[p]], data[p]
+                for j in range(m):
+                    row[j] += v * delta[j]
+            for j in range(m):
+                W[n_cols, j] += delta[j]
+    return hi, lo
+
+
+def streamed_pass(X: sp.csr_matrix, positives: sp.csr_matrix, W: np.ndarray, alpha: np.ndarray | None, *,
+                  C: float = 1.0, seed=0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """One pass of :func:`squared_hinge_svms`' dual coordinate descent over the rows of a block, for every
+    classifier at once, from the weights ``W`` of the passes before (``(n_features + 1) x n_classifiers``, the
+    bias last) and the block's dual variables ``alpha`` (``n_rows x n_classifiers``; None: zeros): the solver of
+    classifiers whose rows no task holds, a row block after another (``positives``: the block's rows x
+    classifiers, non-zero where a row is positive). The rows in a random order seeded ``seed``; no shrinking.
+
+    Returns the new ``W`` and ``alpha`` (copies) and, by classifier, the largest and smallest projected gradient
+    of the pass (liblinear's stopping rule: their spread over every block below
+    :data:`TOL`)."""
+    X, P = sp.csr_matrix(X, dtype=np.float32), sp.csr_matrix(positives)
+    W = np.array(W, np.float32, order="C")
+    alpha = np.zeros((X.shape[0], W.shape[1]), np.float32) if alpha is None else np.array(alpha, np.float32)
+    order = np.random.default_rng(seed).permutation(X.shape[0]).astype(np.int64)
+    hi, lo = _compiled("_streamed_cd")(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data,
+                                       P.indptr.astype(np.int64), P.indices.astype(np.int64), order, W, alpha,
+                                       np.float32(C))
+    return W, alpha, hi, lo
 
 
 def squared_hinge_svms(X: sp.csr_matrix, positives: sp.csc_matrix, *, C: float = 1.0, max_passes: int = MAX_PASSES,

@@ -57,7 +57,7 @@ from ..store.models import SavedModel, non_finite, read_model_array, store_locat
 from . import _graph
 from . import _kernels as K
 from ._candidates import candidate_topk, prune_rows, sparse_product_dense, summary_topk
-from ._svm import MAX_PASSES, cluster_svms
+from ._svm import MAX_PASSES, PRUNE, TOL, cluster_svms, streamed_pass
 
 __all__ = ["CENTROID_VERSION", "CentroidParams", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory",
            "classifiers_fit", "entry_bound", "label_block_bounds", "label_passes", "labels_scored_per_row",
@@ -314,6 +314,83 @@ def _train_svms(X: da.Array, Y: da.Array, idf, position: np.ndarray, offsets: np
         n_passes += 1
     V = sp.vstack([v for v, _ in pieces], format="csr", dtype=np.float32)
     return V, np.concatenate([b for _, b in pieces]).astype(np.float32), n_passes
+
+
+def _router_rows(Xb, Yb, idf=None, *, group_of, cols: tuple[int, int], share: float, seed: int, block: int):
+    """A row block's rows that train the group routers ``cols[0]:cols[1]`` when no task holds them all (those with a
+    label in a group, the held-out rows of :func:`_label_sums_block` left out), transformed, and their positives
+    among those routers (rows x routers CSR)."""
+    Y = sp.coo_matrix(Yb)
+    g = group_of[Y.col]
+    real = g >= 0
+    P = sp.csr_matrix((np.ones(int(real.sum()), np.float32), (Y.row[real], g[real])),
+                      shape=(Y.shape[0], int(group_of.max(initial=-1)) + 1))
+    P.sum_duplicates()  # several labels of one group: one positive
+    P.data[:] = 1.0
+    rows = np.flatnonzero((np.diff(P.indptr) > 0) & ~_held_out(Y.shape[0], share, seed, block))
+    return _rows_block(sp.csr_matrix(Xb)[rows], idf), sp.csr_matrix(P[rows][:, cols[0]:cols[1]])
+
+
+def _router_step(W, alpha, Xb, Yb, idf=None, *, group_of, cols: tuple[int, int], share: float, seed: int, block: int,
+                 step: int):
+    """One row block's pass of the streamed group routers ``cols``: the new weights, the block's dual variables
+    (CSR: most are 0) and the pass's projected-gradient bounds (:func:`~xmldask.models._svm.streamed_pass`)."""
+    X, P = _router_rows(Xb, Yb, idf, group_of=group_of, cols=cols, share=share, seed=seed, block=block)
+    W, alpha, hi, lo = streamed_pass(X, P, W, None if alpha is None else alpha.toarray(), C=SVM_C,
+                                     seed=[seed, block, step])
+    return W, sp.csr_matrix(alpha), hi, lo
+
+
+def _pruned_routers(W) -> tuple[sp.csr_matrix, np.ndarray]:
+    """Streamed weights (features + bias, by routers) as the routers keep them: their weights below
+    :data:`~xmldask.models._svm.PRUNE` dropped (as :func:`~xmldask.models._svm.cluster_svms` drops them), the
+    biases."""
+    weights = np.ascontiguousarray(W[:-1].T)
+    weights[np.abs(weights) < PRUNE] = 0.0
+    return sp.csr_matrix(weights), W[-1].astype(np.float32)
+
+
+def _stream_routers(X: da.Array, Y: da.Array, idf, group_of: np.ndarray, n_groups: int, *, share: float, seed: int,
+                    max_passes: int = ROUTER_PASSES) -> tuple[sp.csr_matrix, np.ndarray, int]:
+    """The group routers trained on every training row where no task holds them all: the coordinate descent of
+    :func:`~xmldask.models._svm.squared_hinge_svms` a row block after another (the weights carried from block to
+    block, each block's dual variables kept on the workers between passes), until the projected gradients' spread
+    over all blocks is below :data:`~xmldask.models._svm.TOL` or ``max_passes`` passes. The routers are split in
+    chains of as many as two copies of their dense weights fit :data:`SVM_GROUP_SHARE` of a worker's memory (a
+    multiple of the threads: the chains run at once). Returns the routers, their biases and the passes made."""
+    budget = SVM_GROUP_SHARE * (task_memory_limit() or memory_for_data())
+    per_router = 2 * 4.0 * (X.shape[1] + 1)
+    chains = min(n_groups, math.ceil(math.ceil(n_groups * per_router / budget) / parallelism()) * parallelism())
+    cuts = np.linspace(0, n_groups, max(chains, 1) + 1).astype(int)
+    cols = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
+    xs, ys = X.to_delayed().ravel(), Y.to_delayed().ravel()
+    group_of_ = dask.delayed(np.asarray(group_of, np.int64), pure=True)
+    idf_ = dask.delayed(idf) if isinstance(idf, da.Array) else idf
+    weights = [dask.delayed(np.zeros, pure=True)((X.shape[1] + 1, b - a), np.float32) for a, b in cols]
+    duals = [[None] * len(xs) for _ in cols]
+    step = dask.delayed(_router_step, nout=4, pure=True)
+    passes = 0
+    for p in range(max_passes):
+        bounds = []
+        for c, part in enumerate(cols):
+            for i, (xb, yb) in enumerate(zip(xs, ys)):
+                weights[c], duals[c][i], hi, lo = step(weights[c], duals[c][i], xb, yb, idf_, group_of=group_of_,
+                                                       cols=part, share=share, seed=seed, block=i, step=p)
+                bounds.append((c, hi, lo))
+        held = dask.persist(weights, duals, [b[1:] for b in bounds])
+        weights, duals = list(held[0]), [list(d) for d in held[1]]
+        passes += 1
+        highs = {}  # by chain: each router's projected gradients' bounds over all blocks
+        for (c, _, _), (hi, lo) in zip(bounds, dask.compute(held[2])[0]):
+            prev = highs.get(c)
+            highs[c] = (hi, lo) if prev is None else (np.maximum(prev[0], hi), np.minimum(prev[1], lo))
+        worst = max(float(np.max(hi - lo, initial=0.0)) for hi, lo in highs.values())
+        logger.debug("group routers streamed: pass %d, projected gradients' spread %.4g", p + 1, worst)
+        if worst <= TOL:
+            break
+    pieces = dask.compute([dask.delayed(_pruned_routers, pure=True)(w) for w in weights])[0]
+    R = sp.vstack([r for r, _ in pieces], format="csr", dtype=np.float32)
+    return R, np.concatenate([b for _, b in pieces]), passes
 
 
 def router_groups(n_clusters: int) -> np.ndarray:
@@ -1303,16 +1380,21 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         start = time.perf_counter()
         self.U_, self.cluster_bias_, passes = _train_svms(X, Y, idf, cluster_of, self.group_offsets_, by_cluster,
                                                           share=share, seed=seed, max_passes=ROUTER_PASSES)
-        # one task trains the group routers on every row (a row is a negative of the groups it has no label in): a
-        # random sample of the rows where all of them would take more than a classifier task's memory
-        # (its rows' entries bounded by the labels' entry bounds, which count a row once per label)
+        # the group routers train on every row (a row is a negative of the groups it has no label in): in one task
+        # where it holds two copies of their entries (bounded by the labels' entry bounds, which count a row once per
+        # label), else streamed a row block at a time
         total = float(entries.sum())
-        keep = router_share(total)
-        whole = np.array([0, n_groups], np.int64)
         middle = time.perf_counter()
-        self.R_, self.router_bias_, n = _train_svms(X, Y, idf, group_of, whole, np.full(n_groups, total / n_groups),
-                                                    share=share, seed=seed, keep=keep, max_passes=ROUTER_PASSES)
-        logger.info(f"routers: {n_groups:,} groups of clusters ({self.R_.nnz:,} weights, {keep:.0%} of the rows, "
+        if router_share(total) < 1.0:  # no task holds them all: streamed, a row block after another
+            self.R_, self.router_bias_, n = _stream_routers(X, Y, idf, group_of, n_groups, share=share, seed=seed)
+            how = f"streamed, {n} passes"
+        else:
+            whole = np.array([0, n_groups], np.int64)
+            self.R_, self.router_bias_, n = _train_svms(X, Y, idf, group_of, whole,
+                                                        np.full(n_groups, total / n_groups), share=share, seed=seed,
+                                                        keep=1.0, max_passes=ROUTER_PASSES)
+            how = "held by one task"
+        logger.info(f"routers: {n_groups:,} groups of clusters ({self.R_.nnz:,} weights, every row, {how}, "
                     f"{time.perf_counter() - middle:.1f} s), {n_clusters:,} clusters ({self.U_.nnz:,} weights, "
                     f"{middle - start:.1f} s; {passes + n} passes)")
         return passes + n
