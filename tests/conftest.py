@@ -137,8 +137,11 @@ def unpaused_workers():
     """In-process workers (``processes=False``) hold their memory limit against the whole test process, with what
     earlier tests left in it: a pytest worker past 80 % of a 1 GiB limit pauses the worker and the test waits
     forever (measured: 922 MB after half the suite). Their limit still sizes the tasks; it does not pause, spill or
-    aim them."""
+    aim them. ``distributed`` is imported first: a key that ``dask.config.set`` did not find is deleted on exit, and
+    its defaults, added by the import inside the block, would go with it (the next test then failed with
+    ``KeyError: 'distributed'``)."""
     import dask
+    import distributed  # noqa: F401 (its defaults in the config before they are set)
 
     with dask.config.set({"distributed.worker.memory.target": False, "distributed.worker.memory.spill": False,
                           "distributed.worker.memory.pause": False}):
