@@ -6,6 +6,7 @@ import atexit
 import collections
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -21,20 +22,43 @@ atexit.register(shutil.rmtree, _PREFECT_HOME, ignore_errors=True)
 def _share_the_cores_among_test_processes():
     """Under ``pytest -n N`` each test process's BLAS pools (and those of the processes it starts) get its share of
     the cores, at least one thread: N processes each spinning a pool of every core ran the slow tests 19 % slower
-    on this 2-core machine (three files, ``-n 2``: 204 s against 166 s). An explicit limit in the environment stays."""
+    on this 2-core machine (three files, ``-n 2``: 204 s against 166 s). An explicit limit in the environment stays.
+
+    The share is set in the environment before NumPy loads its BLAS, which then starts with that many threads and
+    may still be raised (a test asks a cluster of threads for two: ``blas_threads=2``). A limit set at run time from
+    this thread instead stays in force for NumPy's OpenBLAS 0.3.31 when another thread raises it (measured: that
+    test got 1 thread); it is set only where BLAS was loaded before this file."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2:
         return None
-    from threadpoolctl import threadpool_limits
-
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     share = max(1, cores // workers)
+    loaded = "numpy" in sys.modules
     for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ.setdefault(name, str(share))
+    if not loaded:
+        return None
+    from threadpoolctl import threadpool_limits
+
     return threadpool_limits(limits=int(os.environ["OPENBLAS_NUM_THREADS"]), user_api="blas")
 
 
 _BLAS_SHARE = _share_the_cores_among_test_processes()
+
+
+@pytest.fixture
+def blas_unshared():
+    """This process's BLAS pools at every core during a test that sets them from another thread (a cluster of
+    threads given ``blas_threads``): NumPy's OpenBLAS 0.3.31 keeps a limit that this thread set against another
+    thread's, so the share set here is lifted here (and set again after)."""
+    if _BLAS_SHARE is None:
+        yield
+        return
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(limits=os.cpu_count() or 1, user_api="blas"):
+        yield
+
 
 REPO = Path(__file__).resolve().parents[1]
 ENV_SHARED_DATA = "XMLDASK_SHARED_DATA"

@@ -150,7 +150,7 @@ def test_malloc_thresholds_follow_the_memory_limit():
     assert plugin.thresholds(10 << 20) == (128 << 10, 256 << 10)
 
 
-def test_blas_threads_and_plugin_in_a_threaded_cluster():
+def test_blas_threads_and_plugin_in_a_threaded_cluster(blas_unshared):
     with cluster(n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None, blas_threads=2) as client:
         (info,) = worker_blas_threads(client).values()
         assert all(pool["num_threads"] == 2 for pool in _blas_pools(info))
