@@ -1,5 +1,6 @@
 """``bench/predict_cost.py`` (a row a pair with the documented keys) and ``bench/summary_rank.py`` (a row a rank and
-shortlist) on a saved label-centroid model and a test store."""
+shortlist) and ``bench/predict_phases.py`` (a row a block size and beam) on a saved label-centroid model and a test
+store."""
 
 from __future__ import annotations
 
@@ -64,3 +65,31 @@ def test_summary_rank_writes_a_row_per_rank_and_shortlist(saved, tmp_path):
     assert len(whole) == 2 and all(row["beam recall"] > 0.99 and abs(row["P@1 - exact"]) <= 2 / 300 for row in whole)
     assert all(row["shortlist"] == row["beam"] for row in rows if row not in whole)
     assert "| rank |" in done.stdout
+
+
+def test_predict_phases_writes_a_row_per_block_size_and_beam(saved, tmp_path):
+    """``bench/predict_phases.py`` on the summaries' model and on a model routed by routers (fitted here)."""
+    from xmldask.models import LabelCentroidClassifier
+    from xmldask.store import open_dataset
+
+    model, test = saved
+    train = open_dataset(str(Path(model).parent / "train.zarr"))
+    routed = str(tmp_path / "routed.zarr")
+    LabelCentroidClassifier(routing="routers", beam=4).fit(train.X, train.Y).save(routed)
+    for url, routing in ((model, "summaries"), (routed, "routers")):
+        out = tmp_path / f"{routing}.json"
+        done = subprocess.run([sys.executable, str(REPO / "bench" / "predict_phases.py"), url, test, "--rows", "300",
+                               "--block-rows", "7,300", "--beams", "2,4", "--repeats", "1", "--json", str(out)],
+                              capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-3000:]
+        rows = json.loads(out.read_text())
+        assert [(row["block rows"], row["beam"]) for row in rows] == [(7, 2), (7, 4), (300, 2), (300, 4)]
+        for row in rows:
+            assert row["routing"] == routing and row["labels"] == 10_000 and row["rows"] == 300
+            assert row["clusters us"] > 0 and row["candidates us"] > 0
+            assert (row["groups us"] > 0) == (routing == "routers")
+            assert row["us a row"] == pytest.approx(row["groups us"] + row["clusters us"] + row["candidates us"],
+                                                    abs=0.2)
+        # a wider beam scores more candidates, whatever the block's size
+        assert rows[1]["candidates a row"] > rows[0]["candidates a row"] == rows[2]["candidates a row"]
+        assert "| labels |" in done.stdout

@@ -576,6 +576,67 @@ def test_candidate_kernel_matches_dense_scores_of_the_chosen_clusters(dtype, row
 
 
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_grouped_topk_is_the_best_router_margins_in_each_rows_groups(dtype):
+    """``grouped_topk``: uneven groups (one empty), rows that chose several groups in any order, one or none (and a
+    row without features: the biases alone), fewer clusters than ``b``, an exact tie broken to the smaller cluster
+    id; features whose routers' column is read from each group's start (as many entries as groups or more) and
+    scanned whole (fewer): the ``b`` best of a dense NumPy margin matrix masked to each row's groups."""
+    from xmldask.models._candidates import GroupRoutes, grouped_topk
+
+    rng = np.random.default_rng(5)
+    n, d, b = 40, 300, 5
+    goffsets = np.array([0, 3, 3, 10, 11, 25, 40])
+    U = sp.random(40, d, density=0.15, format="csr", random_state=6, dtype=dtype)
+    U[6] = U[5]  # two clusters of one group with equal margins on every row
+    bias = rng.normal(size=40)
+    bias[6] = bias[5]
+    X = sp.random(n, d, density=0.05, format="csr", random_state=7, dtype=dtype)
+    X[3] = 0
+    X.eliminate_zeros()
+    routes = GroupRoutes.of(U, bias, goffsets)
+    columns = np.diff(sp.csr_matrix(U.T).indptr)
+    assert (routes.heavy >= 0).any() and ((routes.heavy < 0) & (columns > 0)).any()
+    chosen = [rng.choice(6, size=rng.integers(0, 4), replace=False) for _ in range(n)]
+    chosen[3] = np.array([3, 4])
+    groups = np.full((n, 3), -1)
+    for i, c in enumerate(chosen):
+        groups[i, rng.permutation(3)[:len(c)]] = c
+    ids, margins = grouped_topk(X, groups, routes, b)
+    S = (X @ U.T).toarray().astype(np.float64) + bias
+    for i, c in enumerate(chosen):
+        cand = np.concatenate([np.arange(goffsets[g], goffsets[g + 1]) for g in c] + [np.zeros(0, int)])
+        ranked = sorted(cand, key=lambda j: (-S[i, j], j))[:b]
+        m = len(ranked)
+        np.testing.assert_allclose(margins[i, :m], S[i, ranked], rtol=1e-5, atol=1e-6)
+        assert list(ids[i, :m]) == ranked or np.allclose(np.diff(S[i, ranked]), 0)
+        assert (ids[i, m:] == -1).all() and np.isneginf(margins[i, m:]).all()
+    np.testing.assert_allclose(margins[3], np.sort(bias[10:25])[::-1][:b], atol=1e-12)  # groups 3 and 4
+    tied = [i for i, c in enumerate(chosen) if 2 in c and S[i, 5] >= margins[i, b - 1]]
+    assert tied
+    for i in tied:  # the smaller id first
+        where = {c: t for t, c in enumerate(ids[i])}
+        assert where[5] < where.get(6, b)
+
+
+@pytest.mark.parametrize("density", [0.1, 0.7])  # the routers kept sparse, and dense
+def test_group_routers_by_feature_give_the_best_groups(density):
+    """``_best_groups`` by the group routers transposed (CSR below half their cells, dense from there, in uneven
+    row blocks): each row's ``b`` groups of highest margin, as NumPy's."""
+    from xmldask.models import centroid as C
+
+    R = sp.random(9, 200, density=density, format="csr", random_state=8, dtype=np.float32)
+    rbias = np.random.default_rng(9).normal(size=9).astype(np.float32)
+    X = sp.random(50, 200, density=0.1, format="csr", random_state=10, dtype=np.float32)
+    RT = C._routers_by_feature(R)
+    assert isinstance(RT, np.ndarray) == (density > 0.5)
+    S = (X @ R.T).toarray() + rbias
+    for rows in (slice(0, 7), slice(7, 50)):
+        best = C._best_groups(X[rows], RT, rbias, 3)
+        expected = np.argsort(-S[rows], axis=1)[:, :3]
+        np.testing.assert_array_equal(np.sort(best, axis=1), np.sort(expected, axis=1))
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_sparse_product_dense_is_scipys_product_added_to_the_array(dtype):
     from xmldask.models._candidates import sparse_product_dense
 

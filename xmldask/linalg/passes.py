@@ -51,6 +51,7 @@ True
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import math
@@ -166,15 +167,20 @@ def dense_operand(A, *, name: str = "operand", nbytes: int | None = None, token:
 
 
 def whole_operand(A, *, name: str = "operand") -> da.Array:
-    """:func:`dense_operand` for an array or a SciPy sparse matrix: a sparse one travels in a 0-d object array
-    (scattered by the size of its arrays), which the kernel unwraps (``A.item()``)."""
-    if not sp.issparse(A):
+    """:func:`dense_operand` for an array, a SciPy sparse matrix or a dataclass of arrays with their ``nbytes`` (a
+    kernel's own layout): the last two travel in a 0-d object array (scattered by the size of their arrays), which
+    the kernel unwraps (``A.item()``)."""
+    if sp.issparse(A):
+        A = sp.csr_matrix(A)
+        nbytes, token = A.data.nbytes + A.indices.nbytes + A.indptr.nbytes, (A.shape, A.data, A.indices, A.indptr)
+    elif dataclasses.is_dataclass(A) and not isinstance(A, type):
+        nbytes = int(A.nbytes)
+        token = (type(A).__name__, *(getattr(A, field.name) for field in dataclasses.fields(A)))
+    else:
         return dense_operand(A, name=name)
-    A = sp.csr_matrix(A)
     holder = np.empty((), dtype=object)
     holder[()] = A
-    return dense_operand(holder, name=name, nbytes=A.data.nbytes + A.indices.nbytes + A.indptr.nbytes,
-                         token=dask.base.tokenize(A.shape, A.data, A.indices, A.indptr))
+    return dense_operand(holder, name=name, nbytes=nbytes, token=dask.base.tokenize(*token))
 
 
 def spread_rows(X: da.Array, parts: int, min_rows: int) -> da.Array:

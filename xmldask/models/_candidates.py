@@ -22,12 +22,13 @@ dense columns, a row-by-row product of the rest and ``np.argpartition`` of the `
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["candidate_topk", "prune_rows", "sparse_product_dense", "summary_topk"]
+__all__ = ["GroupRoutes", "candidate_topk", "grouped_topk", "prune_rows", "sparse_product_dense", "summary_topk"]
 
 #: scores of a cluster's labels for a batch of its rows held at once (float64: 8 MiB); a batch has
 #: ``ROW_SLOTS // labels`` rows
@@ -41,10 +42,26 @@ SUMMARY_TILE = 1024
 @functools.cache
 def _compiled(name: str = "_topk_by_rows"):
     """The kernel ``name`` of this module compiled by Numba (cached on disk), imported on first use (Numba adds
-    about 50 MB to a process: :func:`xmldask.models._svm._compiled`)."""
+    about 50 MB to a process: :func:`xmldask.models._svm._compiled`); the helpers it calls compiled first."""
     import numba
 
+    global _insert
+    if not isinstance(_insert, numba.core.dispatcher.Dispatcher):
+        _insert = numba.njit(cache=True, nogil=True, inline="always")(_insert)
     return numba.njit(cache=True, nogil=True)(globals()[name])
+
+
+def _insert(ids, best, i, value, j):  # pragma: no cover
+    """``(j, value)`` into row ``i`` of the best ``(ids, best)`` so far, kept sorted (value descending, then the
+    smaller id), its last dropped; returns the row's new last value."""
+    h = best.shape[1] - 1
+    while h > 0 and (value > best[i, h - 1] or (value == best[i, h - 1] and j < ids[i, h - 1])):
+        best[i, h] = best[i, h - 1]
+        ids[i, h] = ids[i, h - 1]
+        h -= 1
+    best[i, h] = value
+    ids[i, h] = j
+    return best[i, best.shape[1] - 1]
 
 
 def _product_dense(x_indptr, x_indices, x_data, m_indptr, m_indices, m_data, out):  # pragma: no cover
@@ -129,17 +146,8 @@ def _summary_topk(xh_indptr, xh_indices, xh_data, x_indptr, x_indices, x_data,  
                     row[mt_indices[e]] += xv * mt_data[e]
             last = best[i, b - 1]
             for c in range(n_clusters):
-                sc = row[c]
-                if sc <= last:
-                    continue
-                h = b - 1
-                while h > 0 and sc > best[i, h - 1]:
-                    best[i, h] = best[i, h - 1]
-                    ids[i, h] = ids[i, h - 1]
-                    h -= 1
-                best[i, h] = sc
-                ids[i, h] = c
-                last = best[i, b - 1]
+                if row[c] > last:
+                    last = _insert(ids, best, i, row[c], c)
     return ids, best
 
 
@@ -180,6 +188,127 @@ def summary_topk(X: sp.csr_matrix, MT: sp.csr_matrix, b: int, MH: np.ndarray | N
     return _compiled("_summary_topk")(xh_indptr, xh_indices, xh_data,
                                       X.indptr, X.indices, X.data, MT.indptr, MT.indices, MT.data, MH, n_clusters,
                                       len(head), int(b), SUMMARY_ROWS, SUMMARY_TILE, int(entries.max(initial=0)))
+
+
+def _grouped_topk(x_indptr, x_indices, x_data, groups, ut_indptr, ut_indices, ut_data, heavy, directory,
+                  bias, goffsets, group_of, b):  # pragma: no cover
+    n, n_chosen = groups.shape
+    ids = np.full((n, b), -1, np.int64)
+    best = np.full((n, b), -np.inf)
+    chosen = np.empty(n_chosen, np.int64)
+    on = np.zeros(len(goffsets) - 1, np.bool_)
+    acc = np.empty(max(len(bias), 1))  # a row's margins, by cluster id: those of its groups set
+    for i in range(n):
+        m = 0  # the row's groups, ascending (insertion: a few)
+        for s in range(n_chosen):
+            g = groups[i, s]
+            if g < 0 or on[g]:
+                continue
+            on[g] = True
+            h = m
+            while h > 0 and chosen[h - 1] > g:
+                chosen[h] = chosen[h - 1]
+                h -= 1
+            chosen[h] = g
+            m += 1
+        for s in range(m):
+            for c in range(goffsets[chosen[s]], goffsets[chosen[s] + 1]):
+                acc[c] = bias[c]
+        # each feature of the row adds its column's entries in the row's groups: a long column (a directory row)
+        # read from each group's start, a short one scanned whole
+        for q in range(x_indptr[i], x_indptr[i + 1]):
+            f, xv = x_indices[q], np.float64(x_data[q])
+            lo, hi = ut_indptr[f], ut_indptr[f + 1]
+            h = heavy[f]
+            if h < 0:
+                for e in range(lo, hi):
+                    c = ut_indices[e]
+                    if on[group_of[c]]:
+                        acc[c] += np.float64(ut_data[e]) * xv
+                continue
+            for s in range(m):
+                g = chosen[s]
+                for e in range(lo + directory[h, g], lo + directory[h, g + 1]):
+                    acc[ut_indices[e]] += np.float64(ut_data[e]) * xv
+        last = best[i, b - 1]
+        for s in range(m):  # the row's best, kept sorted: margin descending, then the smaller cluster id
+            for c in range(goffsets[chosen[s]], goffsets[chosen[s] + 1]):
+                sc = acc[c]
+                if sc > last or (sc == last and (ids[i, b - 1] < 0 or c < ids[i, b - 1])):
+                    last = _insert(ids, best, i, sc, c)
+        for s in range(m):
+            on[chosen[s]] = False
+    return ids, best
+
+
+def _directory(ut_indptr, ut_indices, heavy_features, group_of, n_groups):  # pragma: no cover
+    directory = np.zeros((len(heavy_features), n_groups + 1), np.int32)
+    for h in range(len(heavy_features)):
+        f = heavy_features[h]
+        for e in range(ut_indptr[f], ut_indptr[f + 1]):
+            directory[h, group_of[ut_indices[e]] + 1] += 1
+        for g in range(n_groups):
+            directory[h, g + 1] += directory[h, g]
+    return directory
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class GroupRoutes:
+    """The clusters' routers as :func:`grouped_topk` reads them (:meth:`of`): transposed (``UT``, ``d x
+    n_clusters`` CSR, cluster ids ascending in each feature's row), and, for each feature with at least as many
+    entries as there are groups (``heavy``: its row of ``directory``, else -1), where each group's clusters start
+    in its row (``directory``, int32, ``n_heavy x (n_groups + 1)``: never more cells than those features' entries
+    and one more each); the routers' ``bias`` and the groups' ``goffsets`` (group ``j`` is the clusters
+    ``goffsets[j]:goffsets[j + 1]``)."""
+
+    UT: sp.csr_matrix
+    heavy: np.ndarray
+    directory: np.ndarray
+    bias: np.ndarray
+    goffsets: np.ndarray
+
+    @classmethod
+    def of(cls, U: sp.csr_matrix, bias: np.ndarray, goffsets: np.ndarray) -> GroupRoutes:
+        """The routes of the routers ``U`` (a row a cluster), their ``bias``, in the groups ``goffsets``."""
+        goffsets = np.asarray(goffsets, np.int64)
+        UT = sp.csr_matrix(sp.csr_matrix(U).T, dtype=np.float32)
+        UT.sort_indices()
+        n_groups = len(goffsets) - 1
+        entries = np.diff(UT.indptr)
+        heavy_features = np.flatnonzero(entries >= max(n_groups, 1))
+        heavy = np.full(UT.shape[0], -1, np.int32)
+        heavy[heavy_features] = np.arange(len(heavy_features), dtype=np.int32)
+        directory = _compiled("_directory")(UT.indptr, UT.indices, heavy_features, _group_of(goffsets), n_groups)
+        return cls(UT, heavy, directory, np.asarray(bias, np.float64).ravel(), goffsets)
+
+    @property
+    def nbytes(self) -> int:
+        return int(sum(a.nbytes for a in (self.UT.data, self.UT.indices, self.UT.indptr, self.heavy,
+                                          self.directory, self.bias, self.goffsets)))
+
+
+def _group_of(goffsets: np.ndarray) -> np.ndarray:
+    """The group of each cluster of the groups ``goffsets``."""
+    return np.repeat(np.arange(len(goffsets) - 1, dtype=np.int32), np.diff(goffsets))
+
+
+def grouped_topk(X: sp.csr_matrix, groups: np.ndarray, routes: GroupRoutes, b: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ``b`` best clusters of each row of ``X`` by the margins of their routers (``routes``: :class:`GroupRoutes`)
+    among the clusters of its ``groups`` (``n_rows x g`` group ids, ``-1`` for none), best first (ties: the smaller
+    id), and their margins: ``(n_rows, b)`` int64 and float64, ``(-1, -inf)`` past the groups' clusters.
+
+    Each feature of a row adds the entries of its routers' column in the row's groups: a row costs those entries
+    (and the scan of the columns shorter than the number of groups) whatever the block's size. Reading each
+    cluster's router once for all the block's rows that chose its group instead cost a row every entry of its
+    groups over the rows of the block that share them: at 1M labels 84-105 us a row in blocks of 5,000 rows, and
+    1,130 in blocks of 200.
+    """
+    X = sp.csr_matrix(X)
+    groups = np.ascontiguousarray(groups, np.int64).reshape(X.shape[0], -1)
+    UT = routes.UT
+    return _compiled("_grouped_topk")(X.indptr, X.indices, X.data, groups, UT.indptr, UT.indices, UT.data,
+                                      routes.heavy, routes.directory, routes.bias, routes.goffsets,
+                                      _group_of(routes.goffsets), int(b))
 
 
 def _topk_by_rows(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, order,  # pragma: no cover
@@ -254,16 +383,8 @@ def _topk_by_rows(x_indptr, x_indices, x_data, pair_ptr, pair_rows, offsets, ord
                     if sc < last:
                         continue
                     lab = order[a + j]
-                    if sc == last and lab > labels[i, k - 1] >= 0:
-                        continue
-                    h = k - 1
-                    while h > 0 and (sc > scores[i, h - 1] or (sc == scores[i, h - 1] and lab < labels[i, h - 1])):
-                        scores[i, h] = scores[i, h - 1]
-                        labels[i, h] = labels[i, h - 1]
-                        h -= 1
-                    scores[i, h] = sc
-                    labels[i, h] = lab
-                    last = scores[i, k - 1]
+                    if sc > last or labels[i, k - 1] < 0 or lab < labels[i, k - 1]:
+                        last = _insert(labels, scores, i, sc, lab)
             for t in range(nf):
                 loc[feats[t]] = -1
     return labels, scores

@@ -56,7 +56,7 @@ from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
-from ._candidates import candidate_topk, prune_rows, sparse_product_dense, summary_topk
+from ._candidates import GroupRoutes, candidate_topk, grouped_topk, prune_rows, sparse_product_dense, summary_topk
 from ._svm import MAX_PASSES, PRUNE, TOL, cluster_svms, streamed_pass
 
 __all__ = ["CENTROID_VERSION", "CentroidParams", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory",
@@ -534,29 +534,29 @@ def balanced_clusters(W: sp.csr_matrix, labels: np.ndarray, leaf_labels: int, rn
     return order, offsets
 
 
-def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, head=None, V=None, bias=None, R=None,
-                rbias=None, U=None, ubias=None, goffsets=None, *, beam: int, k: int, weight: float = 0.0,
-                groups: int = 0, threshold: float = 0.0):
+def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, head=None, V=None, bias=None, RT=None,
+                rbias=None, routes=None, *, beam: int, k: int, weight: float = 0.0, groups: int = 0,
+                threshold: float = 0.0):
     """Top-``k`` labels and scores of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
 
     ``W``: the label centroids in cluster order. A row chooses its ``beam`` best clusters, by the routers when
-    given (:func:`_routed_clusters`: the group routers ``R``, ``rbias``, then those of the clusters ``U``,
-    ``ubias`` of its ``groups`` best groups ``goffsets``), or else by the cluster summaries (``MT``, transposed,
-    without the rows of the features ``head`` whose columns ``MH`` holds dense: :func:`_split_summaries`; scored by
-    :func:`._candidates.summary_topk`); then it scores
-    the labels of those clusters, cluster by cluster for all the block's rows that chose it
+    given (the group routers ``RT`` (:func:`_routers_by_feature`), ``rbias``, then those of the clusters of its
+    ``groups`` best groups, ``routes``: a :class:`._candidates.GroupRoutes`), or else by the cluster summaries
+    (``MT``, transposed, without the rows of the features ``head`` whose columns ``MH`` holds dense:
+    :func:`_split_summaries`; scored by :func:`._candidates.summary_topk`); then it scores the labels of those
+    clusters, cluster by cluster for all the block's rows that chose it
     (:func:`._candidates.candidate_topk`: the cosine, plus ``weight`` times the label's classifier ``V``, ``bias``;
     the centroids' entries below ``threshold`` left out); slots left over (fewer candidates than ``k``) get the
     ``fallback`` labels (the most frequent) below every score.
     """
-    MT, W, V, R, U = _unwrap(MT), _unwrap(W), _unwrap(V), _unwrap(R), _unwrap(U)
+    MT, W, V, RT, routes = _unwrap(MT), _unwrap(W), _unwrap(V), _unwrap(RT), _unwrap(routes)
     Xb = _rows_block(Xb, idf)
     n, n_clusters = Xb.shape[0], len(offsets) - 1
     labels, scores = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
     if n and n_clusters:
         b = min(beam, n_clusters)
-        if U is not None:
-            best = _routed_clusters(Xb, _best_groups(Xb, R, rbias, groups), U, ubias, goffsets, beam=b)[0]
+        if routes is not None:
+            best = grouped_topk(Xb, _best_groups(Xb, RT, rbias, groups), routes, b)[0]
         else:
             best = _best_clusters(Xb, MT, b, (MH, head))[0]
         rows, slots = np.nonzero(best >= 0)
@@ -565,26 +565,28 @@ def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, hea
     return _filled(labels, scores, fallback)
 
 
-def _best_groups(Xb, R, rbias, b: int) -> np.ndarray:
+def _routers_by_feature(R: sp.csr_matrix):
+    """The group routers ``R`` (``n_groups x d``) transposed, as :func:`_best_groups` reads them: dense (``d x
+    n_groups`` float32) where that takes no more memory than sparse (half their cells hold a weight or more: 54 % at
+    1M labels), else CSR. A row reads the routers of its features, whatever the block's size; reading the routers
+    once for a block of rows (``(R X^T)^T``) cost 69 us a row at 1M labels in blocks of 5,000 rows, against 33 for
+    the CSR transpose."""
+    R = sp.csr_matrix(R, dtype=np.float32)
+    if R.nnz * (R.data.itemsize + R.indices.itemsize) >= R.shape[0] * R.shape[1] * 4:
+        return np.ascontiguousarray(R.T.toarray(), np.float32)
+    return sp.csr_matrix(R.T)
+
+
+def _best_groups(Xb, RT, rbias, b: int) -> np.ndarray:
     """The ``b`` groups of highest router margin of each row (unordered), shape ``(n_rows, min(b, n_groups))``:
-    ``R`` the group routers (``n_groups x d``), ``rbias`` their biases. The margins are ``(R X^T)^T``: the row
-    block is transposed, not the routers (at 1M labels 22M entries, whose transpose took twice the product)."""
-    S = sparse_product_dense(R, sp.csr_matrix(Xb.T)).T
+    ``RT`` the group routers by feature (:func:`_routers_by_feature`), ``rbias`` their biases."""
+    Xb = sp.csr_matrix(Xb, dtype=np.float32)
+    S = np.asarray(Xb @ RT, np.float32) if isinstance(RT, np.ndarray) else sparse_product_dense(Xb, RT)
     S += np.asarray(rbias, np.float32)
     n_groups = S.shape[1]
     if b < n_groups:
         return np.argpartition(-S, b - 1, axis=1)[:, :b]
     return np.broadcast_to(np.arange(n_groups), (S.shape[0], n_groups))
-
-
-def _routed_clusters(Xb, groups: np.ndarray, U, ubias, goffsets, *, beam: int) -> tuple[np.ndarray, np.ndarray]:
-    """The ``beam`` best clusters of each row by their routers (``U``, ``ubias``: a row of each cluster) among those
-    of its ``groups`` (group ids, ``-1`` for none; group ``g`` is clusters ``goffsets[g]:goffsets[g + 1]``), best
-    first, and their margins: ``(n_rows, beam)``, ``(-1, -inf)`` where the groups have fewer clusters."""
-    rows, slots = np.nonzero(groups >= 0)
-    centroids = sp.csr_matrix(U.shape, dtype=np.float32)  # no centroid term: the routers' margins alone
-    return candidate_topk(Xb, rows, groups[rows, slots], centroids, np.arange(U.shape[0]), goffsets, beam, V=U,
-                          bias=ubias, weight=1.0)
 
 
 def _best_k(r, lab, s, *, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -665,13 +667,14 @@ def _group_routers(url: str, n_groups: int, *, token: str | None = None, budget:
     would be as large, 170 MiB at 1M labels), kept as :func:`_route_block`'s."""
     if token is not None:
         return _BLOCKS.get(("groups", url, token), functools.partial(_group_routers, url, n_groups), budget)
-    return {"R": _read_rows(url, "R", 0, n_groups), "rbias": _read_rows(url, "router_bias", 0, n_groups)}
+    return {"RT": _routers_by_feature(_read_rows(url, "R", 0, n_groups)),
+            "rbias": _read_rows(url, "router_bias", 0, n_groups)}
 
 
 def _stored_groups(Xt, url: str, n_groups: int, b: int, *, token: str | None = None, budget: float = 0.0):
     """:func:`_best_groups` of the rows of ``Xt`` by the group routers of the model store at ``url``."""
     routers = _group_routers(url, n_groups, token=token, budget=budget)
-    return _best_groups(Xt, routers["R"], routers["rbias"], b)
+    return _best_groups(Xt, routers["RT"], routers["rbias"], b)
 
 
 class _BlockCache:
@@ -715,18 +718,20 @@ def _nbytes(value) -> int:
     return int(getattr(value, "nbytes", 0))
 
 
-def _route_block(url: str, first: int, stop: int, *, routed: bool, token: str | None = None,
+def _route_block(url: str, first: int, stop: int, *, goffsets: np.ndarray | None = None, token: str | None = None,
                  budget: float = 0.0) -> dict:
-    """What rows route by in the clusters ``first:stop`` of the model store at ``url``: their routers (``U``,
-    ``ubias``) when ``routed``, else their summaries as the kernel reads them (``split``: :func:`_split_summaries`,
+    """What rows route by in the clusters ``first:stop`` of the model store at ``url``: their routers in their
+    groups ``goffsets`` (the block's own, from 0: ``routes``, a :class:`._candidates.GroupRoutes`) when given, else
+    their summaries as the kernel reads them (``split``: :func:`_split_summaries`,
     whose transpose cost a row block of 20,000 rows as much as their routing at 1M labels); kept by this process
     within ``budget`` bytes when the store's content ``token`` is given (:class:`_BlockCache`)."""
     if token is not None:
-        return _BLOCKS.get(("route", url, token, first, stop, routed),
-                           functools.partial(_route_block, url, first, stop, routed=routed), budget)
+        return _BLOCKS.get(("route", url, token, first, stop, goffsets is not None),
+                           functools.partial(_route_block, url, first, stop, goffsets=goffsets), budget)
     block = {"first": first, "stop": stop}
-    if routed:
-        block.update(U=_read_rows(url, "U", first, stop), ubias=_read_rows(url, "cluster_bias", first, stop))
+    if goffsets is not None:
+        block["routes"] = GroupRoutes.of(_read_rows(url, "U", first, stop),
+                                         _read_rows(url, "cluster_bias", first, stop), goffsets)
     else:
         block["split"] = _split_summaries(_read_rows(url, "M", first, stop))
     return block
@@ -754,15 +759,17 @@ def _route_part(Xt, block, *, beam: int, groups=None, goffsets=None):
     ``(n_rows, <= beam)``; by the summary cosines, or by the routers of the clusters when the rows' best
     ``groups`` (global group ids of the ``goffsets``, whose bounds the block's are) are given, ``(-1, -inf)`` for
     no cluster."""
-    if not isinstance(block, dict):
-        url, first, stop, token, budget = block
-        block = _route_block(url, first, stop, routed=groups is not None, token=token, budget=budget)
-    first, stop = block["first"], block["stop"]
+    first, stop = (block["first"], block["stop"]) if isinstance(block, dict) else block[1:3]
     if groups is not None:
         g0, g1 = np.searchsorted(goffsets, [first, stop])
+        local_offsets = goffsets[g0:g1 + 1] - first
+    if not isinstance(block, dict):
+        url, first, stop, token, budget = block
+        block = _route_block(url, first, stop, goffsets=local_offsets if groups is not None else None, token=token,
+                             budget=budget)
+    if groups is not None:
         local = np.where((groups >= g0) & (groups < g1), groups - g0, -1)
-        ids, margins = _routed_clusters(Xt, local, block["U"], block["ubias"], goffsets[g0:g1 + 1] - first,
-                                        beam=beam)
+        ids, margins = grouped_topk(Xt, local, block["routes"], beam)
         return np.where(ids >= 0, ids + first, -1), margins
     MT, MH, head = block["split"]
     ids, cosines = _best_clusters(Xt, MT, beam, (MH, head))
@@ -1458,8 +1465,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         if routed:
             n_groups = len(self.group_offsets_) - 1
             routes += [("groups", g) for g in sorted({min(g, n_groups) for g in AUTO_GROUPS})]
-            routers = {"R": self.R_, "rbias": self.router_bias_, "U": self.U_,
-                       "ubias": self.cluster_bias_, "goffsets": self.group_offsets_}
+            routers = self._routers()
         if not routed or self.routing == "auto":
             # the summaries of the centroids of all rows may route better than the routers (trained on fewer rows
             # each): with routing="auto" those compete after them
@@ -1518,6 +1524,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                         beams[0])
             self.routing_, self.group_beam_ = "summaries", 0
             self.R_ = self.router_bias_ = self.U_ = self.cluster_bias_ = self.group_offsets_ = None
+            self.__dict__.pop("_routers_kept", None)
         routed = self.routing_ == "routers"
         exponent = self.summary_exponent_ if routed else option[1]
         return exponent, (int(option[1]) if routed else 0), int(beam), weight, record
@@ -1566,8 +1573,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         whole = {"W": self.W_, "order": self.order_, "offsets": self.offsets_, "fallback": fallback, "idf": self.idf_,
                  "V": self.V_ if weight else None, "bias": self.svm_bias_ if weight else None}
         if self._routed():
-            whole.update({"R": self.R_, "rbias": self.router_bias_, "U": self.U_,
-                          "ubias": self.cluster_bias_, "goffsets": self.group_offsets_})
+            whole.update(self._routers())
         else:
             whole.update(zip(("MT", "MH", "head"), _split_summaries(self.M_)))
         X = spread_rows(X, parallelism(), PREDICT_PIECE_ROWS)  # a block a task: every thread a piece of a large one
@@ -1577,6 +1583,18 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
                            stack=False, static={"beam": int(self.beam_), "k": k, "weight": weight,
                                                 "groups": int(getattr(self, "group_beam_", 0) or 0)})
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
+
+    def _routers(self) -> dict:
+        """The routers as a row block reads them (:func:`_best_groups`' ``RT`` and ``rbias``, the clusters'
+        ``routes``: :class:`._candidates.GroupRoutes`), transposed once for the fitted routers (3-5 s at 1M labels)
+        and kept beside them for the next predictions."""
+        fitted = (self.R_, self.U_)
+        kept = self.__dict__.get("_routers_kept")
+        if kept is None or any(a is not b for a, b in zip(kept[0], fitted)):
+            kept = (fitted, {"RT": _routers_by_feature(self.R_), "rbias": self.router_bias_,
+                             "routes": GroupRoutes.of(self.U_, self.cluster_bias_, self.group_offsets_)})
+            self.__dict__["_routers_kept"] = kept
+        return kept[1]
 
     def _routed(self) -> bool:
         """Whether rows choose their clusters by the routers (a version 1 or 2 store: by the summaries)."""
