@@ -8,7 +8,9 @@ none with the summaries), the clusters (:func:`~xmldask.models._candidates.group
 (:func:`~xmldask.models._candidates.candidate_topk`), at each ``--beams`` (default: the model's). Each phase's
 microseconds a row are the best of ``--repeats``, the block sizes and beams taken in turn in each repeat (a
 memory-bound kernel's time moves with the machine's state: compare the rows of one run). A served model predicts
-small blocks too: a kernel whose cost a row falls only with the block's rows shows it here.
+small blocks too: a kernel whose cost a row falls only with the block's rows shows it here. ``prepare s``: the
+seconds the loaded model took to make what its predictions read (the routers transposed, the centroids by
+cluster and feature), once.
 
 Usage::
 
@@ -25,7 +27,7 @@ import numpy as np
 from _tables import load_line, markdown_table, write_json
 
 KEYS = ["labels", "routing", "block rows", "beam", "groups us", "clusters us", "candidates us", "us a row",
-        "candidates a row"]
+        "candidates a row", "prepare s"]
 
 
 def _phases(model, Xb, beam: int, operands: dict) -> tuple[list[float], float]:
@@ -66,9 +68,11 @@ def measure(model_url: str, test_url: str, *, rows: int, block_rows: list[int], 
         X = data.X[:min(rows, data.n_samples)].compute()
     X = C._rows_block(sp.csr_matrix(X), model.idf_)
     routed = model._routed()
+    start = time.perf_counter()  # what a loaded model makes once for its predictions
     operands = dict(model._routers()) if routed else \
         dict(zip(("MT", "MH", "head"), C._split_summaries(model.M_)))
-    operands["W"] = C._unwrap(model.W_)
+    operands["W"] = model._label_entries()["W"]
+    prepare = time.perf_counter() - start
     beams = beams or [int(model.beam_)]
     best, scored = {}, {}
     with threadpool_limits(1):
@@ -91,7 +95,7 @@ def measure(model_url: str, test_url: str, *, rows: int, block_rows: list[int], 
                     "summaries", "rows": int(X.shape[0]), "block rows": b_rows, "beam": beam,
                     "groups us": round(float(us[0]), 1), "clusters us": round(float(us[1]), 1),
                     "candidates us": round(float(us[2]), 1), "us a row": round(float(us.sum()), 1),
-                    "candidates a row": round(scored[(b_rows, beam)] / X.shape[0])})
+                    "candidates a row": round(scored[(b_rows, beam)] / X.shape[0]), "prepare s": round(prepare, 1)})
     return out
 
 

@@ -172,12 +172,14 @@ def measure(model_url: str, test_url: str, *, rows: int, ranks: list[int], short
     MT, MH, head = _split_summaries(sp.csr_matrix(_unwrap(model.M_)))
     MHt = np.ascontiguousarray(MH.T)
     beam, n_clusters = int(model.beam_), MH.shape[1]
-    W, V = _unwrap(model.W_), _unwrap(getattr(model, "V_", None))
+    weight = float(model.svm_weight_ or 0.0)
+    entries = model._label_entries(classifiers=bool(weight))  # made once for every P@1 below
+    W, V = entries["W"], entries["V"]
 
     def p_at_1(best: np.ndarray) -> float:
         hit_rows, slots = np.nonzero(best >= 0)
         labels, _ = candidate_topk(Xb, hit_rows, best[hit_rows, slots], W, model.order_, model.offsets_, 1, V=V,
-                                   bias=getattr(model, "svm_bias_", None), weight=float(model.svm_weight_ or 0.0),
+                                   bias=getattr(model, "svm_bias_", None), weight=weight,
                                    threshold=float(model.centroid_threshold_ or 0.0))
         top, ok = labels[:, 0], labels[:, 0] >= 0
         return float((np.asarray(Y[np.flatnonzero(ok), top[ok]]).ravel() > 0).sum() / n)

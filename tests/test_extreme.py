@@ -575,6 +575,72 @@ def test_candidate_kernel_matches_dense_scores_of_the_chosen_clusters(dtype, row
             assert where[first] < where.get(second, k)
 
 
+def test_cluster_entries_hold_each_clusters_rows_by_feature():
+    """``ClusterEntries.of``: each cluster's distinct features ascending, and their runs of (label slot, value)
+    in label order: the rows of ``W`` again (uneven clusters, one empty, unsorted column ids); int16 slots where
+    the clusters allow, int32 past."""
+    from xmldask.models._candidates import ClusterEntries
+
+    offsets = np.array([0, 4, 4, 11, 12, 30])
+    W = sp.random(30, 200, density=0.1, format="csr", random_state=11, dtype=np.float32)
+    shuffled = W.copy()
+    for j in range(W.shape[0]):  # the same rows, column ids in any order
+        run = slice(W.indptr[j], W.indptr[j + 1])
+        permutation = np.random.default_rng(j).permutation(run.stop - run.start)
+        shuffled.indices[run], shuffled.data[run] = W.indices[run][permutation], W.data[run][permutation]
+    shuffled.has_sorted_indices = False
+    E = ClusterEntries.of(shuffled, offsets)
+    assert E.slot.dtype == np.int16 and E.nbytes > 0
+    rebuilt = np.zeros(W.shape, np.float32)
+    for c in range(len(offsets) - 1):
+        features = E.features[E.fstart[c]:E.fstart[c + 1]]
+        assert np.all(np.diff(features) > 0)
+        np.testing.assert_array_equal(features, np.unique(W[offsets[c]:offsets[c + 1]].indices))
+        for h, f in enumerate(features):
+            u = E.fstart[c] + c + h
+            run = slice(E.estart[c] + E.runs[u], E.estart[c] + E.runs[u + 1])
+            assert np.all(np.diff(E.slot[run]) > 0)
+            rebuilt[offsets[c] + E.slot[run], f] = E.value[run]
+    np.testing.assert_array_equal(rebuilt, W.toarray())
+    wide = ClusterEntries.of(sp.random(40_000, 3, density=0.5, format="csr", random_state=1), np.array([0, 40_000]))
+    assert wide.slot.dtype == np.int32 and wide.slot.max() > np.iinfo(np.int16).max
+
+
+@pytest.mark.parametrize("row_slots", [None, 1, 40])
+def test_candidates_are_found_by_bisection_and_by_scan_alike(row_slots, monkeypatch):
+    """Clusters with many more features than a batch of rows (the batch's features looked up one by one) and
+    batches with many (the cluster's features scanned), with the centroids' threshold and the weighted classifiers:
+    the k best of a dense NumPy score matrix, the same whatever the batches."""
+    from xmldask.models import _candidates
+    from xmldask.models._candidates import ClusterEntries, candidate_topk
+
+    if row_slots:
+        monkeypatch.setattr(_candidates, "ROW_SLOTS", row_slots)
+    rng = np.random.default_rng(12)
+    n, d, k = 60, 4000, 5
+    offsets = np.array([0, 1, 9, 10, 40])
+    order = rng.permutation(40)
+    X = sp.random(n, d, density=0.004, format="csr", random_state=13, dtype=np.float32)
+    W = sp.random(40, d, density=0.2, format="csr", random_state=14, dtype=np.float32)
+    V = sp.random(40, d, density=0.05, format="csr", random_state=15, dtype=np.float32)
+    bias = rng.normal(size=40)
+    chosen = [rng.choice(4, size=rng.integers(1, 4), replace=False) for _ in range(n)]
+    rows = np.concatenate([np.full(len(c), i) for i, c in enumerate(chosen)]).astype(np.int64)
+    clusters = np.concatenate(chosen).astype(np.int64)
+    for weight, threshold in ((0.0, 0.0), (0.5, 0.3)):
+        kept = W.multiply(abs(W) >= threshold).tocsr()
+        S = (X @ kept.T).toarray().astype(np.float64) + weight * ((X @ V.T).toarray() + bias)
+        got = candidate_topk(X, rows, clusters, ClusterEntries.of(W, offsets), order, offsets, k,
+                             V=ClusterEntries.of(V, offsets), bias=bias, weight=weight, threshold=threshold)
+        assert got[0].shape == (n, k)
+        for i, c in enumerate(chosen):
+            cand = np.concatenate([np.arange(offsets[j], offsets[j + 1]) for j in c])
+            ranked = sorted(cand, key=lambda j: (-S[i, j], order[j]))[:k]
+            np.testing.assert_allclose(got[1][i, :len(ranked)], S[i, ranked], rtol=1e-5, atol=1e-6)
+            assert list(got[0][i, :len(ranked)]) == [order[j] for j in ranked] or \
+                np.allclose(np.diff(S[i, ranked]), 0)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_grouped_topk_is_the_best_router_margins_in_each_rows_groups(dtype):
     """``grouped_topk``: uneven groups (one empty), rows that chose several groups in any order, one or none (and a

@@ -56,7 +56,15 @@ from ..store.layout import StoreError, read_checked
 from ..store.models import SavedModel, non_finite, read_model_array, store_location
 from . import _graph
 from . import _kernels as K
-from ._candidates import GroupRoutes, candidate_topk, grouped_topk, prune_rows, sparse_product_dense, summary_topk
+from ._candidates import (
+    ClusterEntries,
+    GroupRoutes,
+    candidate_topk,
+    grouped_topk,
+    prune_rows,
+    sparse_product_dense,
+    summary_topk,
+)
 from ._svm import MAX_PASSES, PRUNE, TOL, cluster_svms, streamed_pass
 
 __all__ = ["CENTROID_VERSION", "CentroidParams", "LabelCentroidClassifier", "balanced_clusters", "centroid_memory",
@@ -539,7 +547,8 @@ def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, hea
                 threshold: float = 0.0):
     """Top-``k`` labels and scores of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
 
-    ``W``: the label centroids in cluster order. A row chooses its ``beam`` best clusters, by the routers when
+    ``W``: the label centroids in cluster order (CSR, or their :class:`._candidates.ClusterEntries`; ``V`` too). A
+    row chooses its ``beam`` best clusters, by the routers when
     given (the group routers ``RT`` (:func:`_routers_by_feature`), ``rbias``, then those of the clusters of its
     ``groups`` best groups, ``routes``: a :class:`._candidates.GroupRoutes`), or else by the cluster summaries
     (``MT``, transposed, without the rows of the features ``head`` whose columns ``MH`` holds dense:
@@ -747,9 +756,10 @@ def _label_block(url: str, first: int, stop: int, *, weight: float = 0.0, token:
     offsets = _read_rows(url, "offsets", first, stop + 1)
     a, b = int(offsets[0]), int(offsets[-1])
     block = {"first": first, "stop": stop, "offsets": offsets - a, "order": _read_rows(url, "order", a, b),
-             "W": _read_rows(url, "W", a, b), "V": None, "bias": None}
+             "W": ClusterEntries.of(_read_rows(url, "W", a, b), offsets - a), "V": None, "bias": None}
     if weight:
-        block.update(V=_read_rows(url, "V", a, b), bias=_read_rows(url, "svm_bias", a, b))
+        block.update(V=ClusterEntries.of(_read_rows(url, "V", a, b), offsets - a),
+                     bias=_read_rows(url, "svm_bias", a, b))
     return block
 
 
@@ -865,19 +875,20 @@ def centroid_memory(entries: float, n_labels: int, n_features: int, *, n_blocks:
     ``fit_process``: the fitting process holds the unit centroids and, at once, one more copy (the label blocks
     stacked, the clustering's copy of a subtree, the copy in cluster order, the centroids without the held-out
     rows) and two sets of cluster summaries (the held-out choice of their weights compares two at a time), each with
-    its transposed copy about as large as the centroids (at 1M labels the summaries have half their entries): the
-    path without the labels' classifiers, which ``svm_weight="auto"`` trains only when the memory then available
-    holds them (:func:`classifiers_fit`); ``worker``: a task holds a row block's sums (``block_entries``, the
-    largest row block's bound) and their pieces, and a combine task two partial sums and their sum, of all the
-    labels or of the largest label block (``label_block_entries``, when the workers sum in label blocks:
-    :func:`label_block_bounds`); a task training
-    the classifiers of a group of clusters takes at most :data:`SVM_GROUP_SHARE` of a worker's limit (its rows, as
-    :func:`svm_groups` cuts them).
+    its transposed copy about as large as the centroids (at 1M labels the summaries have half their entries), and the
+    centroids without the held-out rows as the candidates' kernel reads them (:class:`._candidates.ClusterEntries`,
+    at most twice their stored bytes): the path without the labels' classifiers, which ``svm_weight="auto"`` trains
+    only when the memory then available holds them (:func:`classifiers_fit`); ``worker``: a task holds a row block's
+    sums (``block_entries``, the largest row block's bound) and their pieces, and a combine task two partial sums
+    and their sum, of all the labels or of the largest label block (``label_block_entries``, when the workers sum in
+    label blocks: :func:`label_block_bounds`); a task training the classifiers of a group of clusters takes at most
+    :data:`SVM_GROUP_SHARE` of a worker's limit (its rows, as :func:`svm_groups` cuts them).
     """
     stored = min(entries, float(n_labels) * n_features) * _ENTRY_BYTES + 8 * (n_labels + 1)
     block = stored if label_block_entries is None else min(stored, label_block_entries * _ENTRY_BYTES)
     worker = (3 * block if n_blocks > 1 else block) + 2 * block_entries * _ENTRY_BYTES
-    return {"entries": float(entries), "model_bytes": stored, "fit_process": 4 * stored, "worker": worker}
+    reads = ClusterEntries.ENTRY_BYTES / _ENTRY_BYTES
+    return {"entries": float(entries), "model_bytes": stored, "fit_process": (4 + reads) * stored, "worker": worker}
 
 
 def classifiers_fit(centroid_entries: int, available: float) -> bool:
@@ -1185,6 +1196,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             Binary labels, in the same row blocks.
         """
         self._check_params()
+        for kept in ("_entries_kept", "_routers_kept"):  # what the last fit's predictions read
+            self.__dict__.pop(kept, None)
         X = as_rows(X, "X")
         Y = as_rows(Y, "Y", block_rows=X.chunks[0][0] if not isinstance(Y, da.Array) else None)
         if Y.shape[0] != X.shape[0] or tuple(Y.chunks[0]) != tuple(X.chunks[0]):
@@ -1450,10 +1463,14 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         W = self._without(norms, (Y_held.T @ X_held).tocsr(), rest)
         fallback = np.argsort(-rest, kind="stable")[:1]
         weights = rest[self.order_].astype(np.float64)
+        # the candidates' kernel reads them so (made once for every comparison below)
+        entries = ClusterEntries.of(W, self.offsets_)
+        classifiers = None if self.V_ is None else ClusterEntries.of(self.V_, self.offsets_)
 
         def hits(route: dict, beam: int, weight: float = 0.0, threshold: float = 0.0) -> np.ndarray:
-            top = _topk_block(X_held, W, self.order_, self.offsets_, fallback, V=self.V_, bias=self.svm_bias_,
-                              beam=beam, k=1, weight=weight, threshold=threshold, **route)[:, 0].astype(np.int64)
+            top = _topk_block(X_held, entries, self.order_, self.offsets_, fallback, V=classifiers,
+                              bias=self.svm_bias_, beam=beam, k=1, weight=weight, threshold=threshold,
+                              **route)[:, 0].astype(np.int64)
             return np.asarray(Y_held[np.arange(len(top)), top]).ravel() > 0
 
         def better(hit: np.ndarray, best: np.ndarray) -> bool:  # taken only for a gain the held-out rows resolve
@@ -1482,6 +1499,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             if route is None or better(by_option[candidate_option], by_option[option]):
                 option, route = candidate_option, candidate
             del candidate
+        W = None  # the routes are made: the centroids are read as their entries from here
         weight = SVM_WEIGHTS[0] if self.svm_weight == "auto" else float(self.svm_weight)
         by_beam = {beams[0]: by_option[option] if not weight else hits(route, beams[0], weight)}
         beam = beams[0]
@@ -1570,8 +1588,8 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             if bounds is not None:
                 return self._predict_in_cluster_blocks(X, k, fallback, url, bounds)
         weight = self._svm_weight()
-        whole = {"W": self.W_, "order": self.order_, "offsets": self.offsets_, "fallback": fallback, "idf": self.idf_,
-                 "V": self.V_ if weight else None, "bias": self.svm_bias_ if weight else None}
+        whole = {**self._label_entries(classifiers=bool(weight)), "order": self.order_, "offsets": self.offsets_,
+                 "fallback": fallback, "idf": self.idf_, "bias": self.svm_bias_ if weight else None}
         if self._routed():
             whole.update(self._routers())
         else:
@@ -1596,6 +1614,19 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
             self.__dict__["_routers_kept"] = kept
         return kept[1]
 
+    def _label_entries(self, classifiers: bool = False) -> dict:
+        """The centroids (``W``) and, with ``classifiers``, the classifiers (``V``) as the candidates' kernel reads
+        them (:class:`._candidates.ClusterEntries`: 8 s at 1M labels), made once and kept until the next fit; a
+        loaded model's centroids are left in its store once read for them."""
+        kept = self.__dict__.setdefault("_entries_kept", {})
+        for name, wanted in (("W", True), ("V", classifiers)):
+            if wanted and name not in kept:
+                lazy = self.__dict__.get(name + "_") is None and self.__dict__.get("_stored") is not None
+                kept[name] = ClusterEntries.of(_unwrap(getattr(self, name + "_")), self.offsets_)
+                if lazy:
+                    self.__dict__.pop(name + "_", None)
+        return {"W": kept["W"], "V": kept.get("V") if classifiers else None}
+
     def _routed(self) -> bool:
         """Whether rows choose their clusters by the routers (a version 1 or 2 store: by the summaries)."""
         return getattr(self, "routing_", None) == "routers"
@@ -1605,15 +1636,17 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         return float(getattr(self, "svm_weight_", None) or 0.0) if self.svm_bias_ is not None else 0.0
 
     def _cluster_bytes(self) -> np.ndarray:
-        """Bytes of each cluster's summary, centroids and classifiers (stored entries)."""
+        """Bytes of each cluster's summary (stored entries), and centroids, classifiers and routers as the
+        prediction reads them (:class:`._candidates.ClusterEntries`, :class:`._candidates.GroupRoutes`: at most
+        :attr:`~._candidates.ClusterEntries.ENTRY_BYTES` an entry)."""
         W = self._indptr("W")
-        entries = W[self.offsets_[1:]] - W[self.offsets_[:-1]] + np.diff(self._indptr("M"))
+        read = W[self.offsets_[1:]] - W[self.offsets_[:-1]]
         if self._routed():
-            entries = entries + np.diff(self._indptr("U")) + 1
+            read = read + np.diff(self._indptr("U")) + 1
         if self._svm_weight():
             V = self._indptr("V")
-            entries = entries + V[self.offsets_[1:]] - V[self.offsets_[:-1]] + np.diff(self.offsets_)
-        return entries * float(_ENTRY_BYTES)
+            read = read + V[self.offsets_[1:]] - V[self.offsets_[:-1]] + np.diff(self.offsets_)
+        return np.diff(self._indptr("M")) * float(_ENTRY_BYTES) + read * float(ClusterEntries.ENTRY_BYTES)
 
     def _predict_in_cluster_blocks(self, X, k: int, fallback, url: str, bounds) -> tuple[da.Array, da.Array]:
         idf = None if self.idf_ is None else dask.delayed(self.idf_, pure=True)  # one copy in the graph
