@@ -37,7 +37,7 @@ def _phases(model, Xb, beam: int, operands: dict) -> tuple[list[float], float]:
 
     start = time.perf_counter()
     if "routes" in operands:
-        groups = C._best_groups(Xb, operands["RT"], operands["rbias"], int(model.group_beam_))
+        groups = C._best_groups(Xb, operands["routers"], int(model.group_beam_))
         middle = time.perf_counter()
         best = grouped_topk(Xb, groups, operands["routes"], beam)[0]
     else:  # no group routers

@@ -693,11 +693,11 @@ def test_group_routers_by_feature_give_the_best_groups(density):
     R = sp.random(9, 200, density=density, format="csr", random_state=8, dtype=np.float32)
     rbias = np.random.default_rng(9).normal(size=9).astype(np.float32)
     X = sp.random(50, 200, density=0.1, format="csr", random_state=10, dtype=np.float32)
-    RT = C._routers_by_feature(R)
-    assert isinstance(RT, np.ndarray) == (density > 0.5)
+    routers = C._GroupRouters.of(R, rbias)
+    assert isinstance(routers.RT, np.ndarray) == (density > 0.5)
     S = (X @ R.T).toarray() + rbias
     for rows in (slice(0, 7), slice(7, 50)):
-        best = C._best_groups(X[rows], RT, rbias, 3)
+        best = C._best_groups(X[rows], routers, 3)
         expected = np.argsort(-S[rows], axis=1)[:, :3]
         np.testing.assert_array_equal(np.sort(best, axis=1), np.sort(expected, axis=1))
 

@@ -449,6 +449,33 @@ def test_sparse_operands_of_one_shape_and_size_are_two_operands():
     np.testing.assert_array_equal(out.compute(scheduler="sync"), np.hstack([Xd @ A.T.toarray(), Xd @ B.T.toarray()]))
 
 
+def test_a_dataclass_operand_is_tokenized_once_by_its_content(monkeypatch):
+    """A kernel's own layout (a frozen dataclass of arrays): one key for the same content, another for other
+    content, its token computed on its first shipping only; the kernel gets the object itself."""
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True, eq=False)
+    class Layout:
+        a: np.ndarray
+        b: sp.csr_matrix
+
+        @property
+        def nbytes(self):
+            return self.a.nbytes + self.b.data.nbytes
+
+    first = Layout(np.arange(5.0), sp.csr_matrix(np.eye(3)))
+    same = Layout(np.arange(5.0), sp.csr_matrix(np.eye(3)))
+    other = Layout(np.arange(5.0), sp.csr_matrix(2 * np.eye(3)))
+    key = passes.whole_operand(first).name
+    assert key == passes.whole_operand(same).name != passes.whole_operand(other).name
+    calls = []
+    tokenize = dask.base.tokenize
+    monkeypatch.setattr(dask.base, "tokenize", lambda *a, **kw: calls.append(a) or tokenize(*a, **kw))
+    assert passes.whole_operand(first).name == key
+    assert not any(isinstance(part, np.ndarray) and part.size == 5 for args in calls for part in args)
+    assert passes.whole_operand(first).compute(scheduler="sync").item() is first
+
+
 # ------------------------------------------------------------------------------------------
 # validation
 

@@ -23,6 +23,7 @@ Labels without a training row have no centroid: they are in no cluster and never
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import logging
 import math
@@ -542,15 +543,15 @@ def balanced_clusters(W: sp.csr_matrix, labels: np.ndarray, leaf_labels: int, rn
     return order, offsets
 
 
-def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, head=None, V=None, bias=None, RT=None,
-                rbias=None, routes=None, *, beam: int, k: int, weight: float = 0.0, groups: int = 0,
+def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, head=None, V=None, bias=None,
+                routers=None, routes=None, *, beam: int, k: int, weight: float = 0.0, groups: int = 0,
                 threshold: float = 0.0):
     """Top-``k`` labels and scores of one row block, packed as ``(n_b, 2k)`` float64 (labels, then scores).
 
     ``W``: the label centroids in cluster order (CSR, or their :class:`._candidates.ClusterEntries`; ``V`` too). A
     row chooses its ``beam`` best clusters, by the routers when
-    given (the group routers ``RT`` (:func:`_routers_by_feature`), ``rbias``, then those of the clusters of its
-    ``groups`` best groups, ``routes``: a :class:`._candidates.GroupRoutes`), or else by the cluster summaries
+    given (the group ``routers``, a :class:`_GroupRouters`, then those of the clusters of its ``groups`` best
+    groups, ``routes``: a :class:`._candidates.GroupRoutes`), or else by the cluster summaries
     (``MT``, transposed, without the rows of the features ``head`` whose columns ``MH`` holds dense:
     :func:`_split_summaries`; scored by :func:`._candidates.summary_topk`); then it scores the labels of those
     clusters, cluster by cluster for all the block's rows that chose it
@@ -558,14 +559,14 @@ def _topk_block(Xb, W, order, offsets, fallback, MT=None, idf=None, MH=None, hea
     the centroids' entries below ``threshold`` left out); slots left over (fewer candidates than ``k``) get the
     ``fallback`` labels (the most frequent) below every score.
     """
-    MT, W, V, RT, routes = _unwrap(MT), _unwrap(W), _unwrap(V), _unwrap(RT), _unwrap(routes)
+    MT, W, V, routers, routes = _unwrap(MT), _unwrap(W), _unwrap(V), _unwrap(routers), _unwrap(routes)
     Xb = _rows_block(Xb, idf)
     n, n_clusters = Xb.shape[0], len(offsets) - 1
     labels, scores = np.full((n, k), -1, np.int64), np.full((n, k), -np.inf)
     if n and n_clusters:
         b = min(beam, n_clusters)
         if routes is not None:
-            best = grouped_topk(Xb, _best_groups(Xb, RT, rbias, groups), routes, b)[0]
+            best = grouped_topk(Xb, _best_groups(Xb, routers, groups), routes, b)[0]
         else:
             best = _best_clusters(Xb, MT, b, (MH, head))[0]
         rows, slots = np.nonzero(best >= 0)
@@ -586,12 +587,30 @@ def _routers_by_feature(R: sp.csr_matrix):
     return sp.csr_matrix(R.T)
 
 
-def _best_groups(Xb, RT, rbias, b: int) -> np.ndarray:
-    """The ``b`` groups of highest router margin of each row (unordered), shape ``(n_rows, min(b, n_groups))``:
-    ``RT`` the group routers by feature (:func:`_routers_by_feature`), ``rbias`` their biases."""
+@dataclasses.dataclass(frozen=True, eq=False)
+class _GroupRouters:
+    """The group routers as :func:`_best_groups` reads them: by feature (``RT``, :func:`_routers_by_feature`), and
+    their ``bias``."""
+
+    RT: np.ndarray | sp.csr_matrix
+    bias: np.ndarray
+
+    @classmethod
+    def of(cls, R: sp.csr_matrix, bias: np.ndarray) -> _GroupRouters:
+        return cls(_routers_by_feature(R), np.asarray(bias, np.float32).ravel())
+
+    @property
+    def nbytes(self) -> int:
+        return _nbytes(self.RT) + int(self.bias.nbytes)
+
+
+def _best_groups(Xb, routers: _GroupRouters, b: int) -> np.ndarray:
+    """The ``b`` groups of highest router margin of each row (unordered), shape ``(n_rows, min(b, n_groups))``, by
+    the group ``routers``."""
     Xb = sp.csr_matrix(Xb, dtype=np.float32)
+    RT = routers.RT
     S = np.asarray(Xb @ RT, np.float32) if isinstance(RT, np.ndarray) else sparse_product_dense(Xb, RT)
-    S += np.asarray(rbias, np.float32)
+    S += routers.bias
     n_groups = S.shape[1]
     if b < n_groups:
         return np.argpartition(-S, b - 1, axis=1)[:, :b]
@@ -676,14 +695,14 @@ def _group_routers(url: str, n_groups: int, *, token: str | None = None, budget:
     would be as large, 170 MiB at 1M labels), kept as :func:`_route_block`'s."""
     if token is not None:
         return _BLOCKS.get(("groups", url, token), functools.partial(_group_routers, url, n_groups), budget)
-    return {"RT": _routers_by_feature(_read_rows(url, "R", 0, n_groups)),
-            "rbias": _read_rows(url, "router_bias", 0, n_groups)}
+    return {"routers": _GroupRouters.of(_read_rows(url, "R", 0, n_groups),
+                                        _read_rows(url, "router_bias", 0, n_groups))}
 
 
 def _stored_groups(Xt, url: str, n_groups: int, b: int, *, token: str | None = None, budget: float = 0.0):
     """:func:`_best_groups` of the rows of ``Xt`` by the group routers of the model store at ``url``."""
     routers = _group_routers(url, n_groups, token=token, budget=budget)
-    return _best_groups(Xt, routers["RT"], routers["rbias"], b)
+    return _best_groups(Xt, routers["routers"], b)
 
 
 class _BlockCache:
@@ -1603,13 +1622,13 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         return packed[:, :k].astype(np.int32), packed[:, k:].astype(np.float32)
 
     def _routers(self) -> dict:
-        """The routers as a row block reads them (:func:`_best_groups`' ``RT`` and ``rbias``, the clusters'
+        """The routers as a row block reads them (the group ``routers``: :class:`_GroupRouters`; the clusters'
         ``routes``: :class:`._candidates.GroupRoutes`), transposed once for the fitted routers (3-5 s at 1M labels)
         and kept beside them for the next predictions."""
         fitted = (self.R_, self.U_)
         kept = self.__dict__.get("_routers_kept")
         if kept is None or any(a is not b for a, b in zip(kept[0], fitted)):
-            kept = (fitted, {"RT": _routers_by_feature(self.R_), "rbias": self.router_bias_,
+            kept = (fitted, {"routers": _GroupRouters.of(self.R_, self.router_bias_),
                              "routes": GroupRoutes.of(self.U_, self.cluster_bias_, self.group_offsets_)})
             self.__dict__["_routers_kept"] = kept
         return kept[1]
