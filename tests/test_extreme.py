@@ -1380,3 +1380,14 @@ def test_a_time_budget_makes_the_first_model_and_cuts_the_stages_it_cannot_hold(
     assert guessed.V_ is not None and guessed.svm_weight_ == C.SVM_WEIGHTS[len(C.SVM_WEIGHTS) // 2]
     with pytest.raises(ValueError, match="time_budget"):
         LabelCentroidClassifier(time_budget=0).fit(X, Y)
+
+
+@pytest.mark.parametrize("k", [0, 1, 3, 7, 12])
+def test_most_frequent_labels_are_those_of_a_stable_sort(k):
+    """``_most_frequent``: the ``k`` largest counts, ties (at the cut too) to the smaller id, as a stable sort."""
+    from xmldask.models.centroid import _most_frequent
+
+    counts = np.array([3, 1, 3, 0, 5, 3, 1, 5, 0, 2])
+    np.testing.assert_array_equal(_most_frequent(counts, k), np.argsort(-counts, kind="stable")[:k])
+    random = np.random.default_rng(k).integers(0, 4, size=1000)
+    np.testing.assert_array_equal(_most_frequent(random, k), np.argsort(-random, kind="stable")[:k])

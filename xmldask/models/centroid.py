@@ -630,6 +630,19 @@ def _best_k(r, lab, s, *, n: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     return labels, scores
 
 
+def _most_frequent(counts: np.ndarray, k: int) -> np.ndarray:
+    """The ``k`` labels of largest ``counts``, largest first (ties: the smaller id), as ``np.argsort(-counts,
+    kind="stable")[:k]`` without sorting them all (82 ms a prediction at 1M labels)."""
+    counts = np.asarray(counts)
+    k = min(int(k), len(counts))
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    kth = np.partition(counts, len(counts) - k)[len(counts) - k]
+    above = np.flatnonzero(counts > kth)
+    top = np.concatenate([above, np.flatnonzero(counts == kth)[:k - len(above)]])
+    return top[np.lexsort((top, -counts[top]))]
+
+
 def _filled(labels: np.ndarray, scores: np.ndarray, fallback) -> np.ndarray:
     """``(labels, scores)`` packed as ``(n, 2k)`` float64, the slots without a candidate (label -1) filled by the
     ``fallback`` labels (the most frequent) not already in the row, with a score below the row's others (-1, below
@@ -1480,7 +1493,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         beams = sorted({min(b, n_clusters) for b in AUTO_BEAMS}) if self.beam == "auto" else [int(self.beam)]
         rest = counts - np.asarray(Y_held.sum(axis=0)).ravel()
         W = self._without(norms, (Y_held.T @ X_held).tocsr(), rest)
-        fallback = np.argsort(-rest, kind="stable")[:1]
+        fallback = _most_frequent(rest, 1)
         weights = rest[self.order_].astype(np.float64)
         # the candidates' kernel reads them so (made once for every comparison below)
         entries = ClusterEntries.of(W, self.offsets_)
@@ -1599,7 +1612,7 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         """
         X = self._rows(X)
         k = self._checked_k(k)
-        fallback = np.argsort(-self.label_counts_, kind="stable")[:k]
+        fallback = _most_frequent(self.label_counts_, k)
         url = getattr(self, "store_url_", None)
         limit = task_memory_limit() if url else None
         if limit:
