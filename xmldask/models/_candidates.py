@@ -193,13 +193,16 @@ def summary_topk(X: sp.csr_matrix, MT: sp.csr_matrix, b: int, MH: np.ndarray | N
 
 
 def _grouped_topk(x_indptr, x_indices, x_data, groups, ut_indptr, ut_indices, ut_data, heavy, directory,
-                  bias, goffsets, group_of, b):  # pragma: no cover
+                  bias, goffsets, group_of, b, max_entries):  # pragma: no cover
     n, n_chosen = groups.shape
     ids = np.full((n, b), -1, np.int64)
     best = np.full((n, b), -np.inf)
     chosen = np.empty(n_chosen, np.int64)
     on = np.zeros(len(goffsets) - 1, np.bool_)
     acc = np.empty(max(len(bias), 1))  # a row's margins, by cluster id: those of its groups set
+    most = n_chosen * max_entries
+    starts, ends = np.empty(most, np.int64), np.empty(most, np.int64)
+    scan, xs = np.empty(most, np.bool_), np.empty(most, np.float32)
     for i in range(n):
         m = 0  # the row's groups, ascending (insertion: a few)
         for s in range(n_chosen):
@@ -217,20 +220,32 @@ def _grouped_topk(x_indptr, x_indices, x_data, groups, ut_indptr, ut_indices, ut
             for c in range(goffsets[chosen[s]], goffsets[chosen[s] + 1]):
                 acc[c] = bias[c]
         # each feature of the row adds its column's entries in the row's groups: a long column (a directory row)
-        # read from each group's start, a short one scanned whole
+        # read from each group's start, a short one scanned whole; the runs' bounds first, then the runs (the
+        # bounds' loads do not wait on each other: at 1M labels 0.65-1.04 of the time of run after run in 10
+        # alternated runs, median 0.86)
+        nr = 0
         for q in range(x_indptr[i], x_indptr[i + 1]):
-            f, xv = x_indices[q], np.float64(x_data[q])
-            lo, hi = ut_indptr[f], ut_indptr[f + 1]
+            f = x_indices[q]
+            lo = ut_indptr[f]
             h = heavy[f]
             if h < 0:
-                for e in range(lo, hi):
-                    c = ut_indices[e]
-                    if on[group_of[c]]:
-                        acc[c] += np.float64(ut_data[e]) * xv
+                starts[nr], ends[nr], scan[nr], xs[nr] = lo, ut_indptr[f + 1], True, x_data[q]
+                nr += 1
                 continue
             for s in range(m):
                 g = chosen[s]
-                for e in range(lo + directory[h, g], lo + directory[h, g + 1]):
+                starts[nr], ends[nr], scan[nr], xs[nr] = lo + directory[h, g], lo + directory[h, g + 1], False, \
+                    x_data[q]
+                nr += 1
+        for r in range(nr):
+            xv = np.float64(xs[r])
+            if scan[r]:
+                for e in range(starts[r], ends[r]):
+                    c = ut_indices[e]
+                    if on[group_of[c]]:
+                        acc[c] += np.float64(ut_data[e]) * xv
+            else:
+                for e in range(starts[r], ends[r]):
                     acc[ut_indices[e]] += np.float64(ut_data[e]) * xv
         last = best[i, b - 1]
         for s in range(m):  # the row's best, kept sorted: margin descending, then the smaller cluster id
@@ -310,7 +325,8 @@ def grouped_topk(X: sp.csr_matrix, groups: np.ndarray, routes: GroupRoutes, b: i
     UT = routes.UT
     return _compiled("_grouped_topk")(X.indptr, X.indices, X.data, groups, UT.indptr, UT.indices, UT.data,
                                       routes.heavy, routes.directory, routes.bias, routes.goffsets,
-                                      _group_of(routes.goffsets), int(b))
+                                      _group_of(routes.goffsets), int(b),
+                                      max(int(np.diff(X.indptr).max(initial=0)), 1))
 
 
 def _entries_of(w_indptr, w_indices, w_data, offsets, n_features, slot):  # pragma: no cover
