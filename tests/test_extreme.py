@@ -641,6 +641,27 @@ def test_candidates_are_found_by_bisection_and_by_scan_alike(row_slots, monkeypa
                 np.allclose(np.diff(S[i, ranked]), 0)
 
 
+def test_candidate_scores_are_the_same_bits_whatever_the_batches(monkeypatch):
+    """A batch of many rows (features that many rows share: the label entries outside) and batches of one row (a
+    feature's label entries inside): each score gets its terms in the same order, so the very same bits."""
+    from xmldask.models import _candidates
+    from xmldask.models._candidates import ClusterEntries, candidate_topk
+
+    rng = np.random.default_rng(21)
+    n, d, k = 200, 50, 6
+    offsets = np.array([0, 30, 31, 80])
+    X = sp.random(n, d, density=0.3, format="csr", random_state=22, dtype=np.float32)  # 60 rows a feature
+    W = sp.random(80, d, density=0.3, format="csr", random_state=23, dtype=np.float32)  # runs of 1 to 20
+    rows = np.repeat(np.arange(n), 2)
+    clusters = np.concatenate([rng.choice(3, size=2, replace=False) for _ in range(n)])
+    entries, order = ClusterEntries.of(W, offsets), np.arange(80)
+    together = candidate_topk(X, rows, clusters, entries, order, offsets, k)
+    monkeypatch.setattr(_candidates, "ROW_SLOTS", 1)  # a batch a row
+    alone = candidate_topk(X, rows, clusters, entries, order, offsets, k)
+    np.testing.assert_array_equal(together[0], alone[0])
+    np.testing.assert_array_equal(together[1], alone[1])
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_grouped_topk_is_the_best_router_margins_in_each_rows_groups(dtype):
     """``grouped_topk``: uneven groups (one empty), rows that chose several groups in any order, one or none (and a
