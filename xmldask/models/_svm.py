@@ -161,7 +161,7 @@ def streamed_pass(X: sp.csr_matrix, positives: sp.csr_matrix, W: np.ndarray, alp
     W = np.array(W, np.float32, order="C")
     alpha = np.zeros((X.shape[0], W.shape[1]), np.float32) if alpha is None else np.array(alpha, np.float32)
     order = np.random.default_rng(seed).permutation(X.shape[0]).astype(np.int64)
-    hi, lo = _compiled("_streamed_cd")(X.indptr.astype(np.int64), X.indices.astype(np.int64), X.data,
+    hi, lo = _compiled("_streamed_cd")(X.indptr, X.indices, X.data,  # as they are: no int64 copy of the indices
                                        P.indptr.astype(np.int64), P.indices.astype(np.int64), order, W, alpha,
                                        np.float32(C))
     return W, alpha, hi, lo

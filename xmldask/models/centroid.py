@@ -179,19 +179,26 @@ DENSE_BUDGET = 1 << 25
 # block kernels (NumPy / SciPy, no Dask)
 
 
-def _unit_rows(A: sp.csr_matrix) -> sp.csr_matrix:
-    """``A`` with every non-zero row scaled to unit L2 norm (float32, a copy)."""
-    A = sp.csr_matrix(A, dtype=np.float32, copy=True)
-    norms = np.sqrt(np.asarray(A.multiply(A).sum(axis=1), dtype=np.float64).ravel())
+def _unit_rows(A: sp.csr_matrix, *, copy: bool = True) -> sp.csr_matrix:
+    """``A`` with every non-zero row scaled to unit L2 norm (float32; a copy, or ``A`` itself scaled where ``copy``
+    is False and it is a float32 CSR matrix). Its temporaries are a float32 array of its values or two: the squares
+    (with ``A``'s indices, not a copy of them) and each entry's norm."""
+    A = sp.csr_matrix(A, dtype=np.float32, copy=copy)
+    squares = sp.csr_matrix((A.data * A.data, A.indices, A.indptr), shape=A.shape)
+    norms = np.sqrt(np.asarray(squares.sum(axis=1), dtype=np.float64).ravel())
+    del squares
     norms[norms == 0] = 1.0
-    A.data /= np.repeat(norms, np.diff(A.indptr)).astype(np.float32)
+    A.data /= np.repeat(norms.astype(np.float32), np.diff(A.indptr))
     return A
 
 
-def _rows_block(Xb, idf):
-    """A row block as the model sees it: tf-idf weighted (``idf`` None: as is), unit L2 rows, CSR float32."""
+def _rows_block(Xb, idf, *, copy: bool = True):
+    """A row block as the model sees it: tf-idf weighted (``idf`` None: as is), unit L2 rows, CSR float32.
+    ``copy`` False: ``Xb`` is the caller's own, to be scaled in place where it can be (a float32 CSR matrix)."""
     Xb = sp.csr_matrix(Xb, dtype=np.float32)
-    return _unit_rows(K.transform_rows(Xb, idf, normalize=False) if idf is not None else Xb)
+    if idf is not None:
+        return _unit_rows(K.transform_rows(Xb, idf, normalize=False), copy=False)  # a copy already
+    return _unit_rows(Xb, copy=copy)
 
 
 def _label_sums_block(Xb, Yb, idf=None, *, share: float = 0.0, seed: int = 0, block=None, bounds=None):
@@ -337,7 +344,7 @@ def _router_rows(Xb, Yb, idf=None, *, group_of, cols: tuple[int, int], share: fl
     P.sum_duplicates()  # several labels of one group: one positive
     P.data[:] = 1.0
     rows = np.flatnonzero((np.diff(P.indptr) > 0) & ~_held_out(Y.shape[0], share, seed, block))
-    return _rows_block(sp.csr_matrix(Xb)[rows], idf), sp.csr_matrix(P[rows][:, cols[0]:cols[1]])
+    return _rows_block(sp.csr_matrix(Xb)[rows], idf, copy=False), sp.csr_matrix(P[rows][:, cols[0]:cols[1]])
 
 
 def _router_step(W, alpha, Xb, Yb, idf=None, *, group_of, cols: tuple[int, int], share: float, seed: int, block: int,
@@ -374,7 +381,10 @@ def _stream_routers(X: da.Array, Y: da.Array, idf, group_of: np.ndarray, n_group
     cols = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
     xs, ys = X.to_delayed().ravel(), Y.to_delayed().ravel()
     group_of_ = dask.delayed(np.asarray(group_of, np.int64), pure=True)
-    idf_ = dask.delayed(idf) if isinstance(idf, da.Array) else idf
+    # in the graph, not scattered: a worker restarted for its memory while the routers stream (their weights and
+    # dual variables can be made again from the rows) must not take the last copy of the weighting with it
+    idf_ = None if idf is None else dask.delayed(np.asarray(idf.compute() if isinstance(idf, da.Array) else idf),
+                                                 pure=True)
     weights = [dask.delayed(np.zeros, pure=True)((X.shape[1] + 1, b - a), np.float32) for a, b in cols]
     duals = [[None] * len(xs) for _ in cols]
     step = dask.delayed(_router_step, nout=4, pure=True)
