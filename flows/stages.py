@@ -321,13 +321,16 @@ def run_stage(stage: str, *, params: dict, inputs: dict[str, dict], compute: Cal
                 done = compute(work, Path(scratch))
             upload(Path(scratch), work)
         publish(work, out, overwrite=True)
-    except BaseException:
+    except BaseException as exc:
         remove(work)
-        from xmldask.cluster import paused_out
+        from xmldask.cluster import WorkerLost, lost_workers, paused_out, worker_loss_error
 
         why = paused_out()
         if why:  # the workers stayed paused for memory and the job was cancelled: say so, not the task's error
             raise MemoryError(f"stage {stage}: {why}") from None
+        lost = lost_workers() if worker_loss_error(exc) else ""
+        if lost:  # a worker restarted (or died) and took the job's data: name it, not the cancelled task
+            raise WorkerLost(f"stage {stage}: {lost} ({type(exc).__name__}: {exc})") from exc
         raise
     seconds = time.perf_counter() - start
     # the jobs report the temporary paths they wrote: name the final ones instead

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import socket
 import sys
 import time
@@ -426,19 +427,51 @@ def _exit_process(*_):
 @pytest.mark.timeout(120)
 def test_a_part_cancelled_by_a_lost_worker_names_it():
     """A worker that leaves while a job runs (its nanny restarts it past 95 % of its limit) takes the data scattered
-    to it: the parts that needed it are cancelled ("already forgotten"), and compute_each names the worker and what
-    to change instead of the cancelled task alone."""
-    from concurrent.futures import CancelledError
-
+    to it: the parts that needed it are cancelled ("already forgotten"); compute_each names the worker, and the
+    cluster block turns the error into a ``WorkerLost`` (a ``MemoryError``) with the worker's last memory reading
+    and what to change, instead of Dask's cancelled task alone."""
     import dask
 
+    from xmldask.cluster import WorkerLost
     from xmldask.linalg.passes import compute_each
 
-    with cluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None) as client:
-        address = next(iter(client.scheduler_info()["workers"]))
-        operand = client.scatter(np.ones(10))
-        with pytest.raises(CancelledError, match=f"worker.s. {address} left the cluster.*--memory-limit"):
+    with pytest.raises(WorkerLost) as raised:
+        with cluster(n_workers=1, threads_per_worker=1, processes=True, memory_limit="1GiB",
+                     dashboard_address=None) as client:
+            address = next(iter(client.scheduler_info()["workers"]))
+            operand = client.scatter(np.ones(10))
             compute_each([dask.delayed(_exit_process)(operand)])
+    said = str(raised.value)
+    assert isinstance(raised.value, MemoryError)
+    assert re.search(f"1 Dask worker.s. left the cluster while the job ran: .*{address}; last seen using "
+                     r"[0-9,]+ MiB of its 1,024 MiB limit", said), said
+    assert "part 0 of 1 was cancelled" in said and f"worker(s) {address} left the cluster" in said
+    assert "--memory-limit" in said and "--threads-per-worker" in said
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_a_task_that_kills_its_workers_stops_the_command_with_one_line(tmp_path, monkeypatch, capsys):
+    """A task that takes its worker down each time it runs ends in Dask's ``KilledWorker`` after the allowed
+    failures; the command line prints one line naming the workers lost, not a traceback (issue 40: a 1M-label fit
+    ended after 19 min in Dask's raw ``FutureCancelledError``)."""
+    import dask
+
+    import xmldask.cli as cli
+
+    def job(args):
+        """A command whose one task takes its worker down."""
+        with cluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None):
+            with dask.config.set({"distributed.scheduler.allowed-failures": 0}):
+                dask.delayed(_exit_process)(1).compute()
+
+    monkeypatch.setitem(cli._COMMANDS, "info", (cli._COMMANDS["info"][0], job))
+    assert cli.main(["info", "x.zarr"]) == 2
+    err = capsys.readouterr().err
+    assert re.search(r"^xmldask info: error: 1 Dask worker.s. left the cluster while the job ran: "
+                     r"0 \(tcp://.*times; last seen using [0-9,]+ MiB of its [0-9,]+ MiB limit.*"
+                     r"--memory-limit.*\(KilledWorker: ", err, re.M), err
+    assert "Traceback" not in err
 
 
 @pytest.mark.timeout(120)

@@ -636,3 +636,29 @@ def test_a_stage_whose_job_was_cancelled_for_memory_says_so_and_leaves_nothing(t
     with pytest.raises(MemoryError, match=r"^stage train: every Dask worker has been paused .*401 MiB of 500"):
         run_stage("train", params={}, inputs={}, compute=compute, out=out)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_stage_whose_worker_left_names_it_and_leaves_nothing(tmp_path, monkeypatch):
+    """A worker restarted past 95 % of its limit takes the job's data with it: the stage fails with a WorkerLost
+    (a MemoryError) that names the worker and what to change, not Dask's bare cancelled future, and its unfinished
+    directory is removed; an error that is not how Dask reports lost work stays the job's own."""
+    from concurrent.futures import CancelledError
+
+    import xmldask.cluster
+    from flows.stages import run_stage
+
+    def cancelled(work, scratch):
+        raise CancelledError("('train-part-3',) cancelled for reason: lost dependencies")
+
+    def broken(work, scratch):
+        raise ValueError("a bad block")
+
+    said = "1 Dask worker(s) left the cluster while the job ran: 0 (tcp://127.0.0.1:1; last seen using 980 MiB)"
+    monkeypatch.setattr(xmldask.cluster, "lost_workers", lambda client=None: said)
+    out = str(tmp_path / "train")
+    with pytest.raises(ValueError, match="a bad block"):
+        run_stage("train", params={}, inputs={}, compute=broken, out=out)
+    with pytest.raises(xmldask.cluster.WorkerLost,
+                       match=r"^stage train: 1 Dask worker.*980 MiB\) \(CancelledError: .*lost dependencies"):
+        run_stage("train", params={}, inputs={}, compute=cancelled, out=out)
+    assert list(tmp_path.iterdir()) == []

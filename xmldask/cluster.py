@@ -73,13 +73,16 @@ __all__ = [
     "PROFILE_HISTORY",
     "BlasThreadLimit",
     "MallocThresholds",
+    "WorkerLost",
     "add_cluster_arguments",
     "cluster",
     "cluster_from_args",
     "default_layout",
+    "lost_workers",
     "parse_memory_limit",
     "paused_out",
     "worker_blas_threads",
+    "worker_loss_error",
 ]
 
 logger = logging.getLogger(__name__)
@@ -517,10 +520,31 @@ def cluster(address: str | None = None, *, n_workers: int | None = None, threads
         watch = stack.enter_context(_PauseWatch(client, pause_limit, on_trip=quiet.mute))
         try:
             yield client
-        except Exception:
+        except Exception as exc:
             if watch.tripped:
                 raise MemoryError(watch.tripped) from None
+            lost = watch.lost() if worker_loss_error(exc) else ""
+            if lost:
+                raise WorkerLost(f"{lost} ({type(exc).__name__}: {exc})") from exc
             raise
+
+
+class WorkerLost(MemoryError):
+    """A job failed because Dask workers left the cluster while it ran, taking data or tasks with them; the
+    message names the workers, their last memory reading and what to change. A ``MemoryError``, because that is
+    what it nearly always is (a nanny restarts its worker past 95 % of the worker's memory limit), and so that
+    code which stops cleanly on memory errors (the command line, the flows' stages) stops cleanly on it too."""
+
+
+def worker_loss_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is how Dask reports work lost with a worker: a future cancelled because its dependencies
+    were lost, a task that killed its workers (``KilledWorker``), or a scatter that found no worker (a
+    ``TimeoutError`` while they restart)."""
+    from concurrent.futures import CancelledError
+
+    from distributed.scheduler import KilledWorker
+
+    return isinstance(exc, (CancelledError, KilledWorker, TimeoutError))
 
 
 class _MutedOnTrip:
@@ -550,36 +574,52 @@ class _MutedOnTrip:
 _WATCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def paused_out(client=None) -> str:
-    """Why the jobs of ``client`` (default: the current one) were cancelled, if its workers stayed paused for
-    memory past :data:`PAUSE_LIMIT` (the message of the ``MemoryError`` that :func:`cluster` raises), else ``""``.
-    For code that runs a job inside a :func:`cluster` block entered elsewhere (a flow's stage), whose error
-    otherwise names only the cancelled task."""
+def _current_watch(client):
     if client is None:
         from distributed import default_client
 
         try:
             client = default_client()
         except ValueError:
-            return ""
-    watch = _WATCHES.get(client)
+            return None
+    return _WATCHES.get(client)
+
+
+def lost_workers(client=None) -> str:
+    """The workers of ``client`` (default: the current one) that left the cluster since its :func:`cluster` block
+    began, with their last memory reading and what to change (the message of the :class:`WorkerLost` that
+    :func:`cluster` raises), else ``""``. For code that runs a job inside a block entered elsewhere."""
+    watch = _current_watch(client)
+    return watch.lost() if watch is not None else ""
+
+
+def paused_out(client=None) -> str:
+    """Why the jobs of ``client`` (default: the current one) were cancelled, if its workers stayed paused for
+    memory past :data:`PAUSE_LIMIT` (the message of the ``MemoryError`` that :func:`cluster` raises), else ``""``.
+    For code that runs a job inside a :func:`cluster` block entered elsewhere (a flow's stage), whose error
+    otherwise names only the cancelled task."""
+    watch = _current_watch(client)
     return watch.tripped if watch is not None else ""
 
 
 class _PauseWatch:
     """Watches the workers while a job runs: when every one of them has been paused for memory longer than
     ``limit`` seconds, the client's tasks are cancelled (the job's ``compute`` raises) and :attr:`tripped` says
-    why, with the workers' memory and limits. A pause that ends (memory freed, spilled) resets the clock."""
+    why, with the workers' memory and limits. A pause that ends (memory freed, spilled) resets the clock. It also
+    keeps each worker's last memory reading, so that :meth:`lost` can name the workers that left and how full they
+    were."""
 
     def __init__(self, client, limit: float, on_trip=None):
         import threading
 
         self.client, self.limit, self.tripped, self.on_trip = client, float(limit), "", on_trip
+        self.seen: dict[str, tuple[str, float, float]] = {}  # address: (name, memory, limit) when last seen
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="xmldask-pause-watch", daemon=True)
 
     def __enter__(self) -> _PauseWatch:
         _WATCHES[self.client] = self
+        self._workers()  # the workers at the start: a job shorter than a poll can lose one too
         self._thread.start()
         return self
 
@@ -588,12 +628,50 @@ class _PauseWatch:
         self._thread.join(timeout=5)
         _WATCHES.pop(self.client, None)
 
+    def _workers(self) -> dict | None:
+        """The scheduler's workers (address: info), their readings kept in :attr:`seen`; ``None`` if it did not
+        answer."""
+        try:
+            workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
+        except Exception:  # noqa: BLE001 - the client is closing, or the scheduler is briefly busy
+            return None
+        for address, w in workers.items():
+            self.seen[address] = (str(w.get("name")), float((w.get("metrics") or {}).get("memory", 0) or 0),
+                                  float(w.get("memory_limit") or 0))
+        return workers
+
+    def lost(self) -> str:
+        """The workers seen since the watch began that the scheduler no longer has, as a sentence with their last
+        memory reading and what to change; ``""`` if none left."""
+        workers = self._workers()
+        if workers is None:
+            return ""
+        gone = [(address, *self.seen[address]) for address in sorted(set(self.seen) - set(workers))]
+        if not gone:
+            return ""
+        by_name: dict[str, list] = {}  # a worker restarted by its nanny keeps its name, at a new address
+        for address, name, memory, limit in gone:
+            by_name.setdefault(name, []).append((address, memory, limit))
+        said = []
+        for name, left in by_name.items():
+            address, memory, limit = max(left, key=lambda item: item[1])
+            reading = f"{memory / 2**20:,.0f} MiB" + (f" of its {limit / 2**20:,.0f} MiB limit ({memory / limit:.0%})"
+                                                        if limit else "")
+            times = f", {len(left)} times" if len(left) > 1 else ""
+            said.append(f"{name} ({address}{times}; last seen using {reading})")
+        full = any(limit and memory >= 0.6 * limit for _, _, memory, limit in gone)
+        return (f"{len(by_name)} Dask worker(s) left the cluster while the job ran: {'; '.join(said)}. "
+                + ("A worker's nanny restarts it past 95 % of its memory limit (between two readings, a second "
+                   "apart), and the work or data it held is lost. " if full else
+                   "Their data and tasks went with them (a worker's log says why it stopped). ")
+                + "Give the workers more memory (--memory-limit), or fewer threads each (--threads-per-worker), "
+                "or smaller row blocks (xmldask ingest --block-rows)")
+
     def _run(self) -> None:
         since = None
         while not self._stop.wait(PAUSE_POLL):
-            try:
-                workers = self.client.scheduler_info(n_workers=-1).get("workers", {})
-            except Exception:  # noqa: BLE001 - the client is closing, or the scheduler is briefly busy
+            workers = self._workers()
+            if workers is None:
                 continue
             if not workers or any(w.get("status") != "paused" for w in workers.values()):
                 since = None

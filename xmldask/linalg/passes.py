@@ -585,7 +585,8 @@ def compute_each(parts: list, each=None) -> list:
     is gathered as soon as it is computed, released on the workers and passed to ``each`` (results that together
     exceed the workers' memory never wait there for the last one); otherwise ``dask.compute``. A cancelled part
     raises ``CancelledError``, naming the workers that left the cluster meanwhile (a restart for memory loses the
-    data scattered to the worker)."""
+    data scattered to the worker); inside :func:`xmldask.cluster.cluster` that becomes a
+    :class:`~xmldask.cluster.WorkerLost` with their memory and what to change."""
     each = each or (lambda i, value: value)
     client = current_client()
     if client is None:
@@ -603,9 +604,7 @@ def compute_each(parts: list, each=None) -> list:
             lost = sorted(workers - set(client.scheduler_info(n_workers=-1).get("workers", {})))
             raise CancelledError(f"part {position[id(future)]} of {len(futures)} was cancelled ({value})" + (
                 f": worker(s) {', '.join(lost)} left the cluster while the job ran, and with them data that "
-                "cannot be computed again (a worker's nanny restarts it past 95 % of its memory limit: its log "
-                "says so). Give the workers more memory (--memory-limit) or fewer threads each "
-                "(--threads-per-worker)" if lost else ""))
+                "cannot be computed again" if lost else ""))
         i = position[id(future)]
         future.release()
         out[i] = each(i, value)
