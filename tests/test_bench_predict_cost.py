@@ -48,6 +48,21 @@ def test_predict_cost_writes_a_row_per_pair(saved, tmp_path):
     assert "| model |" in done.stdout
 
 
+def test_predict_cost_predicts_the_same_rows_for_every_pair(saved, tmp_path):
+    """A smaller test store sets the rows of every pair: a call's fixed costs spread over 5,000 rows of one pair and
+    20,000 of the other made a ratio of 3.09 read 1.86 (stop 77)."""
+    model, test = saved
+    small = str(tmp_path / "small.zarr")
+    _xmldask("synth", "--preset", "xmc-10k", "--split", "test", "--n-samples", "250", "--out", small, "--no-progress")
+    out = tmp_path / "cost.json"
+    done = subprocess.run([sys.executable, str(REPO / "bench" / "predict_cost.py"), "--pair", f"{model}={test}",
+                           "--pair", f"{model}={small}", "--rows", "300", "--repeats", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert [row["rows"] for row in json.loads(out.read_text())] == [250, 250]
+    assert "predicting 250 rows a pair, the smallest test store's (not --rows 300)" in done.stdout
+
+
 def test_summary_rank_writes_a_row_per_rank_and_shortlist(saved, tmp_path):
     model, test = saved
     out = tmp_path / "rank.json"
