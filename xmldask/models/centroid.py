@@ -380,7 +380,9 @@ def _stream_routers(X: da.Array, Y: da.Array, idf, group_of: np.ndarray, n_group
     cuts = np.linspace(0, n_groups, max(chains, 1) + 1).astype(int)
     cols = [(int(a), int(b)) for a, b in zip(cuts[:-1], cuts[1:]) if b > a]
     xs, ys = X.to_delayed().ravel(), Y.to_delayed().ravel()
-    group_of_ = dask.delayed(np.asarray(group_of, np.int64), pure=True)
+    # the smallest signed integers that hold the groups (and -1): the graph carries a byte a label, not eight (at 1M
+    # labels its first pass was 9.6 MiB with int64, and Dask warned of a large graph)
+    group_of_ = dask.delayed(np.asarray(group_of, np.min_scalar_type(-max(n_groups, 1))), pure=True)
     # in the graph, not scattered: a worker restarted for its memory while the routers stream (their weights and
     # dual variables can be made again from the rows) must not take the last copy of the weighting with it
     idf_ = None if idf is None else dask.delayed(np.asarray(idf.compute() if isinstance(idf, da.Array) else idf),
