@@ -496,3 +496,37 @@ def test_a_job_cancelled_for_memory_raises_from_compute_each_and_names_the_pause
             compute_each([dask.delayed(time.sleep)(6) for _ in range(3)], lambda i, value: seen.append(value))
         assert paused_out() == paused_out(client) and "paused for memory for more than 2 s" in paused_out()
     assert seen == [] and paused_out(client) == ""
+
+
+def test_the_lost_workers_sentence_names_a_nanny_restart_where_the_worker_was_full():
+    """A worker last seen past Dask's spill share (``distributed.worker.memory.target``) was full enough for its
+    nanny's restart at ``...terminate`` of its limit: the sentence says so, with the reading; one last seen nearly
+    empty went for another reason, and the sentence sends the user to its log instead. Restarts of one name (a new
+    address each time) are counted, the highest reading kept."""
+    mib = 2**20
+
+    class Scheduler:
+        workers = {}
+
+        def scheduler_info(self, n_workers=-1):
+            return {"workers": dict(self.workers)}
+
+    client = Scheduler()
+    watch = xc._PauseWatch(client, 60)
+    client.workers = {"tcp://a:1": {"name": 0, "metrics": {"memory": 700 * mib}, "memory_limit": 1024 * mib},
+                      "tcp://b:1": {"name": 1, "metrics": {"memory": 90 * mib}, "memory_limit": 1024 * mib}}
+    watch._workers()
+    client.workers = {"tcp://a:2": {"name": 0, "metrics": {"memory": 980 * mib}, "memory_limit": 1024 * mib},
+                      "tcp://b:1": client.workers["tcp://b:1"]}
+    watch._workers()
+    assert watch.lost().startswith("1 Dask worker(s) left the cluster while the job ran: 0 (tcp://a:1; last seen "
+                                   "using 700 MiB of its 1,024 MiB limit (68%)). A worker's nanny restarts it past "
+                                   "95% of its memory limit")
+    client.workers = {"tcp://a:3": {"name": 0, "metrics": {"memory": 10 * mib}, "memory_limit": 1024 * mib}}
+    said = watch.lost()
+    assert said.startswith("2 Dask worker(s) left the cluster while the job ran: 0 (tcp://a:2, 2 times; last seen "
+                           "using 980 MiB of its 1,024 MiB limit (96%)); 1 (tcp://b:1; last seen using 90 MiB"), said
+    assert "nanny restarts it" in said and "--memory-limit" in said
+    client.workers = {}
+    watch.seen = {"tcp://b:1": ("1", 90.0 * mib, 1024.0 * mib)}
+    assert "a worker's log says why it stopped" in watch.lost() and "nanny" not in watch.lost()

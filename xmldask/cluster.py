@@ -659,10 +659,15 @@ class _PauseWatch:
                                                         if limit else "")
             times = f", {len(left)} times" if len(left) > 1 else ""
             said.append(f"{name} ({address}{times}; last seen using {reading})")
-        full = any(limit and memory >= 0.6 * limit for _, _, memory, limit in gone)
+        import dask
+
+        # past the share where Dask starts to spill, the worker was full enough for its nanny's restart
+        full = any(limit and memory >= dask.config.get("distributed.worker.memory.target") * limit
+                   for _, _, memory, limit in gone)
+        terminate = dask.config.get("distributed.worker.memory.terminate")
         return (f"{len(by_name)} Dask worker(s) left the cluster while the job ran: {'; '.join(said)}. "
-                + ("A worker's nanny restarts it past 95 % of its memory limit (between two readings, a second "
-                   "apart), and the work or data it held is lost. " if full else
+                + (f"A worker's nanny restarts it past {terminate:.0%} of its memory limit (between two readings, a "
+                   "second apart), and the work or data it held is lost. " if full else
                    "Their data and tasks went with them (a worker's log says why it stopped). ")
                 + "Give the workers more memory (--memory-limit), or fewer threads each (--threads-per-worker), "
                 "or smaller row blocks (xmldask ingest --block-rows)")
