@@ -454,7 +454,9 @@ def test_a_part_cancelled_by_a_lost_worker_names_it():
 def test_a_task_that_kills_its_workers_stops_the_command_with_one_line(tmp_path, monkeypatch, capsys):
     """A task that takes its worker down each time it runs ends in Dask's ``KilledWorker`` after the allowed
     failures; the command line prints one line naming the workers lost, not a traceback (issue 40: a 1M-label fit
-    ended after 19 min in Dask's raw ``FutureCancelledError``)."""
+    ended after 19 min in Dask's raw ``FutureCancelledError``). The restarts are counted only as far as the watch saw
+    them (a poll a second: a worker that dies within its first second is never seen, measured in CI: 1 of 4 counted),
+    so the count is not asserted."""
     import dask
 
     import xmldask.cli as cli
@@ -469,7 +471,7 @@ def test_a_task_that_kills_its_workers_stops_the_command_with_one_line(tmp_path,
     assert cli.main(["info", "x.zarr"]) == 2
     err = capsys.readouterr().err
     assert re.search(r"^xmldask info: error: 1 Dask worker.s. left the cluster while the job ran: "
-                     r"0 \(tcp://.*times; last seen using [0-9,]+ MiB of its [0-9,]+ MiB limit.*"
+                     r"0 \(tcp://[^;]*; last seen using [0-9,]+ MiB of its [0-9,]+ MiB limit.*"
                      r"--memory-limit.*\(KilledWorker: ", err, re.M), err
     assert "Traceback" not in err
 

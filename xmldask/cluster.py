@@ -649,7 +649,8 @@ class _PauseWatch:
         gone = [(address, *self.seen[address]) for address in sorted(set(self.seen) - set(workers))]
         if not gone:
             return ""
-        by_name: dict[str, list] = {}  # a worker restarted by its nanny keeps its name, at a new address
+        # a worker restarted by its nanny keeps its name, at a new address; restarts between two polls go uncounted
+        by_name: dict[str, list] = {}
         for address, name, memory, limit in gone:
             by_name.setdefault(name, []).append((address, memory, limit))
         said = []
