@@ -1031,9 +1031,16 @@ def test_streamed_group_routers_are_those_of_every_row(small, monkeypatch, caplo
     # a task holds half the rows' two copies, and a chain's weights are a third of the routers'
     monkeypatch.setattr(C, "SVM_GROUP_SHARE", 8 * entries / limit)
     monkeypatch.setattr(C, "parallelism", lambda: 3)
+    calls = []  # the heap the cluster routers freed is handed back before the group routers stream
+    monkeypatch.setattr(C, "release_memory", lambda: calls.append("release"))
+    stream = C._stream_routers
+    monkeypatch.setattr(C, "_stream_routers", lambda *a, **k: calls.append("stream") or stream(*a, **k))
+    train = C._train_svms
+    monkeypatch.setattr(C, "_train_svms", lambda *a, **k: calls.append("train") or train(*a, **k))
     with caplog.at_level("INFO", logger="xmldask.models.centroid"):
         model = LabelCentroidClassifier(**kw).fit(Xd, Yd)
     assert C.router_share(entries) < 1 and "streamed, 10 passes" in caplog.text
+    assert calls[-3:] == ["train", "release", "stream"]
     n_groups = len(model.group_offsets_) - 1
     _, groups = _meta_labels(model, Y)
     R, rbias = cluster_svms(C._rows_block(X, model.idf_), groups, np.array([0, n_groups]), seed=0, max_passes=1000)
