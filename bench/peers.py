@@ -256,6 +256,8 @@ def child(spec: dict) -> None:
     """Run one system in this fresh process; print its figures as JSON on the last line."""
     import logging
 
+    if spec["system"].startswith("xmldask"):  # first, as `xmldask train` imports it: before NumPy loads OpenBLAS
+        import xmldask  # noqa: F401
     logging.basicConfig(level=logging.WARNING)
     out = Path(spec["out"])
     out.mkdir(parents=True, exist_ok=True)

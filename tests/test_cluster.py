@@ -532,3 +532,17 @@ def test_the_lost_workers_sentence_names_a_nanny_restart_where_the_worker_was_fu
     client.workers = {}
     watch.seen = {"tcp://b:1": ("1", 90.0 * mib, 1024.0 * mib)}
     assert "a worker's log says why it stopped" in watch.lost() and "nanny" not in watch.lost()
+
+
+@pytest.mark.parametrize("given", [None, "20"])
+def test_importing_xmldask_lets_openblas_threads_sleep_unless_the_user_set_it(given):
+    """``import xmldask`` (before NumPy, as the CLI and the flows do) sets ``OPENBLAS_THREAD_TIMEOUT`` to 4 for the
+    OpenBLAS pools it loads, and keeps a value the user gave."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "OPENBLAS_THREAD_TIMEOUT"}
+    if given is not None:
+        env["OPENBLAS_THREAD_TIMEOUT"] = given
+    code = "import sys, os, xmldask; print(os.environ['OPENBLAS_THREAD_TIMEOUT'], 'numpy' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [given or "4", "True"]

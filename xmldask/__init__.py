@@ -1,8 +1,15 @@
 """xmldask: extreme multi-label classification out of core, on Dask, from Zarr stores."""
 
+import os as _os
 from importlib.metadata import PackageNotFoundError, version
 
-import dask.array as _da
+# OpenBLAS's idle threads spin for 2**28 cycles (~0.1 s) before they sleep, and this process runs two OpenBLAS pools
+# (NumPy's and SciPy's) beside the Dask threads on few cores: each pool's spinning threads slowed the other's calls
+# (bibtex's search, a 1,836 x 1,836 Cholesky: 0.05 s alone, 0.11-0.85 s between NumPy products). They sleep at once
+# now (OpenBLAS reads this when it is loaded: before NumPy is imported; a value the user set is kept).
+_os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+import dask.array as _da  # noqa: E402
 
 if "_array_expr" in _da.Array.__module__:
     raise ImportError(
