@@ -60,14 +60,10 @@ def _child(spec: dict) -> None:
         idf = None if getattr(model, "idf_", None) is None else np.asarray(model.idf_)
         entries = np.add.reduce(dask.compute(*[dask.delayed(C._label_entries_block)(x, y) for x, y in
                                                zip(X.to_delayed().ravel(), Y.to_delayed().ravel())]))
-        offsets, order = np.asarray(model.offsets_), np.asarray(model.order_)
-        n_clusters = len(offsets) - 1
-        group_offsets = C.router_groups(n_clusters)
+        group_offsets, cluster_of, group_of, by_cluster = C.router_labels(np.asarray(model.order_),
+                                                                          np.asarray(model.offsets_), Y.shape[1],
+                                                                          entries)
         n_groups = len(group_offsets) - 1
-        cluster_of = np.full(Y.shape[1], -1, np.int64)
-        cluster_of[order] = np.repeat(np.arange(n_clusters), np.diff(offsets))
-        group_of = np.where(cluster_of >= 0, np.repeat(np.arange(n_groups), np.diff(group_offsets))[cluster_of], -1)
-        by_cluster = np.bincount(cluster_of[cluster_of >= 0], weights=entries[cluster_of >= 0], minlength=n_clusters)
         release_memory()
         time.sleep(2)
         row = {"mode": spec["mode"], "workers": spec["workers"], "memory limit MiB": limit // 2**20,

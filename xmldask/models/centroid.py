@@ -422,6 +422,22 @@ def router_groups(n_clusters: int) -> np.ndarray:
     return np.unique(np.r_[np.arange(0, n_clusters, size), n_clusters]).astype(np.int64)
 
 
+def router_labels(order: np.ndarray, offsets: np.ndarray, n_labels: int,
+                  label_entries: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """What the routers of a clustering (``order``, ``offsets``: cluster ``c`` is the labels
+    ``order[offsets[c]:offsets[c + 1]]``) train on: the groups' offsets (:func:`router_groups`), each label's cluster
+    and group (-1: in none) and each cluster's bound on its rows' entries (the sum of its labels' ``label_entries``)."""
+    n_clusters = len(offsets) - 1
+    group_offsets = router_groups(n_clusters)
+    cluster_of = np.full(n_labels, -1, np.int64)
+    cluster_of[order] = np.repeat(np.arange(n_clusters), np.diff(offsets))
+    group_of = np.where(cluster_of >= 0,
+                        np.repeat(np.arange(len(group_offsets) - 1), np.diff(group_offsets))[cluster_of], -1)
+    entries = np.asarray(label_entries, np.float64)
+    by_cluster = np.bincount(cluster_of[cluster_of >= 0], weights=entries[cluster_of >= 0], minlength=n_clusters)
+    return group_offsets, cluster_of, group_of, by_cluster
+
+
 def router_share(total_entries: float) -> float:
     """Share of the training rows that one task can hold for the group routers: 1 where it holds two copies of
     their entries (``total_entries``, the labels' bound, which counts a row once per label) within
@@ -1428,14 +1444,10 @@ class LabelCentroidClassifier(ParamsMixin, SavedModel):
         one-vs-rest on every training row (``R_``, ``router_bias_``), and one per cluster trained on its group's rows
         (``U_``, ``cluster_bias_``), a row's positives the groups and clusters of its labels. Returns the passes."""
         n_clusters = len(self.offsets_) - 1
-        self.group_offsets_ = router_groups(n_clusters)
+        self.group_offsets_, cluster_of, group_of, by_cluster = router_labels(self.order_, self.offsets_, Y.shape[1],
+                                                                              label_entries)
         n_groups = len(self.group_offsets_) - 1
-        cluster_of = np.full(Y.shape[1], -1, np.int64)
-        cluster_of[self.order_] = np.repeat(np.arange(n_clusters), np.diff(self.offsets_))
-        group_of = np.where(cluster_of >= 0, np.repeat(np.arange(n_groups), np.diff(self.group_offsets_))[cluster_of],
-                            -1)
         entries = np.asarray(label_entries, np.float64)
-        by_cluster = np.bincount(cluster_of[cluster_of >= 0], weights=entries[cluster_of >= 0], minlength=n_clusters)
         start = time.perf_counter()
         self.U_, self.cluster_bias_, passes = _train_svms(X, Y, idf, cluster_of, self.group_offsets_, by_cluster,
                                                           share=share, seed=seed, max_passes=ROUTER_PASSES)
