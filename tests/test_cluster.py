@@ -546,3 +546,18 @@ def test_importing_xmldask_lets_openblas_threads_sleep_unless_the_user_set_it(gi
     code = "import sys, os, xmldask; print(os.environ['OPENBLAS_THREAD_TIMEOUT'], 'numpy' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == [given or "4", "True"]
+
+
+@pytest.mark.parametrize("given, numpy_first", [(None, False), (None, True), ("1", False)])
+def test_importing_xmldask_turns_numpys_huge_pages_off_unless_the_user_set_them(given, numpy_first):
+    """``import xmldask`` turns off NumPy's ``madvise`` of huge pages (``NUMPY_MADVISE_HUGEPAGE=0``, for this process
+    and those it starts), also where NumPy was imported first, and keeps a value the user gave."""
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
+    if given is not None:
+        env["NUMPY_MADVISE_HUGEPAGE"] = given
+    code = ("import os" + ", numpy" * numpy_first + ", xmldask; from numpy._core.multiarray import "
+            "_get_madvise_hugepage as get; print(os.environ['NUMPY_MADVISE_HUGEPAGE'], get())")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == [given or "0", str(given == "1")]
