@@ -1,13 +1,14 @@
 """NumPy's huge pages against small pages: the first touch of fresh arrays, and ``xmldask train`` in each mode.
 
 NumPy ``madvise``-s transparent huge pages for every array of 4 MiB or more (``NUMPY_MADVISE_HUGEPAGE``, on by
-default on Linux 4.6+); ``import xmldask`` turns that off unless the variable is set (``xmldask/__init__.py``).
-This prints the kernel's transparent-huge-page settings, then, in a fresh process a mode
-(``NUMPY_MADVISE_HUGEPAGE=1`` and ``=0``), the GB/s at which fresh arrays of ``--sizes`` MiB are first written
-(``np.ones``: every page faulted in and zeroed by the kernel, then written) and, written again, reused ones; with
-``--train STORE``, the default ``xmldask train STORE`` (no option: the held-out search and the fit) in a fresh
-process a run, the modes alternated ``--repeats`` times: its seconds and held-out P@1 (the same in both modes:
-the pages' size changes no number).
+default on Linux 4.6+); a local cluster whose workers are threads of this process turns that off inside it unless
+the variable is set (:func:`xmldask.cluster.small_pages`). This prints the kernel's transparent-huge-page
+settings, then, in a fresh process a mode (``NUMPY_MADVISE_HUGEPAGE=1``, ``=0``, and unset: NumPy's default
+outside xmldask's in-process cluster, small pages inside it), the GB/s at which fresh arrays of ``--sizes`` MiB are
+first written (``np.ones``: every page faulted in and zeroed by the kernel, then written) and, written again, reused
+ones; with ``--train STORE``, the default ``xmldask train STORE`` (no option: the held-out search and the fit, under
+the local cluster the command starts) in a fresh process a run, the modes alternated ``--repeats`` times: its
+seconds and held-out P@1 (the same in every mode: the pages' size changes no number).
 
 Usage::
 
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from _tables import load_line, main_or_child, markdown_table, run_child, write_json
 
-MODES = {"huge pages (NumPy's default)": "1", "small pages (xmldask's)": "0"}
+MODES = {"huge pages (NumPy's default)": "1", "small pages": "0", "unset (xmldask's default)": None}
 TOUCH_KEYS = ["mode", "MiB", "first touch GB/s", "reused GB/s", "first / reused s"]
 TRAIN_KEYS = ["store", "mode", "runs", "train s (each)", "median s", "held-out P@1", "median / small pages"]
 
@@ -50,8 +51,13 @@ def _touch(spec: dict) -> dict:
 
 def _train(spec: dict) -> dict:
     from xmldask import jobs
+    from xmldask.cluster import cluster
+    from xmldask.store import open_dataset
 
-    with tempfile.TemporaryDirectory() as tmp:
+    # as `xmldask train` starts it: for small data, workers that are threads of this process (small pages by
+    # default there: :func:`xmldask.cluster.small_pages`)
+    with tempfile.TemporaryDirectory() as tmp, cluster(dashboard_address=None,
+                                                       data_bytes=open_dataset(spec["store"]).nbytes):
         start = time.perf_counter()
         info = jobs.train(spec["store"], str(Path(tmp) / "model.zarr"))
         seconds = time.perf_counter() - start
@@ -64,8 +70,11 @@ def _child(spec: dict) -> None:
     print(json.dumps(_touch(spec) if spec["what"] == "touch" else _train(spec)))
 
 
-def _in_mode(value: str, spec: dict) -> dict:
-    os.environ["NUMPY_MADVISE_HUGEPAGE"] = value
+def _in_mode(value: str | None, spec: dict) -> dict:
+    if value is None:
+        os.environ.pop("NUMPY_MADVISE_HUGEPAGE", None)
+    else:
+        os.environ["NUMPY_MADVISE_HUGEPAGE"] = value
     result = run_child(__file__, spec)
     if "error" in result:
         raise SystemExit(f"{spec['what']} with NUMPY_MADVISE_HUGEPAGE={value}: {result['error']}\n"
@@ -113,7 +122,7 @@ def main(argv=None) -> None:
             for mode, value in MODES.items():
                 runs[mode].append(_in_mode(value, {"what": "train", "store": store}))
                 print(f"{store} {mode}: {runs[mode][-1]['seconds']:.2f} s", flush=True)
-        small = statistics.median(r["seconds"] for r in runs["small pages (xmldask's)"])
+        small = statistics.median(r["seconds"] for r in runs["small pages"])
         for mode, results in runs.items():
             median = statistics.median(r["seconds"] for r in results)
             train_rows.append({"table": "train", "store": store, "mode": mode, "runs": len(results),

@@ -548,16 +548,22 @@ def test_importing_xmldask_lets_openblas_threads_sleep_unless_the_user_set_it(gi
     assert out.split() == [given or "4", "True"]
 
 
-@pytest.mark.parametrize("given, numpy_first", [(None, False), (None, True), ("1", False)])
-def test_importing_xmldask_turns_numpys_huge_pages_off_unless_the_user_set_them(given, numpy_first):
-    """``import xmldask`` turns off NumPy's ``madvise`` of huge pages (``NUMPY_MADVISE_HUGEPAGE=0``, for this process
-    and those it starts), also where NumPy was imported first, and keeps a value the user gave."""
+@pytest.mark.parametrize("given", [None, "1"])
+def test_in_process_workers_put_numpys_arrays_in_small_pages_unless_the_user_chose(given):
+    """Inside a local cluster whose workers are threads of this process, NumPy does not ``madvise`` huge pages
+    (restored on exit); with ``NUMPY_MADVISE_HUGEPAGE`` set, NumPy keeps what the user chose."""
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k != "NUMPY_MADVISE_HUGEPAGE"}
     if given is not None:
         env["NUMPY_MADVISE_HUGEPAGE"] = given
-    code = ("import os" + ", numpy" * numpy_first + ", xmldask; from numpy._core.multiarray import "
-            "_get_madvise_hugepage as get; print(os.environ['NUMPY_MADVISE_HUGEPAGE'], get())")
+    code = ("from numpy._core.multiarray import _get_madvise_hugepage as get\n"
+            "from xmldask.cluster import cluster\n"
+            "before = get()\n"
+            "with cluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None):\n"
+            "    inside = get()\n"
+            "print(before, inside, get())")
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
-    assert out.split() == [given or "0", str(given == "1")]
+    before, inside, after = out.split()
+    assert inside == ("True" if given == "1" else "False")
+    assert after == before
