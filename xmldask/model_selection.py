@@ -392,6 +392,8 @@ class HeldOutSearch:
         """A candidate fitted on the rows it may see, and its held-out figures (an estimator that takes a
         ``time_budget`` gets the search's time left; ``race``: its key in the race of the full fits)."""
         model = type(self.estimator)(**self._with_time_left(params))
+        if self._screener is not None and hasattr(self._screener, "offer"):
+            self._screener.offer(params)  # what the fit would first compute from the data, from the screen's statistics
         if self._split is None:
             if race is None or self._race is None:
                 model.fit(X, Y)
@@ -425,6 +427,17 @@ class HeldOutSearch:
         threads, and are recorded in the order of ``settings`` (the same results as one at a time)."""
         fits = {}
         racing = self._race is not None and not overrides
+        if overrides and self._screener is not None and self.time_budget is None:
+            # the settings the screener scores (other input normalisations, say) from statistics of one pass, their
+            # tasks side by side (with a time budget, one setting at a time: each pass timed and paid as it comes)
+            prepared = {key: repeats for _, key, repeats, by_statistics in
+                        (self._prepare(setting, overrides) for setting in settings)
+                        if by_statistics and key not in self._done}
+            if len(prepared) > 1:
+                start = time.perf_counter()
+                self._screener.prepare([r for repeats in prepared.values() for r in repeats])
+                share = (time.perf_counter() - start) / len(prepared)
+                self._prepared.update(dict.fromkeys(prepared, share))  # each setting's share of the pass's time
         if racing or (self.n_jobs and self.n_jobs > 1):
             todo = {}
             for setting in settings:
@@ -464,7 +477,7 @@ class HeldOutSearch:
             start = time.perf_counter()
             self._screener.prepare(repeats)  # the repeats' held-out rows in one pass
             model, kept = None, [self._screener.score(repeat, loss=self.scoring == "loss") for repeat in repeats]
-            seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start + self._prepared.pop(key, 0.0)
         else:
             self._names[key] = setting
             model, kept, seconds = (fits or {}).get(key) or self._fits(repeats, X, Y, None if overrides else key)
@@ -576,7 +589,7 @@ class HeldOutSearch:
         self._fit_seconds, self._screen_seconds, self.skipped_ = {True: [], False: []}, {True: [], False: []}, []
         self._first_model_seconds, self.reserve_ = 0.0, 0.0
         self.results_, self._done, self._first, self._best, self._warm = [], {}, {}, None, {}
-        self._split, self._names = None, {}
+        self._split, self._names, self._prepared = None, {}, {}
         self._race = _Race(self._history_score, self._names) if self._races() else None
         if not self._holds_out_itself():
             split = HeldOut(_seed(self.estimator.get_params(deep=False).get("random_state")),
@@ -626,7 +639,7 @@ class HeldOutSearch:
         self.best_score_, self.best_estimator_, self.best_params_ = score, model, setting
         self.seconds_ = time.perf_counter() - self._start
         del self._done, self._first, self._best, self._screener, self._split, self._warm, self._screen_seconds
-        del self._first_model_seconds, self._race, self._names
+        del self._first_model_seconds, self._race, self._names, self._prepared
         return self
 
     def _first_guess(self, grid: dict, overrides: dict | None = None) -> dict:

@@ -169,6 +169,13 @@ def computed_once(key, compute):
         event.set()
 
 
+def read_only(a):
+    """``a`` (a NumPy array), marked read-only: the computations of this process may share it
+    (:func:`computed_once`)."""
+    a.flags.writeable = False
+    return a
+
+
 def worker_memory_limit() -> int | None:
     """The smallest memory limit (bytes) of the current client's workers, or ``None`` (no client, or no
     worker with a limit)."""

@@ -36,6 +36,7 @@ matrix ``K = X X^T`` and gathers ``Y``, and every candidate is solved from them 
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -60,6 +61,8 @@ from ..linalg import (
     x_q,
     xt_b,
 )
+from ..scheduling import computed_once
+from ..scheduling import read_only as _read_only
 from . import _kernels as K
 from ._graph import DecoderData
 
@@ -154,8 +157,12 @@ class Screener:
     :meth:`holds` costs).
     """
 
-    def __init__(self, X, Y, estimator_class):
+    def __init__(self, X, Y, estimator_class, template: dict | None = None):
         self.X, self.Y, self.estimator_class = X, Y, estimator_class
+        # the search's template: the first pass gathers the held-out rows of its full fits too (:meth:`offer`)
+        self.template = dict(template or {})
+        self._offered: list = []  # what keeps the offers (computed_once holds them weakly)
+        self._lock = threading.Lock()
         self._moments: dict[str, _Moments] = {}
         self._embeddings: dict[tuple, np.ndarray] = {}
         self._shared = _Cache(CACHE_BYTES)  # by split: centred Gram matrices and their factors (:data:`CACHE_BYTES`)
@@ -175,9 +182,14 @@ class Screener:
 
     def applies(self, params: dict) -> bool:
         """Whether ``params`` is a screened setting this screener computes as the fit would."""
+        return (params.get("kernel") in ("none", "identity") and params.get("max_epochs") == 0
+                and self._shares_map(params))
+
+    def _shares_map(self, params: dict) -> bool:
+        """Whether the fit of ``params`` (any kernel and epochs) takes Rembrandt's embedding and a ridge map onto it
+        that these statistics give."""
         emb = self._rembrandt()
         return (isinstance(params.get("embedding"), str) and params["embedding"].lower() == "rembrandt"
-                and params.get("kernel") in ("none", "identity") and params.get("max_epochs") == 0
                 and self._route() is not None
                 and not emb.center and emb.solver == "auto" and params.get("validation_fraction", 0) > 0)
 
@@ -234,13 +246,51 @@ class Screener:
         FtY = np.vstack([np.asarray(Y.T @ F).T, np.asarray(Y.sum(axis=0)).reshape(1, -1)])
         return G, FtY
 
+    def offer(self, params: dict) -> bool:
+        """Make what a full fit of ``params`` (any kernel, decoder epochs or not) first computes from the data, from
+        these statistics instead, and offer it to the fit under its own keys (:func:`~xmldask.scheduling.computed_once`;
+        kept while this screener is): its Rembrandt embedding, its ridge map onto it and, on the linear map, its
+        decoder's normal equations and held-out features, to rounding what the fit would compute. The fit then
+        makes no pass before its decoder's (none at all on the linear map with the ridge decoder alone). Only from
+        statistics held already, with the held-out rows of the fit's split (the first pass gathers the template's),
+        and on the primal route (the dual's map is a pass over the rows). Returns whether it offered them."""
+        if self._route() != "primal" or not self._shares_map(params):
+            return False
+        with self._lock:  # the fits of a search step ask at once, from threads
+            est, p, seed, split = self._setting(params)
+            m = self._moments.get(est.features)
+            if m is None or (split.seed, split.fraction) not in m.held:
+                return False
+            R = est._every_label(p, self.Y.shape[1])
+            if R is None:
+                R = _read_only(self._embedding(m, p, seed))
+                key = est._embedding_key("rembrandt", p, seed, m.X, self.Y)
+                self._offered.append(computed_once(key, lambda: (R, 0, "the screen's statistics"))[0])
+            W, c, G, FtY, n_t, Fh, Yh = self._decoder_statistics(m, R, p, split)
+            W, c = _read_only(W), _read_only(c)
+            key = est._ridge_map_key(m.X, self.Y, R, p, split)
+            self._offered.append(computed_once(key, lambda: (W, c, 0, "the screen's statistics"))[0])
+            if p["kernel"] == "none":
+                W, c = self._offered[-1][:2]  # those the fit takes (another fit's, if one made them first)
+                key = est._decoder_data_key(m.X, self.Y, split, W, c, p)
+                value = tuple(_read_only(a) if isinstance(a, np.ndarray) else a for a in (G, FtY, Fh)) + (
+                    Yh if Fh is not None else None, m.task, 0, "the screen's statistics")
+                self._offered.append(computed_once(key, lambda: value)[0])
+        return True
+
     def _primal_decoder(self, est, p, split, seed):
         """The decoder's normal equations, held-out features and task from ``X^T X``, ``X^T Y``, the held-out rows."""
         m = self._statistics(est, p, split)
-        Xh, Yh = m.held[split.seed, split.fraction]
         R = est._every_label(p, self.Y.shape[1])
         R = self._embedding(m, p, seed) if R is None else R
         self._ready = time.perf_counter()  # what follows is a solve on the statistics
+        _, _, A, FtY, n_t, Fh, Yh = self._decoder_statistics(m, R, p, split)
+        return A, FtY, n_t, Fh, Yh, m.task
+
+    def _decoder_statistics(self, m: _Moments, R: np.ndarray, p: dict, split):
+        """The ridge map ``W``, ``c`` onto ``R`` on the training rows of ``split``, and its decoder's normal equations
+        ``F^T F``, ``F^T Y`` over those rows, their number and the held-out rows' ``F`` and ``Y``."""
+        Xh, Yh = m.held[split.seed, split.fraction]
         W, c, (Gc, mu, C_t, y_t, n_t, WGW) = self._feature_map(m, (split.seed, split.fraction), Xh, Yh, R, p)
         # the decoder's normal equations of F = [X W + c, 1] over the training rows, from the statistics:
         # X^T X = Gc + n mu mu^T and X^T 1 = n mu over them
@@ -254,7 +304,7 @@ class Screener:
         A[-1, -1] = n_t
         FtY = np.vstack([W64.T @ C_t + np.outer(c64, y_t), y_t[None, :]])
         Fh = K.decoder_features(Xh, W, c) if Xh.shape[0] else None
-        return A, FtY, n_t, Fh, Yh, m.task
+        return W, c, A, FtY, n_t, Fh, Yh
 
     def _dual_decoder(self, est, p, split, seed):
         """The same from the rows' Gram matrix: every row's embedded prediction ``k_c(x, T) A + ybar_T^T R``."""
@@ -337,8 +387,9 @@ class Screener:
     # -- the shared statistics ------------------------------------------------------------------
 
     def prepare(self, params_list: list[dict]) -> None:
-        """Gather, in one pass per input normalisation, the held-out rows of every split that :meth:`score` of
-        ``params_list`` (the repeats of a setting: the same one on other seeds) will ask for, instead of a pass each."""
+        """Gather, in one pass, the statistics and held-out rows that :meth:`score` of ``params_list`` will ask for
+        (the repeats of a setting: the same one on other seeds; the settings of a search step: other input
+        normalisations, each's statistics a task of the same pass, computed side by side), instead of a pass each."""
         if self._route() != "primal":
             return
         by_features: dict = {}
@@ -346,44 +397,60 @@ class Screener:
             if self.applies(params):
                 est, p, _, split = self._setting(params)
                 by_features.setdefault(est.features, (est, p, []))[2].append(split)
-        for est, p, splits in by_features.values():
-            self._statistics(est, p, *splits)
+        self._gather(list(by_features.values()))
 
     def _statistics(self, est, p, split, *more) -> _Moments:
         """The statistics of ``est``'s input normalisation, with the held-out rows of ``split`` (and of the ``more``
         splits: a pass gathers all those not held)."""
-        features = est.features
-        m = self._moments.get(features)
-        wanted = list(dict.fromkeys((s.seed, s.fraction) for s in (split, *more)))
-        missing = [key for key in wanted if m is None or key not in m.held]
-        if not missing:
-            return m
-        if m is None:
-            est._fit_idf(self.X, p["dtype"])
-            self.n_passes += est.features == "tfidf"
-            X = est._input_features(self.X)
-        else:
-            X = m.X
-        Y = self.Y
-        held = per_block_objects(_held_rows, X, Y, splits=tuple(missing))
-        if m is None:
-            f64 = np.float64
-            counts = x_q(Y, np.ones((Y.shape[1], 1), dtype=np.float32))
-            lazy = [gram(X, dtype=f64), column_sums(X), xt_b(X, Y), column_sums(Y), counts.min(), counts.max()]
-            out = dask.compute(lazy, held)
-            G, s, C, y, low, high = out[0]
-            task = "multiclass" if (int(low), int(high)) == (1, 1) else "multilabel"
-            m = _Moments(X=X, idf=est.idf_, G=np.asarray(G, f64), s=np.asarray(s, f64), C=np.asarray(C, f64),
-                         y=np.asarray(y, f64), task=task, held={},
-                         features=features)
-            self._moments[features] = m
-            blocks = out[1]
-        else:
-            blocks = dask.compute(held)[0]
-        self.n_passes += 1
-        for i, key in enumerate(missing):
-            m.held[key] = (_stack([b[i][0] for b in blocks]), _stack([b[i][1] for b in blocks]).tocsr())
-        return m
+        self._gather([(est, p, [split, *more])])
+        return self._moments[est.features]
+
+    def _gather(self, wanted: list[tuple]) -> None:
+        """For each ``(est, p, splits)`` of ``wanted`` (one an input normalisation), the statistics of ``est``'s input
+        normalisation and the held-out rows of ``splits``, those not held, in one compute (a tf-idf's document counts
+        first, a pass of their own)."""
+        plans, lazy, gathered = [], [], []
+        for est, p, splits in wanted:
+            features = est.features
+            m = self._moments.get(features)
+            if m is None and self.template and self._shares_map(self.template):
+                # and those of the full fits, which may take their statistics (:meth:`offer`)
+                splits = [*splits, self._setting(self.template)[3]]
+            keys = list(dict.fromkeys((s.seed, s.fraction) for s in splits))
+            missing = [key for key in keys if m is None or key not in m.held]
+            if not missing:
+                continue
+            if m is None:
+                est._fit_idf(self.X, p["dtype"])
+                self.n_passes += est.features == "tfidf"
+                X = est._input_features(self.X)
+            else:
+                X = m.X
+            Y = self.Y
+            held = per_block_objects(_held_rows, X, Y, splits=tuple(missing))
+            moments = None
+            if m is None:
+                counts = x_q(Y, np.ones((Y.shape[1], 1), dtype=np.float32))
+                moments = [gram(X, dtype=np.float64), column_sums(X), xt_b(X, Y), column_sums(Y), counts.min(),
+                           counts.max()]
+            plans.append((est, X, missing))
+            lazy.append(moments)
+            gathered.append(held)
+        # the arrays' reductions and the delayed blocks as separate arguments: Dask 2026.8 mixes up the values of
+        # arrays and delayed objects nested together in one collection (as in per_block_objects' keywords)
+        moments_out, held_out = dask.compute(lazy, gathered)
+        for (est, X, missing), moments, blocks in zip(plans, moments_out, held_out):
+            if moments is not None:
+                f64 = np.float64
+                G, s, C, y, low, high = moments
+                task = "multiclass" if (int(low), int(high)) == (1, 1) else "multilabel"
+                self._moments[est.features] = _Moments(
+                    X=X, idf=est.idf_, G=np.asarray(G, f64), s=np.asarray(s, f64), C=np.asarray(C, f64),
+                    y=np.asarray(y, f64), task=task, held={}, features=est.features)
+            m = self._moments[est.features]
+            self.n_passes += 1
+            for i, key in enumerate(missing):
+                m.held[key] = (_stack([b[i][0] for b in blocks]), _stack([b[i][1] for b in blocks]).tocsr())
 
     def _embedding(self, m: _Moments, p: dict, seed: int) -> np.ndarray:
         """Rembrandt's ``R`` as the fit makes it (all rows, the fit's seed), by ``(features, k, seed)``."""

@@ -57,6 +57,7 @@ from ..params import (
     kernel_name,
 )
 from ..scheduling import computed_once, parallelism
+from ..scheduling import read_only as _read_only
 from ..store.models import SavedModel
 from . import _graph
 from . import _kernels as K
@@ -168,12 +169,6 @@ def _put(out: queue.Queue, item, stop: threading.Event) -> bool:
         except queue.Full:
             continue
     return False
-
-
-def _read_only(a: np.ndarray) -> np.ndarray:
-    """``a``, marked read-only: fits of this process may share it (:func:`~xmldask.scheduling.computed_once`)."""
-    a.flags.writeable = False
-    return a
 
 
 class EmbeddingClassifier(SavedModel, ParamsMixin):
@@ -365,7 +360,7 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         normalisation), whose ``score(params)`` is the fit's held-out figures for the settings it
         ``applies(params)`` to."""
         X, Y = self._check_xy(X, Y)
-        return Screener(X, Y, type(self))
+        return Screener(X, Y, type(self), template=self.get_params(deep=False))
 
     def __repr__(self) -> str:
         shown = [f"{k}={v!r}" for k, v in self.get_params(deep=False).items()
@@ -488,13 +483,35 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             emb = _EMBEDDING_CLASSES[name](n_components=p["n_components"], random_state=self._seed)
             logger.info("fitting the embedding %r", emb)
             emb.fit(X, Y)
-            return _read_only(np.asarray(emb.embedding_, dtype=p["dtype"])), int(getattr(emb, "n_passes_", 0))
+            return (_read_only(np.asarray(emb.embedding_, dtype=p["dtype"])), int(getattr(emb, "n_passes_", 0)),
+                    "a fit of the same data")
 
-        key = dask.base.tokenize("embedding", name, p["n_components"], self._seed, X, Y, np.dtype(p["dtype"]).str)
-        (R, self._embedding_passes), shared = computed_once(key, fit)
+        (R, self._embedding_passes, origin), shared = computed_once(self._embedding_key(name, p, self._seed, X, Y), fit)
         if shared:
-            logger.info("the embedding %s (k=%d) taken from a fit of the same data", name, R.shape[1])
+            logger.info("the embedding %s (k=%d) taken from %s", name, R.shape[1], origin)
         return R
+
+    # what a fit computes first from the data, under keys that another computation of the same values (a fit of
+    # the same rows under another kernel, an ensemble's member, a screen's statistics: Screener.offer) may use
+
+    @staticmethod
+    def _embedding_key(name: str, p: dict, seed: int, X: da.Array, Y: da.Array) -> str:
+        """The key of the named embedding ``R`` fitted on the input features ``X`` and labels ``Y``."""
+        return dask.base.tokenize("embedding", name, p["n_components"], seed, X, Y, np.dtype(p["dtype"]).str)
+
+    @staticmethod
+    def _ridge_map_key(X: da.Array, Y: da.Array, R: np.ndarray, p: dict, split: _graph.HeldOut) -> str:
+        """The key of the ridge map ``(W, intercept)`` from ``X`` onto ``Y R`` on the training rows of ``split``."""
+        return dask.base.tokenize("ridge-map", X, Y, R, p["alpha"], split.seed, split.fraction, split.chunks,
+                                  np.dtype(p["dtype"]).str)
+
+    @staticmethod
+    def _decoder_data_key(X: da.Array, Y: da.Array, split: _graph.HeldOut, W: np.ndarray, intercept: np.ndarray,
+                          p: dict) -> str:
+        """The key of the linear map's decoder statistics: ``F^T F``, ``F^T Y`` of ``F = [X W + c, 1]`` over the
+        training rows of ``split``, the held-out rows' ``F`` and ``Y``, and the task the labels show."""
+        return dask.base.tokenize("decoder-data", X, Y, split.seed, split.fraction, split.chunks, W, intercept,
+                                  np.dtype(p["dtype"]).str)
 
     # -- fit ------------------------------------------------------------------------------------
 
@@ -565,8 +582,8 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         state, n = self._fit_feature_map(X, Y, split, p)  # Algorithm 3, lines 3-4
         passes += n
         self._fit_random_features(X, split, state, p, rng_feat, rng_bw)  # line 5
-        d = self._decoder_data(X, Y, split, state, p, t_start)  # one pass: normal equations, held-out rows
-        passes += 1
+        d, n = self._decoder_data(X, Y, split, state, p, t_start)  # one pass: normal equations, held-out rows
+        passes += n
         Q, chol = self._warm_start(d, p)
         # the linear map's ridge decoder, as fitted with max_epochs=0 (at_warm_start); a random-feature decoder,
         # m + 1 wide, is not kept
@@ -656,14 +673,12 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
             def solve():
                 res = ridge_lstsq(X, x_q(Y, emb), p["alpha"], center=True, weights=split.weights(dtype))
                 return (_read_only(res.coef.astype(dtype)), _read_only(np.asarray(res.intercept, dtype=dtype)),
-                        res.n_passes)
+                        res.n_passes, "a fit of the same rows and embedding")
 
             # fits of one setting under other kernels, or an ensemble's members on one embedding: solved once
-            key = dask.base.tokenize("ridge-map", X, Y, emb, p["alpha"], split.seed, split.fraction, split.chunks,
-                                     np.dtype(dtype).str)
-            (W, intercept, n_passes), shared = computed_once(key, solve)
+            (W, intercept, n_passes, origin), shared = computed_once(self._ridge_map_key(X, Y, emb, p, split), solve)
             if shared:
-                logger.info("the least squares onto the embedding taken from a fit of the same rows and embedding")
+                logger.info("the least squares onto the embedding taken from %s", origin)
             return {"W": W, "intercept": intercept}, self._embedding_passes + n_passes
         V, mean = emb
         self.R_ = None
@@ -684,21 +699,30 @@ class EmbeddingClassifier(SavedModel, ParamsMixin):
         logger.info("random features: %s kernel, m=%d, bandwidth %.4g", p["kernel"], omega.shape[1], bandwidth)
 
     def _decoder_data(self, X, Y, split, state, p, t_start) -> _graph.DecoderData:
-        """One pass: ``F^T F`` and ``F^T Y`` of the training rows, the held-out rows' features, the task."""
-        out = dask.compute(_graph.normal_equations(X, Y, split, state))[0]
-        held = out["held"]
-        task = self.task
-        if task == "auto":
+        """One pass: ``F^T F`` and ``F^T Y`` of the training rows, the held-out rows' features, the task (on the
+        linear map, taken where the same were made already: :meth:`_decoder_data_key`); and the passes made."""
+        def compute():
+            out = dask.compute(_graph.normal_equations(X, Y, split, state))[0]
+            held = out["held"]
+            Fh = Yh = None
+            if held:
+                Xh = (sp.vstack([h[0] for h in held]).tocsr() if sp.issparse(held[0][0])
+                      else np.vstack([h[0] for h in held]))
+                Yh = sp.vstack([sp.csr_matrix(h[1]) for h in held]).tocsr()
+                Fh = K.decoder_features(Xh, state["W"], state["intercept"], state["omega"], state["phase"],
+                                        state["bandwidth"] or 1.0)
             task = "multiclass" if out["counts"] == (1, 1) else "multilabel"
-        Fh = Yh = None
-        if held:
-            Xh = sp.vstack([h[0] for h in held]).tocsr() if sp.issparse(held[0][0]) else np.vstack([h[0] for h in held])
-            Yh = sp.vstack([sp.csr_matrix(h[1]) for h in held]).tocsr()
-            Fh = K.decoder_features(Xh, state["W"], state["intercept"], state["omega"], state["phase"],
-                                    state["bandwidth"] or 1.0)
+            return out["G"], out["FtY"], Fh, Yh, task, 1, "a fit of the same rows and map"
+
+        linear = state["omega"] is None
+        key = self._decoder_data_key(X, Y, split, state["W"], state["intercept"], p) if linear else None
+        (G, FtY, Fh, Yh, task, passes, origin), shared = computed_once(key, compute)
+        if shared:
+            logger.info("the decoder's normal equations taken from %s", origin)
+        task = task if self.task == "auto" else self.task
         loss_fn = K.softmax_loss if task == "multiclass" else K.logistic_loss
-        return _graph.DecoderData(X=X, Y=Y, split=split, state=state, G=out["G"], FtY=out["FtY"],
-                                  n_train=split.n_train(), task=task, loss_fn=loss_fn, Fh=Fh, Yh=Yh, t_start=t_start)
+        return _graph.DecoderData(X=X, Y=Y, split=split, state=state, G=G, FtY=FtY, n_train=split.n_train(),
+                                  task=task, loss_fn=loss_fn, Fh=Fh, Yh=Yh, t_start=t_start), passes
 
     def _warm_start(self, d: _graph.DecoderData, p, *, loss: bool = True) -> tuple[np.ndarray, tuple]:
         """The ridge decoder (rescaled on the held-out rows) and the Cholesky factor of ``F^T F / n + lam I`` (whose
