@@ -44,6 +44,7 @@ from dataclasses import dataclass
 import dask
 import numpy as np
 import scipy.linalg
+import scipy.linalg.blas
 import scipy.sparse as sp
 
 from ..base import seed_of
@@ -472,10 +473,12 @@ class Screener:
         Xh64 = sp.csr_matrix(Xh, dtype=f64) if sp.issparse(Xh) else np.asarray(Xh, dtype=f64)
         n_t = float(self.X.shape[0] - Xh.shape[0])
 
-        def centred():  # the training rows' centred Gram matrix and mean row
-            Gc = m.G - t_product(Xh64, Xh64)
+        def centred():  # the training rows' centred Gram matrix and mean row, made in one d x d buffer
+            Gc = t_product(Xh64, Xh64)
+            np.subtract(m.G, Gc, out=Gc)
             mu = (m.s - np.asarray(Xh64.sum(axis=0), dtype=f64).ravel()) / n_t
-            Gc -= n_t * np.outer(mu, mu)
+            # Gc -= n mu mu^T in place, on whichever of Gc and its transpose (the same matrix) is column-major
+            Gc = scipy.linalg.blas.dger(-n_t, mu, mu, a=Gc if Gc.flags.f_contiguous else Gc.T, overwrite_a=True)
             return Gc, mu, np.array([np.trace(Gc)])
 
         Gc, mu, (trace,) = self._shared.get(("primal", m.features, *split), centred)
