@@ -267,6 +267,7 @@ class Screener:
                 R = _read_only(self._embedding(m, p, seed))
                 key = est._embedding_key("rembrandt", p, seed, m.X, self.Y)
                 self._offered.append(computed_once(key, lambda: (R, 0, "the screen's statistics"))[0])
+                R = self._offered[-1][0]  # the one the fit takes (another fit's, if one made it first)
             W, c, G, FtY, n_t, Fh, Yh = self._decoder_statistics(m, R, p, split)
             W, c = _read_only(W), _read_only(c)
             key = est._ridge_map_key(m.X, self.Y, R, p, split)
