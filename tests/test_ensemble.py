@@ -363,3 +363,66 @@ def test_an_ensemble_of_another_family_averages_its_members_lists(data, family, 
     np.testing.assert_array_equal(again[0], labels)
     np.testing.assert_allclose(again[1], scores, rtol=1e-6)
     assert back.train_summary()["n_estimators"] == 3
+
+
+def test_members_begun_beside_the_first_fit_are_the_members_fit_makes(data, monkeypatch):
+    """``begin`` at the first member's warm start fits the members early stopping tries first, in a thread of their
+    own, beside the first one's epochs: ``fit(fitted=[first])`` takes them, with the same choices and members."""
+    X, Y = data["multilabel"]
+    template = _template(n_random_features=3, max_epochs=2, validation_fraction=0.3)
+    plain = EnsembleClassifier(template, n_estimators=3, random_state=0, early_stopping=True).fit(X, Y)
+    threads = []
+    real_fit = EmbeddingClassifier.fit
+
+    def recording_fit(self, *a, **kw):
+        threads.append((self.random_state, threading.current_thread().name))
+        return real_fit(self, *a, **kw)
+
+    monkeypatch.setattr(EmbeddingClassifier, "fit", recording_fit)
+    ensemble = EnsembleClassifier(template, n_estimators=3, random_state=0, early_stopping=True)
+    first = EmbeddingClassifier(**{**template.get_params(deep=False), "random_state": 0})
+    begun = []
+    first.fit(X, Y, callback=lambda history: len(history) > 1 or begun.append(ensemble.begin(first, X, Y)) or True)
+    assert begun == [True]
+    ensemble.fit(X, Y, fitted=[first])
+    assert ensemble.member_gains_ == plain.member_gains_
+    assert len(ensemble.estimators_) == len(plain.estimators_)
+    for mine, theirs in zip(ensemble.estimators_, plain.estimators_):
+        assert mine.random_state == theirs.random_state
+        np.testing.assert_allclose(mine.Q_, theirs.Q_, rtol=1e-4, atol=1e-5)
+    # the second member was fitted in the thread begin started; members after it as fit fits them
+    assert (member_seed(0, 1), "xmldask-members") in threads
+    assert all(name != "xmldask-members" for seed, name in threads if seed != member_seed(0, 1))
+
+
+def test_members_begun_beside_a_model_not_kept_are_stopped_and_not_taken(data, monkeypatch):
+    X, Y = data["multilabel"]
+    template = _template(n_random_features=3, max_epochs=2, validation_fraction=0.3)
+    first = EmbeddingClassifier(**{**template.get_params(deep=False), "random_state": 0}).fit(X, Y)
+    # on the linear map the members would be the first one again: none is started
+    linear = EmbeddingClassifier(**{**template.get_params(deep=False), "kernel": "none", "random_state": 0}).fit(X, Y)
+    assert not EnsembleClassifier(linear, n_estimators=3, random_state=0, early_stopping=True).begin(linear, X, Y)
+    assert not EnsembleClassifier(template, n_estimators=3, random_state=0).begin(first, X, Y)  # no early stopping
+    assert not EnsembleClassifier(template, n_estimators=1, random_state=0, early_stopping=True).begin(first, X, Y)
+    # stopped before its epochs: the member ends at its warm start
+    gate = threading.Event()
+    real_fit = EmbeddingClassifier.fit
+    monkeypatch.setattr(EmbeddingClassifier, "fit",
+                        lambda self, *a, **kw: (threading.current_thread().name != "xmldask-members" or gate.wait())
+                        and real_fit(self, *a, **kw))
+    ensemble = EnsembleClassifier(template, n_estimators=3, random_state=0, early_stopping=True)
+    assert ensemble.begin(first, X, Y)
+    begun = ensemble._begun
+    begun._stop.set()
+    gate.set()
+    (member,) = begun.result()
+    assert len(member.history_) == 1 and member.history_[-1]["stopped"] == "callback"
+    ensemble.abandon()
+    assert ensemble._begun is None
+    # begun beside another model: fit stops them and fits its own members
+    other = EnsembleClassifier(template, n_estimators=2, random_state=0, early_stopping=True)
+    assert other.begin(first, X, Y)
+    again = EmbeddingClassifier(**{**template.get_params(deep=False), "random_state": 0}).fit(X, Y)
+    other.fit(X, Y, fitted=[again])
+    assert other._begun is None and len(other.member_gains_) == 1
+    assert all(m.validation_seed_ == again.validation_seed_ for m in other.estimators_)

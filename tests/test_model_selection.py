@@ -134,6 +134,25 @@ def test_full_fits_race_at_their_warm_start(data):
     assert raced.best_score_ == max(r["score"] for r in raced.results_)
 
 
+def test_on_lead_gets_the_full_fit_the_race_leaves_making_its_epochs(data):
+    """``on_lead`` is called once, in the leading fit's thread, with the full fit whose warm start scored highest of its
+    step, as its epochs start (the fits the race stopped at their warm start are not leads)."""
+    ds = open_dataset(data[1])
+    template = _template(n_random_features=64)
+    grid = {"kernel": ["none", "gaussian"], "alpha": [1e-3, 1.0]}
+    leads = []
+    raced = HeldOutSearch(template, grid, strategy="grid", n_jobs=2,
+                          on_lead=lambda model: leads.append((model, threading.current_thread().name))).fit(ds.X, ds.Y)
+    starts = [held_out_score(_template(n_random_features=64).set_params(**r["params"], max_epochs=0).fit(ds.X, ds.Y))
+              for r in raced.results_]
+    assert len(set(starts)) == len(starts)  # no tie: one leader
+    (model, thread), = leads
+    leader = raced.results_[int(np.argmax(starts))]["params"]
+    assert {name: model.get_params(deep=False)[name] for name in leader} == leader
+    assert len(model.history_) > 1 and thread.startswith("xmldask-fit")
+    assert model is raced.best_estimator_ or raced.best_score_ >= held_out_score(model)
+
+
 def test_search_refusals(data):
     ds = open_dataset(data[1])
     with pytest.raises(ValueError, match="unknown parameter 'k'"):
@@ -316,6 +335,32 @@ def test_train_job_default_ensemble_keeps_the_members_that_pay(data):
     info = jobs.train(train, str(root / "asked.zarr"), k=8, kernel="none", seed=0, max_epochs=0, n_estimators=2,
                       search={"alpha": [1e-3, 10.0]}, search_extensions=0)
     assert "ensemble" not in info and len(load_model(str(root / "asked.zarr")).estimators_) == 2
+
+
+def test_train_job_default_ensemble_begins_its_members_beside_the_kept_fits_epochs(data, monkeypatch, caplog):
+    """The default ensemble's first member after the search's is fitted beside the epochs of the full fit the race
+    leaves (``on_lead``): the same members and choices as fitted after the search; with a time budget, not."""
+    import logging
+
+    from xmldask.models import ensemble as E
+
+    root, train = data
+    kw = dict(k=8, kernel="gaussian", n_random_features=3, seed=0, max_epochs=2, search={"kernel": ["gaussian"]},
+              validation_fraction=0.3)
+    with caplog.at_level(logging.INFO, logger="xmldask"):
+        early = jobs.train(train, str(root / "begun.zarr"), **kw)
+    assert "fitted beside the decoder epochs of the first" in caplog.text
+    monkeypatch.setattr(jobs, "_members_beside", lambda *a: None)
+    plain = jobs.train(train, str(root / "not-begun.zarr"), **kw)
+    assert early["ensemble"] and early["ensemble"] == plain["ensemble"] and early["params"] == plain["params"]
+    X = open_dataset(train).X
+    a, b = load_model(str(root / "begun.zarr")), load_model(str(root / "not-begun.zarr"))
+    np.testing.assert_array_equal(a.predict_topk(X, k=3)[0].compute(), b.predict_topk(X, k=3)[0].compute())
+    monkeypatch.undo()
+    begun = []
+    monkeypatch.setattr(E.EnsembleClassifier, "begin", lambda self, *a, **k: begun.append(1) or False)
+    jobs.train(train, str(root / "budget.zarr"), **kw, time_budget=600)
+    assert begun == []
 
 
 def test_train_job_ensemble_after_a_search(data, capsys):

@@ -117,17 +117,23 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
             data = _held_in_memory(data)
         model = EmbeddingClassifier.from_params(p.model_copy(update={"n_components": k}), **extra)
         grid = _search_grid(search) if search else None
-        chosen = {}
+        chosen, leads = {}, []
         if grid:
             from .model_selection import HeldOutSearch
 
             screen = _search_grid({name: [value] for name, value in SCREEN.items()}) if p.search_screen else None
-            fitted = HeldOutSearch(model, grid, strategy=p.search_strategy, max_extensions=p.search_extensions,
-                                   screen={name: values[0] for name, values in screen.items()} if screen else None,
-                                   **_screen_split(p, model, data),
-                                   screen_finalist=_screened_decoder_may_win(p, search),
-                                   n_jobs=concurrent_fits(), time_budget=p.time_budget,
-                                   on_first_model=saves).fit(data.X, data.Y, started=called)
+            search_ = HeldOutSearch(model, grid, strategy=p.search_strategy, max_extensions=p.search_extensions,
+                                    screen={name: values[0] for name, values in screen.items()} if screen else None,
+                                    **_screen_split(p, model, data),
+                                    screen_finalist=_screened_decoder_may_win(p, search),
+                                    n_jobs=concurrent_fits(), time_budget=p.time_budget,
+                                    on_first_model=saves, on_lead=_members_beside(p, asked, data, leads))
+            try:
+                fitted = search_.fit(data.X, data.Y, started=called)
+            except BaseException:
+                for _, ensemble in leads:
+                    ensemble.abandon()
+                raise
             model = fitted.best_estimator_
             chosen = dict(fitted.best_params_)
         else:
@@ -135,13 +141,17 @@ def train(train_url: str, out: str, *, overwrite: bool = False, **params) -> dic
             _check_one_fit(p.time_budget, time.perf_counter() - called)
         single, gains = model, None
         n_estimators = _members_in_budget(p, asked, fitted if grid else None, called)
+        begun = next((ensemble for lead, ensemble in leads if lead is single), None) if n_estimators == asked else None
+        for _, ensemble in leads:  # members started beside a fit that is not the one kept
+            if ensemble is not begun:
+                ensemble.abandon()
         if n_estimators != 1:
             from .models import EnsembleClassifier
 
             # the members the defaults add are kept only while they pay; those the user asks for are fitted
-            model = EnsembleClassifier(type(single)(**single.get_params(deep=False)), n_estimators=n_estimators,
-                                       random_state=p.random_state, n_jobs=concurrent_fits(),
-                                       early_stopping=p.n_estimators == "auto").fit(data.X, data.Y, fitted=[single])
+            model = (begun or EnsembleClassifier(
+                type(single)(**single.get_params(deep=False)), n_estimators=n_estimators, random_state=p.random_state,
+                n_jobs=concurrent_fits(), early_stopping=p.n_estimators == "auto")).fit(data.X, data.Y, fitted=[single])
             n_estimators, gains = len(model.estimators_), model.member_gains_
             if n_estimators == 1:
                 model = single
@@ -233,6 +243,27 @@ class _EarlySave:
 
             remove(self.out)
         return False
+
+
+def _members_beside(p: TrainParams, asked: int, data, leads: list):
+    """The search's ``on_lead`` for the default ensemble: the members it would try first (as many as the fits that
+    run at once, less the leading fit's) start as the race leaves a full fit making its epochs, beside them
+    (:meth:`~xmldask.models.EnsembleClassifier.begin`); each lead and its ensemble go to ``leads``. None (nothing
+    started early) with a time budget (the members are fitted as the budget's time left allows), one core, or no
+    ensemble."""
+    slots = concurrent_fits() - 1
+    if p.n_estimators != "auto" or asked == 1 or p.time_budget is not None or slots < 1:
+        return None
+
+    def start(model) -> None:
+        from .models import EnsembleClassifier
+
+        ensemble = EnsembleClassifier(type(model)(**model.get_params(deep=False)), n_estimators=asked,
+                                      random_state=p.random_state, n_jobs=concurrent_fits(), early_stopping=True)
+        if ensemble.begin(model, data.X, data.Y, n_members=slots):
+            leads.append((model, ensemble))
+
+    return start
 
 
 def _members_in_budget(p: TrainParams, asked: int, search, start: float) -> int:

@@ -121,8 +121,9 @@ class _Race:
         with self._cond:
             self._waiting.update(keys)
 
-    def callback(self, key):
-        """The ``callback`` of the fit ``key``: whether it makes another epoch."""
+    def callback(self, key, on_lead=None):
+        """The ``callback`` of the fit ``key``: whether it makes another epoch. ``on_lead``: called (no argument) when
+        the fit goes on past its warm start as the only leader, every other fit's warm start scored lower."""
         def another_epoch(history: list[dict]) -> bool:
             if len(history) > 1:  # past the warm start: raced already
                 return True
@@ -142,6 +143,8 @@ class _Race:
                           if other != key and not math.isnan(start)}
             leader = max(theirs, key=theirs.get, default=None)
             if leader is None or theirs[leader] <= mine:
+                if on_lead is not None and (leader is None or theirs[leader] < mine):
+                    on_lead()
                 return True
             logger.info("held-out search: %s makes no decoder epochs: its warm start scored %.4f, %s's %.4f",
                         self._names.get(key, key), abs(mine), self._names.get(leader, leader), abs(theirs[leader]))
@@ -223,6 +226,11 @@ class HeldOutSearch:
         With a ``time_budget``: called with the first model (full fit) as soon as it is made, e.g. to save it, so
         that the best model so far is on disk. The seconds it takes are left at the end of the budget
         (``reserve_``): the job saves its final model in them.
+    on_lead : callable, optional
+        With ``race``: called with a full fit, in its thread, when the race leaves it making its decoder epochs as the
+        only leader (every other full fit's warm start scored lower), e.g. to start beside its epochs the fits that
+        would follow it (an ensemble's members: :meth:`~xmldask.models.EnsembleClassifier.begin`). The fit may still
+        lose (to a later step, or to the screened finalist): ``best_estimator_`` says.
 
     Attributes
     ----------
@@ -248,12 +256,12 @@ class HeldOutSearch:
                  max_extensions: int = 2, screen: dict | None = None, screen_repeats: int = 1,
                  screen_finalist: bool = False, screen_fraction: float | None = None, n_jobs: int | None = None,
                  validation_fraction: float = 0.2, refit: bool = True, time_budget: float | None = None,
-                 race: bool = True, on_first_model=None):
+                 race: bool = True, on_first_model=None, on_lead=None):
         self.estimator, self.param_grid, self.strategy, self.scoring = estimator, param_grid, strategy, scoring
         self.max_extensions, self.screen, self.screen_repeats = max_extensions, screen, screen_repeats
         self.screen_finalist, self.screen_fraction, self.n_jobs = screen_finalist, screen_fraction, n_jobs
         self.validation_fraction, self.refit, self.time_budget = validation_fraction, refit, time_budget
-        self.race, self.on_first_model = race, on_first_model
+        self.race, self.on_first_model, self.on_lead = race, on_first_model, on_lead
 
     def _holds_out_itself(self) -> bool:
         return "validation_fraction" in self.estimator.get_params(deep=False)
@@ -398,8 +406,9 @@ class HeldOutSearch:
             if race is None or self._race is None:
                 model.fit(X, Y)
             else:
+                on_lead = (lambda: self.on_lead(model)) if self.on_lead is not None else None
                 try:
-                    model.fit(X, Y, callback=self._race.callback(race))
+                    model.fit(X, Y, callback=self._race.callback(race, on_lead))
                 finally:
                     self._race.finish(race, getattr(model, "history_", None))
             return model, kept_epoch(model)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import threading
 
 import dask
 import dask.array as da
@@ -159,6 +160,44 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
                              "(validation_fraction > 0)")
         return [type(template)(**{**params, "random_state": member_seed(seed, i)}) for i in range(int(n))]
 
+    def begin(self, first, X, Y, n_members: int = 1) -> bool:
+        """Start fitting, in a thread of this process, the first ``n_members`` members after ``first`` that
+        ``early_stopping`` would try, while ``first`` makes its decoder epochs: member 0 past its warm start (its
+        embedding and held-out rows made), e.g. a held-out search's leading full fit
+        (:class:`~xmldask.model_selection.HeldOutSearch`'s ``on_lead``). One fit seldom fills every core; its
+        members then take the cores its epochs leave. :meth:`fit` with ``fitted=[first]`` takes them (the same
+        members as fitted there, the same choices); :meth:`abandon` stops them at their warm start if ``first`` is
+        not the model kept. Whether members were started (not where none would be tried: a single member, no
+        ``early_stopping``, members of another family, or members that would be the first one again)."""
+        rest = self._members()[1:1 + max(0, int(n_members))]
+        if not (self.early_stopping and self._embedding() and rest):
+            return False
+        self._share_embedding(first, rest)
+        if self._alike(first, rest):
+            return False
+        self._begun = _Begun(first, rest, lambda m, callback: m.fit(X, Y, validation_seed=first.validation_seed_,
+                                                                     callback=callback), self.n_jobs)
+        logger.info("ensemble: %d member(s) fitted beside the decoder epochs of the first", len(rest))
+        return True
+
+    def abandon(self) -> None:
+        """Stop the members :meth:`begin` started (at their warm start) and drop them."""
+        begun, self._begun = getattr(self, "_begun", None), None
+        if begun is not None:
+            begun.stop()
+
+    def _share_embedding(self, first, rest: list) -> None:
+        for member in rest:
+            if (self.share_embedding and self._embedding() and isinstance(member.embedding, str)
+                    and getattr(first, "embedding_kind_", None) == "label"):
+                member.set_params(embedding=first.R_)  # the same data: embed once per ensemble
+
+    @staticmethod
+    def _alike(first, rest: list) -> bool:
+        """Whether the members would be the first one again: on the linear map with the first member's rows and
+        embedding (but for the order of the decoder's minibatches)."""
+        return kernel_name(first.kernel) == "none" and not isinstance(rest[0].embedding, str)
+
     def _embedding(self) -> bool:
         """Whether the members are embedding classifiers (their probabilities averaged over every label)."""
         return isinstance(self.estimator, EmbeddingClassifier)
@@ -207,22 +246,23 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         if not self.estimators_ and rest:  # the first member alone: the others may share its embedding
             self.estimators_.append(fit(rest.pop(0)))
         first = self.estimators_[0]
-        for member in rest:
-            if (self.share_embedding and self._embedding() and isinstance(member.embedding, str)
-                    and getattr(first, "embedding_kind_", None) == "label"):
-                member.set_params(embedding=first.R_)  # the same data: embed once per ensemble
+        self._share_embedding(first, rest)
+        begun, self._begun = getattr(self, "_begun", None), None
+        if begun is not None and (begun.first is not first or not self.early_stopping):
+            begun.stop()  # started beside another model's epochs
+            begun = None
         if self.early_stopping:
-            self._add_while_gaining(X, Y, rest)
+            self._add_while_gaining(X, Y, rest, begun)
         else:
             self.estimators_ += thread_map(fit, rest, self.n_jobs)
         return self._fitted()
 
-    def _add_while_gaining(self, X, Y, rest: list) -> None:
+    def _add_while_gaining(self, X, Y, rest: list, begun: _Begun | None = None) -> None:
         """Fit ``rest`` one at a time on the first member's held-out rows, keeping each while it pays
-        (``early_stopping``)."""
+        (``early_stopping``; ``begun``: the first of them, started by :meth:`begin`)."""
         first = self.estimators_[0]
         self.member_gains_ = []
-        if kernel_name(first.kernel) == "none" and not isinstance(rest[0].embedding, str):
+        if self._alike(first, rest):
             # nothing drawn but the SGD order: the same rows, embedding, least squares, no random features
             logger.info("ensemble: no member added: on the linear map with the first member's rows and embedding, "
                         "a member would be the first one again%s", " but for the order of its decoder's minibatches"
@@ -233,7 +273,7 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
         hits = self._top1_hits(self.estimators_, Xh, truth)
         self._ensemble_p1 = float(hits.mean()) if len(hits) else math.nan
         batch = max(1, int(self.n_jobs or 1))  # fitted at once (one fit seldom fills every core), judged in turn
-        fitted = []
+        fitted = begun.result() if begun is not None else []
         for i, member in enumerate(rest):
             if not fitted:
                 fitted = thread_map(lambda m: m.fit(X, Y, validation_seed=first.validation_seed_),
@@ -348,6 +388,35 @@ class EnsembleClassifier(SavedModel, ParamsMixin):
     def _located(self, url: str, inventory) -> None:
         for i, member in enumerate(self.estimators_):
             member._located(f"{url.rstrip('/')}/members/{i}", inventory)
+
+
+class _Begun:
+    """Members fitted in a thread of their own (:meth:`EnsembleClassifier.begin`): ``fit(member, callback)`` for each
+    of ``members``, in up to ``n_jobs`` threads; :meth:`stop` ends their fits at their warm start."""
+
+    def __init__(self, first, members: list, fit, n_jobs: int | None):
+        self.first, self._members, self._stop = first, members, threading.Event()
+        self._fitted, self._error = None, None
+
+        def run():
+            try:
+                self._fitted = thread_map(lambda m: fit(m, lambda history: not self._stop.is_set()), members, n_jobs)
+            except BaseException as error:  # raised where the members are taken
+                self._error = error
+
+        self._thread = threading.Thread(target=run, name="xmldask-members", daemon=True)
+        self._thread.start()
+
+    def result(self) -> list:
+        """The fitted members (their fits awaited); a fit's error is raised here."""
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        return list(self._fitted)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def _is_fitted(model) -> bool:
