@@ -247,12 +247,12 @@ class _EarlySave:
 
 def _members_beside(p: TrainParams, asked: int, data, leads: list):
     """The search's ``on_lead`` for the default ensemble: the members it would try first (as many as the fits that
-    run at once, less the leading fit's) start as the race leaves a full fit making its epochs, beside them
+    run at once: the fits the trial makes anyway) start as the race leaves a full fit making its epochs, beside them
     (:meth:`~xmldask.models.EnsembleClassifier.begin`); each lead and its ensemble go to ``leads``. None (nothing
     started early) with a time budget (the members are fitted as the budget's time left allows), one core, or no
     ensemble."""
-    slots = concurrent_fits() - 1
-    if p.n_estimators != "auto" or asked == 1 or p.time_budget is not None or slots < 1:
+    slots = concurrent_fits()
+    if p.n_estimators != "auto" or asked == 1 or p.time_budget is not None or slots < 2:
         return None
 
     def start(model) -> None:
